@@ -1,0 +1,1 @@
+"""driversdk: write Nomad-compatible task-driver plugins in Python."""
