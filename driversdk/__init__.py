@@ -1,1 +1,35 @@
-"""driversdk: write Nomad-compatible task-driver plugins in Python."""
+"""driversdk: write Nomad-compatible task-driver plugins in Python.
+
+Plugin side: subclass :class:`DriverPlugin` and call :func:`serve`. Host side: :func:`launch`
+a plugin binary and drive it through the returned :class:`DriverClient`.
+
+Imports here are lazy so a plugin process only pays for what it uses at start-up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from driversdk.client import DriverClient, launch
+    from driversdk.driver import DriverPlugin, ExecSession
+    from driversdk.serve import serve
+
+__all__ = ["DriverClient", "DriverPlugin", "ExecSession", "launch", "serve"]
+
+_LAZY = {
+    "DriverClient": "driversdk.client",
+    "launch": "driversdk.client",
+    "DriverPlugin": "driversdk.driver",
+    "ExecSession": "driversdk.driver",
+    "serve": "driversdk.serve",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'driversdk' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,321 @@
+"""The host side of a driver plugin: a typed client mirroring every driver RPC.
+
+``DriverClient`` is what our runner, our CLI and the test harness use to drive any plugin
+that speaks Nomad's protocol, ours or not. It speaks Python types only; protobuf stays inside.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import grpc
+from grpc_status import rpc_status
+
+from driversdk import convert
+from driversdk.errors import ConfigError, PluginCallError
+from driversdk.hclspec import Spec, encode
+from driversdk.model import (
+    AgentConfig,
+    Capabilities,
+    ExecResult,
+    ExitResult,
+    Fingerprint,
+    NetworkIsolationSpec,
+    TaskConfig,
+    TaskEvent,
+    TaskHandle,
+    TaskStats,
+    TaskStatus,
+)
+from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
+from driversdk.plugin.host import PluginProcess, launch_plugin
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    name: str
+    type: int
+    plugin_version: str
+    plugin_api_versions: tuple[str, ...]
+
+
+def _recoverable(err: grpc.RpcError) -> bool:
+    status = rpc_status.from_call(err) if isinstance(err, grpc.Call) else None
+    if status is None:
+        return False
+    for detail in status.details:
+        if detail.Is(recoverable_error_pb2.RecoverableError.DESCRIPTOR):
+            rec = recoverable_error_pb2.RecoverableError()
+            detail.Unpack(rec)
+            return rec.recoverable
+    return False
+
+
+def call_error(err: grpc.RpcError, call: str, plugin: str) -> PluginCallError:
+    """Turn an RpcError into one operator sentence that keeps the driver's own words."""
+    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = err.details() if isinstance(err, grpc.Call) else str(err)
+    name = code.name if code is not None else "UNKNOWN"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        message = f"{plugin} plugin is not answering ({call}): {details}; check that the plugin process is running"
+    else:
+        message = details or f"{plugin} plugin: {call} failed with {name}"
+    return PluginCallError(message, code=name, call=call, recoverable=_recoverable(err))
+
+
+class ExecStream:
+    """Output of a streaming exec: iterate ``(stream, data)`` pairs; ``result`` once finished."""
+
+    def __init__(self, responses: Iterator[Any], on_error: Callable[[grpc.RpcError], Exception]) -> None:
+        self._responses = responses
+        self._on_error = on_error
+        self.result: ExitResult | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        try:
+            for resp in self._responses:
+                if resp.exited:
+                    self.result = convert.exit_result_from_proto(resp.result)
+                    continue
+                if resp.HasField("stdout") and resp.stdout.data:
+                    yield "stdout", bytes(resp.stdout.data)
+                if resp.HasField("stderr") and resp.stderr.data:
+                    yield "stderr", bytes(resp.stderr.data)
+        except grpc.RpcError as err:
+            raise self._on_error(err) from None
+
+    def collect(self) -> tuple[bytes, bytes, ExitResult]:
+        out, errb = bytearray(), bytearray()
+        for stream, data in self:
+            (out if stream == "stdout" else errb).extend(data)
+        if self.result is None:
+            raise PluginCallError("streaming exec ended without an exit result", code="UNKNOWN", call="ExecTaskStreaming")
+        return bytes(out), bytes(errb), self.result
+
+
+class DriverClient:
+    """Typed client of one driver plugin process."""
+
+    def __init__(self, process: PluginProcess, name: str = "driver") -> None:
+        self.process = process
+        self.name = name
+        self._base = base_pb2_grpc.BasePluginStub(process.channel)
+        self._driver = driver_pb2_grpc.DriverStub(process.channel)
+        self._task_spec: Spec | None = None
+        self._lock = threading.Lock()
+
+    # --- plumbing ----------------------------------------------------------------------------
+
+    def _unary(self, call: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        try:
+            return fn(request, timeout=timeout)
+        except grpc.RpcError as err:
+            raise call_error(err, call, self.name) from None
+
+    def _err(self, call: str) -> Callable[[grpc.RpcError], Exception]:
+        return lambda err: call_error(err, call, self.name)
+
+    # --- base plugin -------------------------------------------------------------------------
+
+    def plugin_info(self) -> PluginInfo:
+        resp = self._unary("PluginInfo", self._base.PluginInfo, base_pb2.PluginInfoRequest(), 30)
+        info = PluginInfo(resp.name, resp.type, resp.plugin_version, tuple(resp.plugin_api_versions))
+        self.name = info.name or self.name
+        return info
+
+    def config_schema(self) -> Spec | None:
+        resp = self._unary("ConfigSchema", self._base.ConfigSchema, base_pb2.ConfigSchemaRequest(), 30)
+        return Spec.from_proto(resp.spec) if resp.HasField("spec") else None
+
+    def set_config(self, config: Mapping[str, Any] | None = None, agent: AgentConfig | None = None) -> None:
+        """Encode ``config`` with the plugin's own schema (as Nomad does) and send SetConfig."""
+        spec = self.config_schema()
+        data = b""
+        if spec is not None:
+            data = encode(spec, dict(config or {}), what=f"{self.name} plugin config")
+        elif config:
+            raise ConfigError(f"the {self.name} plugin takes no config block; remove its config {{}}")
+        req = base_pb2.SetConfigRequest(msgpack_config=data, plugin_api_version="v0.1.0")
+        if agent is not None:
+            req.nomad_config.driver.ClientMinPort = agent.client_min_port
+            req.nomad_config.driver.ClientMaxPort = agent.client_max_port
+        self._unary("SetConfig", self._base.SetConfig, req, 60)
+
+    # --- driver ------------------------------------------------------------------------------
+
+    def init(self) -> None:
+        self._unary("Init", self._driver.Init, driver_pb2.InitRequest(), 30)
+
+    def shutdown(self) -> None:
+        self._unary("Shutdown", self._driver.Shutdown, driver_pb2.ShutdownRequest(), 2)
+
+    def task_config_schema(self) -> Spec:
+        with self._lock:
+            if self._task_spec is None:
+                resp = self._unary(
+                    "TaskConfigSchema", self._driver.TaskConfigSchema, driver_pb2.TaskConfigSchemaRequest(), 30
+                )
+                self._task_spec = Spec.from_proto(resp.spec)
+            return self._task_spec
+
+    def capabilities(self) -> Capabilities:
+        resp = self._unary("Capabilities", self._driver.Capabilities, driver_pb2.CapabilitiesRequest(), 30)
+        return convert.capabilities_from_proto(resp.capabilities)
+
+    def fingerprint(self) -> Iterator[Fingerprint]:
+        stream = self._driver.Fingerprint(driver_pb2.FingerprintRequest())
+        try:
+            for resp in stream:
+                yield convert.fingerprint_from_proto(resp)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                raise call_error(err, "Fingerprint", self.name) from None
+        finally:
+            stream.cancel()
+
+    def encode_task_config(self, task: TaskConfig) -> TaskConfig:
+        """Return ``task`` with msgpack_driver_config filled from driver_config, as Nomad does."""
+        if task.msgpack_driver_config:
+            return task
+        data = encode(self.task_config_schema(), task.driver_config, what=f"task {task.name!r} config")
+        return replace(task, msgpack_driver_config=data)
+
+    def start_task(self, task: TaskConfig) -> TaskHandle:
+        task = self.encode_task_config(task)
+        resp = self._unary(
+            "StartTask", self._driver.StartTask, driver_pb2.StartTaskRequest(task=convert.task_config_to_proto(task))
+        )
+        handle = convert.task_handle_from_proto(resp.handle)
+        handle.config.driver_config = task.driver_config
+        if resp.HasField("network_override"):
+            handle.network_override = convert.network_override_from_proto(resp.network_override)
+        return handle
+
+    def recover_task(self, handle: TaskHandle) -> None:
+        req = driver_pb2.RecoverTaskRequest(handle=convert.task_handle_to_proto(handle))
+        self._unary("RecoverTask", self._driver.RecoverTask, req)
+
+    def wait_task(self, task_id: str, timeout: float | None = None) -> ExitResult:
+        resp = self._unary("WaitTask", self._driver.WaitTask, driver_pb2.WaitTaskRequest(task_id=task_id), timeout)
+        if resp.err:
+            raise PluginCallError(resp.err, code="OK", call="WaitTask")
+        return convert.exit_result_from_proto(resp.result)
+
+    def stop_task(self, task_id: str, timeout: float = 5.0, signal: str = "") -> None:
+        req = driver_pb2.StopTaskRequest(task_id=task_id, timeout=convert.duration_to_proto(timeout), signal=signal)
+        self._unary("StopTask", self._driver.StopTask, req)
+
+    def destroy_task(self, task_id: str, force: bool = True) -> None:
+        req = driver_pb2.DestroyTaskRequest(task_id=task_id, force=force)
+        self._unary("DestroyTask", self._driver.DestroyTask, req)
+
+    def inspect_task(self, task_id: str) -> TaskStatus:
+        resp = self._unary(
+            "InspectTask", self._driver.InspectTask, driver_pb2.InspectTaskRequest(task_id=task_id), 30
+        )
+        return convert.task_status_from_proto(resp.task, resp.driver)
+
+    def task_stats(self, task_id: str, interval: float = 1.0) -> Iterator[TaskStats]:
+        req = driver_pb2.TaskStatsRequest(task_id=task_id, collection_interval=convert.duration_to_proto(interval))
+        stream = self._driver.TaskStats(req)
+        try:
+            for resp in stream:
+                yield convert.task_stats_from_proto(resp.stats)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                raise call_error(err, "TaskStats", self.name) from None
+        finally:
+            stream.cancel()
+
+    def task_events(self) -> Iterator[TaskEvent]:
+        stream = self._driver.TaskEvents(driver_pb2.TaskEventsRequest())
+        try:
+            for resp in stream:
+                yield convert.task_event_from_proto(resp)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.CANCELLED:
+                raise call_error(err, "TaskEvents", self.name) from None
+        finally:
+            stream.cancel()
+
+    def signal_task(self, task_id: str, signal: str) -> None:
+        req = driver_pb2.SignalTaskRequest(task_id=task_id, signal=signal)
+        self._unary("SignalTask", self._driver.SignalTask, req, 30)
+
+    def exec_task(self, task_id: str, command: Sequence[str], timeout: float | None = None) -> ExecResult:
+        req = driver_pb2.ExecTaskRequest(
+            task_id=task_id, command=list(command), timeout=convert.duration_to_proto(timeout)
+        )
+        resp = self._unary("ExecTask", self._driver.ExecTask, req)
+        return convert.exec_result_from_proto(resp)
+
+    def exec_task_streaming(
+        self,
+        task_id: str,
+        command: Sequence[str],
+        tty: bool = False,
+        stdin: Iterable[bytes] = (),
+        tty_size: tuple[int, int] | None = None,
+    ) -> ExecStream:
+        def requests() -> Iterator[driver_pb2.ExecTaskStreamingRequest]:
+            yield driver_pb2.ExecTaskStreamingRequest(
+                setup=driver_pb2.ExecTaskStreamingRequest.Setup(task_id=task_id, command=list(command), tty=tty)
+            )
+            if tty_size is not None:
+                yield driver_pb2.ExecTaskStreamingRequest(
+                    tty_size=driver_pb2.ExecTaskStreamingRequest.TerminalSize(height=tty_size[0], width=tty_size[1])
+                )
+            for chunk in stdin:
+                yield driver_pb2.ExecTaskStreamingRequest(stdin=driver_pb2.ExecTaskStreamingIOOperation(data=chunk))
+            yield driver_pb2.ExecTaskStreamingRequest(stdin=driver_pb2.ExecTaskStreamingIOOperation(close=True))
+
+        return ExecStream(self._driver.ExecTaskStreaming(requests()), self._err("ExecTaskStreaming"))
+
+    def create_network(self, alloc_id: str, hostname: str = "") -> tuple[NetworkIsolationSpec, bool]:
+        req = driver_pb2.CreateNetworkRequest(alloc_id=alloc_id, hostname=hostname)
+        resp = self._unary("CreateNetwork", self._driver.CreateNetwork, req)
+        return convert.network_spec_from_proto(resp.isolation_spec), resp.created
+
+    def destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
+        req = driver_pb2.DestroyNetworkRequest(alloc_id=alloc_id, isolation_spec=convert.network_spec_to_proto(spec))
+        self._unary("DestroyNetwork", self._driver.DestroyNetwork, req)
+
+    # --- process -----------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """Shut the plugin process down the way go-plugin's host does (Shutdown, then SIGKILL)."""
+        self.process.kill()
+
+    def close(self) -> None:
+        self.process.kill()
+
+    def __enter__(self) -> DriverClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def launch(
+    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 60.0, name: str | None = None
+) -> DriverClient:
+    """Launch a driver plugin through the go-plugin handshake and return a client for it."""
+    process = launch_plugin(cmd, env=env, timeout=timeout, name=name)
+    try:
+        client = DriverClient(process, name=name or "driver")
+        info = client.plugin_info()
+        if info.type != base_pb2.DRIVER:
+            raise PluginCallError(
+                f"{' '.join(cmd)} is a plugin of type {info.type}, not a task driver",
+                code="OK",
+                call="PluginInfo",
+            )
+        return client
+    except BaseException:
+        process.kill()
+        raise
