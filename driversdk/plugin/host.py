@@ -1,0 +1,280 @@
+"""The host side of go-plugin: launch a plugin, check its handshake, connect, and kill it.
+
+``launch_plugin`` gives the plugin the environment a Nomad client gives it, so a plugin that
+loads here loads in Nomad, and turns every way a launch can fail into one sentence.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import IO, Any
+
+import grpc
+
+from driversdk.errors import HandshakeError, PluginError
+from driversdk.plugin.handshake import (
+    APP_PROTOCOL_VERSION,
+    ENV_MAX_PORT,
+    ENV_MIN_PORT,
+    ENV_PROTOCOL_VERSIONS,
+    MAGIC_COOKIE_KEY,
+    MAGIC_COOKIE_VALUE,
+    Handshake,
+)
+from driversdk.plugin.log import parse_hclog_line
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+]
+STDERR_TAIL_LINES = 10
+
+
+@dataclass(frozen=True)
+class ReattachConfig:
+    """What a host saves to find a running plugin again after it restarts."""
+
+    pid: int
+    network: str
+    address: str
+    protocol: str = "grpc"
+    app_version: int = APP_PROTOCOL_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ReattachConfig:
+        data = json.loads(text)
+        return cls(
+            pid=int(data["pid"]),
+            network=str(data["network"]),
+            address=str(data["address"]),
+            protocol=str(data.get("protocol", "grpc")),
+            app_version=int(data.get("app_version", APP_PROTOCOL_VERSION)),
+        )
+
+
+def plugin_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a Nomad client gives a plugin: its own plus the go-plugin variables."""
+    env = dict(os.environ if extra is None else extra)
+    env[MAGIC_COOKIE_KEY] = MAGIC_COOKIE_VALUE
+    env[ENV_PROTOCOL_VERSIONS] = str(APP_PROTOCOL_VERSION)
+    env.setdefault(ENV_MIN_PORT, "10000")
+    env.setdefault(ENV_MAX_PORT, "25000")
+    return env
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _connect(address: str, timeout: float) -> grpc.Channel:
+    channel = grpc.insecure_channel(f"unix:{address}", options=CHANNEL_OPTIONS)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise PluginError(f"the plugin's socket {address} did not accept a connection within {timeout:.0f}s") from None
+    return channel
+
+
+class PluginProcess:
+    """A running plugin: its gRPC channel, and how to stop it the way go-plugin's host does."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        reattach_config: ReattachConfig,
+        popen: subprocess.Popen[bytes] | None,
+        name: str,
+        stderr_tail: collections.deque[str] | None = None,
+    ) -> None:
+        self.channel = channel
+        self.reattach_config = reattach_config
+        self.pid = reattach_config.pid
+        self.name = name
+        self._popen = popen
+        self._stderr_tail = stderr_tail if stderr_tail is not None else collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._killed = False
+
+    @property
+    def address(self) -> str:
+        return self.reattach_config.address
+
+    def stderr_tail(self) -> list[str]:
+        return list(self._stderr_tail)
+
+    def alive(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return _pid_alive(self.pid)
+
+    def _wait_exit(self, timeout: float) -> bool:
+        if self._popen is not None:
+            try:
+                self._popen.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _pid_alive(self.pid):
+                return True
+            time.sleep(0.02)
+        return not _pid_alive(self.pid)
+
+    def kill(self, timeout: float = 2.0) -> None:
+        """GRPCController.Shutdown, wait up to ``timeout`` seconds, then SIGKILL. Idempotent."""
+        if self._killed:
+            return
+        self._killed = True
+        if self.alive():
+            from driversdk.pb import grpc_controller_pb2, grpc_controller_pb2_grpc
+
+            try:
+                grpc_controller_pb2_grpc.GRPCControllerStub(self.channel).Shutdown(
+                    grpc_controller_pb2.Empty(), timeout=timeout
+                )
+            except grpc.RpcError:
+                pass
+            if not self._wait_exit(timeout):
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._wait_exit(5.0)
+        self.channel.close()
+
+    def __enter__(self) -> PluginProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def _pump_stderr(stream: IO[bytes], logger: logging.Logger, tail: collections.deque[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if not line:
+            continue
+        tail.append(line)
+        level, message, fields = parse_hclog_line(line)
+        logger.log(level, message, extra={"plugin_fields": fields} if fields else None)
+    stream.close()
+
+
+def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
+    first = True
+    for raw in iter(stream.readline, b""):
+        if first:
+            lines.put(raw.decode("utf-8", "replace"))
+            first = False
+        # After the handshake, go-plugin hosts keep reading and discarding stdout.
+    lines.put(None)
+    stream.close()
+
+
+def launch_plugin(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    name: str | None = None,
+) -> PluginProcess:
+    """Start ``cmd`` as a go-plugin plugin, check its handshake, and connect to it."""
+    label = name or os.path.basename(cmd[0])
+    logger = logging.getLogger(f"driversdk.plugin.{label}")
+    try:
+        popen = subprocess.Popen(
+            list(cmd),
+            env=plugin_environment(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as err:
+        raise PluginError(f"cannot start plugin {cmd[0]!r}: {err.strerror}") from None
+
+    tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+    lines: queue.Queue[str | None] = queue.Queue()
+    assert popen.stdout is not None and popen.stderr is not None
+    err_thread = threading.Thread(target=_pump_stderr, args=(popen.stderr, logger, tail), daemon=True)
+    out_thread = threading.Thread(target=_pump_stdout, args=(popen.stdout, lines), daemon=True)
+    err_thread.start()
+    out_thread.start()
+
+    def give_up(message: str) -> HandshakeError:
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait()
+        err_thread.join(timeout=2)
+        if tail:
+            message += "; its last stderr lines: " + " | ".join(tail)
+        return HandshakeError(message)
+
+    try:
+        first = lines.get(timeout=timeout)
+    except queue.Empty:
+        raise give_up(
+            f"plugin {label!r} did not print its handshake within {timeout:.0f}s; it was killed"
+        ) from None
+    if first is None:
+        code = popen.wait()
+        raise give_up(
+            f"plugin {label!r} exited (code {code}) before completing the handshake; it is not a plugin, "
+            "or it refused the host"
+        )
+    try:
+        handshake = Handshake.parse(first)
+    except HandshakeError as err:
+        raise give_up(f"plugin {label!r}: {err}") from None
+    try:
+        channel = _connect(handshake.address, min(timeout, 30.0))
+    except PluginError as err:
+        raise give_up(f"plugin {label!r}: {err}") from None
+    config = ReattachConfig(popen.pid, handshake.network, handshake.address, handshake.protocol, handshake.app_version)
+    return PluginProcess(channel, config, popen, label, tail)
+
+
+def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: float = 10.0) -> PluginProcess:
+    """Connect again to a plugin launched by an earlier host process."""
+    if not _pid_alive(config.pid):
+        raise PluginError(f"cannot reattach to plugin {name!r}: process {config.pid} is gone; launch it again")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(timeout)
+        probe.connect(config.address)
+    except OSError as err:
+        raise PluginError(
+            f"cannot reattach to plugin {name!r}: its socket {config.address} does not accept connections "
+            f"({err.strerror}); launch it again"
+        ) from None
+    finally:
+        probe.close()
+    return PluginProcess(_connect(config.address, timeout), config, None, name)
+
+
+__all__: list[Any] = ["PluginProcess", "ReattachConfig", "launch_plugin", "plugin_environment", "reattach_plugin"]

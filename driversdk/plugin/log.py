@@ -1,0 +1,127 @@
+"""hclog-style JSON logging: what a Nomad host expects on a plugin's stderr, and its parser.
+
+The host reads stderr line by line. ``@level``, ``@message`` and ``@timestamp`` must be JSON
+strings (a number there panics the Nomad agent), the level one of trace|debug|info|warn|error,
+and the timestamp in Go's ``2006-01-02T15:04:05.000000Z07:00`` layout: exactly six fractional
+digits, then ``Z`` or ``±hh:mm``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+TRACE = 5
+logging.addLevelName(TRACE, "TRACE")
+
+_LEVEL_NAMES = {TRACE: "trace", logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn"}
+
+# Attributes every LogRecord has; anything else came in through `extra=` and is passed on.
+_RECORD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+def hclog_level(levelno: int) -> str:
+    if levelno >= logging.ERROR:
+        return "error"
+    for threshold in (logging.WARNING, logging.INFO, logging.DEBUG, TRACE):
+        if levelno >= threshold:
+            return _LEVEL_NAMES[threshold]
+    return "trace"
+
+
+def hclog_timestamp(when: datetime) -> str:
+    """Go layout with microseconds always present (isoformat drops them when they are 0)."""
+    when = when.astimezone(UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond:06d}Z"
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+class HclogFormatter(logging.Formatter):
+    def __init__(self, module: str) -> None:
+        super().__init__()
+        self.module = module
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message = f"{message}: {self.formatException(record.exc_info)}"
+        entry: dict[str, Any] = {
+            "@level": hclog_level(record.levelno),
+            "@message": message,
+            "@module": f"{self.module}.{record.name}" if record.name != "root" else self.module,
+            "@timestamp": hclog_timestamp(datetime.fromtimestamp(record.created, UTC)),
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_ATTRS and not key.startswith("_") and not key.startswith("@"):
+                entry[key] = _json_safe(value)
+        return json.dumps(entry, separators=(",", ":"))
+
+
+class SafeStreamHandler(logging.StreamHandler[TextIO]):
+    """A stderr handler that stays quiet when the host is gone (EPIPE) instead of crashing."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stream.write(self.format(record) + "\n")
+            self.stream.flush()
+        except BrokenPipeError:
+            pass
+        except OSError as err:
+            if err.errno != errno.EPIPE:
+                self.handleError(record)
+        except Exception:
+            self.handleError(record)
+
+
+def configure_plugin_logging(name: str, level: int = logging.DEBUG, stream: TextIO | None = None) -> None:
+    """Send every log record of this process to stderr as one hclog JSON line."""
+    handler = SafeStreamHandler(stream or sys.stderr)
+    handler.setFormatter(HclogFormatter(name))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # A logging failure must never print a traceback to a pipe the host may have closed.
+    logging.raiseExceptions = False
+
+
+_PREFIX_LEVELS = {
+    "[TRACE]": TRACE,
+    "[DEBUG]": logging.DEBUG,
+    "[INFO]": logging.INFO,
+    "[WARN]": logging.WARNING,
+    "[ERROR]": logging.ERROR,
+}
+_HCLOG_LEVELS = {"trace": TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+
+
+def parse_hclog_line(line: str) -> tuple[int, str, dict[str, Any]]:
+    """Host side: turn one plugin stderr line into (level, message, fields) as go-plugin does."""
+    text = line.rstrip("\n")
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        entry = None
+    if isinstance(entry, dict):
+        level_name = entry.get("@level")
+        message = entry.get("@message")
+        if isinstance(level_name, str) and isinstance(message, str):
+            level = _HCLOG_LEVELS.get(level_name.lower())
+            if level is not None:
+                fields = {k: v for k, v in entry.items() if k not in ("@level", "@message", "@timestamp")}
+                return level, message, fields
+        return logging.DEBUG, text, {}
+    for prefix, level in _PREFIX_LEVELS.items():
+        if text.startswith(prefix):
+            return level, text[len(prefix) :].strip(), {}
+    return logging.DEBUG, text, {}
