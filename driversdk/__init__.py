@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from driversdk.client import DriverClient, launch
     from driversdk.driver import DriverPlugin, ExecSession
-    from driversdk.serve import serve
+    from driversdk.serving import serve
 
 __all__ = ["DriverClient", "DriverPlugin", "ExecSession", "launch", "serve"]
 
@@ -22,7 +22,7 @@ _LAZY = {
     "launch": "driversdk.client",
     "DriverPlugin": "driversdk.driver",
     "ExecSession": "driversdk.driver",
-    "serve": "driversdk.serve",
+    "serve": "driversdk.serving",
 }
 
 
