@@ -6,8 +6,13 @@ This module is the one place that knows what ``private`` / ``host-to-task`` /
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+
+from driversdk.errors import ConfigError
+from driversdk.mountinfo import MountEntry, find_mount, read_mountinfo
 
 
 class Propagation(Enum):
@@ -63,3 +68,213 @@ class Mount:
     selinux_label: str = ""
     request_name: str = ""
     """The host volume name or the CSI volume request name this mount came from."""
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MountRequest:
+    """One ``volume_mount`` of a task, resolved against the group's ``volume`` request.
+
+    ``read_only`` is already the OR of the host volume's, the volume request's and the
+    volume_mount's flags, as Nomad computes it; ``propagation`` is the raw jobspec string.
+    """
+
+    volume: str
+    destination: str
+    host_path: str
+    kind: str = "host"  # "host" or "csi"
+    propagation: str = ""
+    read_only: bool = False
+    selinux_label: str = ""
+
+
+@dataclass(frozen=True)
+class MountProblem:
+    """One reason a mount cannot work, as a sentence an operator can act on."""
+
+    task: str
+    volume: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class MountValidationError(ConfigError):
+    """Every problem found with a task's mounts, reported at once."""
+
+    def __init__(self, problems: Sequence[MountProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__(" ".join(_sentence(p.message) for p in self.problems))
+
+
+def _sentence(text: str) -> str:
+    return text if text.endswith(".") else text + "."
+
+
+def check_mounts(
+    requests: Sequence[MountRequest],
+    *,
+    task: str,
+    driver: str,
+    mount_configs: int,
+    check_host: bool = True,
+    mountinfo: list[MountEntry] | None = None,
+) -> list[Mount]:
+    """Turn a task's mount requests into driver Mounts, or raise with every problem found.
+
+    ``mount_configs`` is the driver's advertised MountConfigSupport (0 = all, 1 = none).
+    With ``check_host`` the host side is checked too: the source exists, and for
+    host-to-task / bidirectional it sits on a shared or slave mount.
+    """
+    problems: list[MountProblem] = []
+    if requests and mount_configs == 1:
+        for kind, what in (("host", "host volumes"), ("csi", "CSI")):
+            names = [r.volume for r in requests if r.kind == kind]
+            if names:
+                problems.append(
+                    MountProblem(
+                        task,
+                        names[0],
+                        "driver",
+                        f'task driver "{driver}" for "{task}" does not support {what}: '
+                        f"{_names(names)} cannot be mounted; run the task with a driver that supports "
+                        "mounts (docker, exec) or remove its volume_mount blocks",
+                    )
+                )
+    mounts: list[Mount] = []
+    seen: dict[str, str] = {}
+    for req in requests:
+        where = f'task "{task}" volume "{req.volume}"'
+        try:
+            propagation = Propagation.parse(req.propagation)
+        except UnknownPropagationError:
+            problems.append(
+                MountProblem(
+                    task,
+                    req.volume,
+                    "propagation_mode",
+                    f'{where}: unknown propagation_mode "{req.propagation}"; use "private", "host-to-task" '
+                    'or "bidirectional"',
+                )
+            )
+            propagation = Propagation.PRIVATE
+        if not req.destination.startswith("/"):
+            problems.append(
+                MountProblem(
+                    task,
+                    req.volume,
+                    "destination",
+                    f'{where}: destination "{req.destination}" must be an absolute path inside the task, '
+                    'such as "/data"',
+                )
+            )
+        dest = os.path.normpath(req.destination) if req.destination else req.destination
+        if dest in seen:
+            problems.append(
+                MountProblem(
+                    task,
+                    req.volume,
+                    "destination",
+                    f'task "{task}": volumes "{seen[dest]}" and "{req.volume}" both mount at "{dest}"; give each '
+                    "volume_mount its own destination",
+                )
+            )
+        else:
+            seen[dest] = req.volume
+        if propagation is Propagation.BIDIRECTIONAL and req.read_only:
+            problems.append(
+                MountProblem(
+                    task,
+                    req.volume,
+                    "propagation_mode",
+                    f'{where}: propagation_mode "bidirectional" needs a read-write mount, but the mount is '
+                    'read-only; set read_only = false on the volume and its volume_mount, or use '
+                    'propagation_mode = "host-to-task"',
+                )
+            )
+        mount = Mount(
+            task_path=req.destination,
+            host_path=req.host_path,
+            readonly=req.read_only,
+            propagation=propagation,
+            selinux_label=req.selinux_label,
+            request_name=req.volume,
+        )
+        mounts.append(mount)
+    if check_host:
+        problems.extend(_host_problems(mounts, task, mountinfo, read_write_rule=False))
+    if problems:
+        raise MountValidationError(problems)
+    return mounts
+
+
+def _names(names: Sequence[str]) -> str:
+    quoted = [f'"{n}"' for n in names]
+    return ("volume " if len(quoted) == 1 else "volumes ") + ", ".join(quoted)
+
+
+def check_host_preconditions(
+    mounts: Sequence[Mount], *, task: str, mountinfo: list[MountEntry] | None = None
+) -> list[MountProblem]:
+    """What a runtime would only discover while creating the task: a missing source, a
+    read-only bidirectional mount, an rslave/rshared source on a private mount."""
+    return _host_problems(mounts, task, mountinfo, read_write_rule=True)
+
+
+def _host_problems(
+    mounts: Sequence[Mount], task: str, mountinfo: list[MountEntry] | None, *, read_write_rule: bool
+) -> list[MountProblem]:
+    problems: list[MountProblem] = []
+    entries: list[MountEntry] | None = mountinfo
+    for m in mounts:
+        volume = m.request_name or m.task_path
+        where = f'task "{task}" volume "{volume}"'
+        if not m.host_path or not os.path.exists(m.host_path):
+            problems.append(
+                MountProblem(
+                    task,
+                    volume,
+                    "host_path",
+                    f'{where}: host path "{m.host_path}" does not exist; create it or fix the host_volume path '
+                    "in the client config",
+                )
+            )
+            continue
+        if read_write_rule and m.propagation is Propagation.BIDIRECTIONAL and m.readonly:
+            problems.append(
+                MountProblem(
+                    task,
+                    volume,
+                    "propagation_mode",
+                    f'{where}: propagation_mode "bidirectional" needs a read-write mount, but the mount is '
+                    'read-only; set read_only = false or use propagation_mode = "host-to-task"',
+                )
+            )
+        if m.propagation.needs_shared_source:
+            if entries is None:
+                entries = read_mountinfo()
+            entry = find_mount(m.host_path, entries)
+            if not (entry.shared or entry.slave):
+                problems.append(
+                    MountProblem(
+                        task,
+                        volume,
+                        "propagation_mode",
+                        f'{where}: propagation_mode "{m.propagation.value}" ({m.propagation.linux}) needs the host '
+                        f'source "{m.host_path}" on a shared or slave mount, but it sits on "{entry.mount_point}", '
+                        f"which is {entry.propagation}; run `mount --make-rshared {entry.mount_point}` on the host "
+                        'or use propagation_mode = "private"',
+                    )
+                )
+    return problems
+
+
+def ensure_mounts_usable(mounts: Sequence[Mount], *, task: str) -> None:
+    """For drivers: re-check the Mounts a host sent before creating anything; raises if unusable."""
+    problems = check_host_preconditions(mounts, task=task)
+    if problems:
+        raise MountValidationError(problems)
