@@ -94,7 +94,9 @@ class ExecStream:
         for stream, data in self:
             (out if stream == "stdout" else errb).extend(data)
         if self.result is None:
-            raise PluginCallError("streaming exec ended without an exit result", code="UNKNOWN", call="ExecTaskStreaming")
+            raise PluginCallError(
+                "streaming exec ended without an exit result", code="UNKNOWN", call="ExecTaskStreaming"
+            )
         return bytes(out), bytes(errb), self.result
 
 
@@ -158,7 +160,10 @@ class DriverClient:
         with self._lock:
             if self._task_spec is None:
                 resp = self._unary(
-                    "TaskConfigSchema", self._driver.TaskConfigSchema, driver_pb2.TaskConfigSchemaRequest(), 30
+                    "TaskConfigSchema",
+                    self._driver.TaskConfigSchema,
+                    driver_pb2.TaskConfigSchemaRequest(),
+                    30,
                 )
                 self._task_spec = Spec.from_proto(resp.spec)
             return self._task_spec
@@ -188,7 +193,9 @@ class DriverClient:
     def start_task(self, task: TaskConfig) -> TaskHandle:
         task = self.encode_task_config(task)
         resp = self._unary(
-            "StartTask", self._driver.StartTask, driver_pb2.StartTaskRequest(task=convert.task_config_to_proto(task))
+            "StartTask",
+            self._driver.StartTask,
+            driver_pb2.StartTaskRequest(task=convert.task_config_to_proto(task)),
         )
         handle = convert.task_handle_from_proto(resp.handle)
         handle.config.driver_config = task.driver_config
@@ -215,9 +222,7 @@ class DriverClient:
         self._unary("DestroyTask", self._driver.DestroyTask, req)
 
     def inspect_task(self, task_id: str) -> TaskStatus:
-        resp = self._unary(
-            "InspectTask", self._driver.InspectTask, driver_pb2.InspectTaskRequest(task_id=task_id), 30
-        )
+        resp = self._unary("InspectTask", self._driver.InspectTask, driver_pb2.InspectTaskRequest(task_id=task_id), 30)
         return convert.task_status_from_proto(resp.task, resp.driver)
 
     def task_stats(self, task_id: str, interval: float = 1.0) -> Iterator[TaskStats]:
@@ -302,7 +307,11 @@ class DriverClient:
 
 
 def launch(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 60.0, name: str | None = None
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    name: str | None = None,
 ) -> DriverClient:
     """Launch a driver plugin through the go-plugin handshake and return a client for it."""
     process = launch_plugin(cmd, env=env, timeout=timeout, name=name)

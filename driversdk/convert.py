@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from driversdk.model import (
+    GO_ZERO_TIME_SECONDS,
     Attribute,
     AttributeValue,
     Capabilities,
@@ -40,7 +41,6 @@ from driversdk.model import (
     TaskState,
     TaskStats,
     TaskStatus,
-    GO_ZERO_TIME_SECONDS,
 )
 from driversdk.mounts import Mount, Propagation
 from driversdk.pb import attribute_pb2, driver_pb2
@@ -116,7 +116,7 @@ def attribute_from_proto(pb: attribute_pb2.Attribute) -> Attribute:
 def fingerprint_to_proto(fp: Fingerprint) -> driver_pb2.FingerprintResponse:
     return driver_pb2.FingerprintResponse(
         attributes={k: attribute_to_proto(v) for k, v in fp.attributes.items()},
-        health=int(fp.health),
+        health=driver_pb2.FingerprintResponse.HealthState.ValueType(fp.health),
         health_description=fp.health_description,
         err=fp.err,
     )
@@ -138,10 +138,12 @@ def capabilities_to_proto(caps: Capabilities) -> driver_pb2.DriverCapabilities:
     return driver_pb2.DriverCapabilities(
         send_signals=caps.send_signals,
         exec=caps.exec,
-        fs_isolation=int(caps.fs_isolation),
-        network_isolation_modes=[int(m) for m in caps.network_isolation_modes],
+        fs_isolation=driver_pb2.DriverCapabilities.FSIsolation.ValueType(caps.fs_isolation),
+        network_isolation_modes=[
+            driver_pb2.NetworkIsolationSpec.NetworkIsolationMode.ValueType(m) for m in caps.network_isolation_modes
+        ],
         must_create_network=caps.must_create_network,
-        mount_configs=int(caps.mount_configs),
+        mount_configs=driver_pb2.DriverCapabilities.MountConfigs.ValueType(caps.mount_configs),
         disable_log_collection=caps.disable_log_collection,
         dynamic_workload_users=caps.dynamic_workload_users,
     )
@@ -164,7 +166,11 @@ def capabilities_from_proto(pb: driver_pb2.DriverCapabilities) -> Capabilities:
 
 
 def network_spec_to_proto(spec: NetworkIsolationSpec) -> driver_pb2.NetworkIsolationSpec:
-    pb = driver_pb2.NetworkIsolationSpec(mode=int(spec.mode), path=spec.path, labels=dict(spec.labels))
+    pb = driver_pb2.NetworkIsolationSpec(
+        mode=driver_pb2.NetworkIsolationSpec.NetworkIsolationMode.ValueType(spec.mode),
+        path=spec.path,
+        labels=dict(spec.labels),
+    )
     if spec.hosts is not None:
         pb.hostsConfig.CopyFrom(driver_pb2.HostsConfig(hostname=spec.hosts.hostname, address=spec.hosts.address))
     return pb
@@ -174,9 +180,7 @@ def network_spec_from_proto(pb: driver_pb2.NetworkIsolationSpec) -> NetworkIsola
     hosts = None
     if pb.HasField("hostsConfig"):
         hosts = HostsConfig(hostname=pb.hostsConfig.hostname, address=pb.hostsConfig.address)
-    return NetworkIsolationSpec(
-        mode=NetworkIsolationMode(pb.mode), path=pb.path, labels=dict(pb.labels), hosts=hosts
-    )
+    return NetworkIsolationSpec(mode=NetworkIsolationMode(pb.mode), path=pb.path, labels=dict(pb.labels), hosts=hosts)
 
 
 def network_override_to_proto(override: NetworkOverride) -> driver_pb2.NetworkOverride:
@@ -209,9 +213,7 @@ def _resources_to_proto(res: Resources) -> driver_pb2.Resources:
             cpuset_cgroup=lin.cpuset_cgroup,
             PercentTicks=lin.percent_ticks,
         ),
-        ports=[
-            driver_pb2.PortMapping(label=p.label, value=p.value, to=p.to, host_ip=p.host_ip) for p in res.ports
-        ],
+        ports=[driver_pb2.PortMapping(label=p.label, value=p.value, to=p.to, host_ip=p.host_ip) for p in res.ports],
     )
 
 
@@ -289,7 +291,9 @@ def task_config_to_proto(task: TaskConfig) -> driver_pb2.TaskConfig:
     if task.dns is not None:
         pb.dns.CopyFrom(
             driver_pb2.DNSConfig(
-                servers=list(task.dns.servers), searches=list(task.dns.searches), options=list(task.dns.options)
+                servers=list(task.dns.servers),
+                searches=list(task.dns.searches),
+                options=list(task.dns.options),
             )
         )
     return pb
@@ -336,7 +340,7 @@ def task_handle_to_proto(handle: TaskHandle) -> driver_pb2.TaskHandle:
     return driver_pb2.TaskHandle(
         version=handle.version,
         config=task_config_to_proto(handle.config),
-        state=int(handle.state),
+        state=driver_pb2.TaskState.ValueType(handle.state),
         driver_state=handle.driver_state,
     )
 
@@ -363,7 +367,7 @@ def task_status_to_proto(status: TaskStatus) -> driver_pb2.TaskStatus:
     return driver_pb2.TaskStatus(
         id=status.id,
         name=status.name,
-        state=int(status.state),
+        state=driver_pb2.TaskState.ValueType(status.state),
         started_at=timestamp_to_proto(status.started_at),
         completed_at=timestamp_to_proto(status.completed_at),
         result=exit_result_to_proto(status.result or ExitResult()),
@@ -395,7 +399,7 @@ def _usage_to_proto(usage: ResourceUsage) -> driver_pb2.TaskResourceUsage:
             throttled_periods=cpu.throttled_periods,
             throttled_time=cpu.throttled_time,
             percent=cpu.percent,
-            measured_fields=[int(f) for f in cpu.measured_fields],
+            measured_fields=[driver_pb2.CPUUsage.Fields.ValueType(f) for f in cpu.measured_fields],
         ),
         memory=driver_pb2.MemoryUsage(
             rss=mem.rss,
@@ -405,7 +409,7 @@ def _usage_to_proto(usage: ResourceUsage) -> driver_pb2.TaskResourceUsage:
             kernel_max_usage=mem.kernel_max_usage,
             usage=mem.usage,
             swap=mem.swap,
-            measured_fields=[int(f) for f in mem.measured_fields],
+            measured_fields=[driver_pb2.MemoryUsage.Fields.ValueType(f) for f in mem.measured_fields],
         ),
     )
 

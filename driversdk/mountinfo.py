@@ -91,9 +91,10 @@ def find_mount(path: str, entries: list[MountEntry] | None = None) -> MountEntry
     best: MountEntry | None = None
     for entry in entries if entries is not None else read_mountinfo():
         mp = entry.mount_point
-        if real == mp or real.startswith(mp.rstrip("/") + "/") or mp == "/":
-            if best is None or len(mp) >= len(best.mount_point):
-                best = entry
+        contains = real == mp or real.startswith(mp.rstrip("/") + "/") or mp == "/"
+        # ">=": a later mount stacked on the same point hides the earlier one.
+        if contains and (best is None or len(mp) >= len(best.mount_point)):
+            best = entry
     if best is None:  # pragma: no cover - "/" always matches
         raise MountinfoError(f"no mount found for {path!r}")
     return best

@@ -192,7 +192,7 @@ def check_mounts(
                     req.volume,
                     "propagation_mode",
                     f'{where}: propagation_mode "bidirectional" needs a read-write mount, but the mount is '
-                    'read-only; set read_only = false on the volume and its volume_mount, or use '
+                    "read-only; set read_only = false on the volume and its volume_mount, or use "
                     'propagation_mode = "host-to-task"',
                 )
             )

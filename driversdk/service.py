@@ -77,7 +77,7 @@ def _call(context: grpc.ServicerContext, call: str, fn: Callable[[], T]) -> T:
         abort_with(context, err, call)
 
 
-class BasePluginServicer(base_pb2_grpc.BasePluginServicer):  # type: ignore[misc]
+class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
     def __init__(self, driver: DriverPlugin) -> None:
         self._driver = driver
 
@@ -182,7 +182,7 @@ class _GrpcExecSession(ExecSession):
 _DONE = object()
 
 
-class DriverServicer(driver_pb2_grpc.DriverServicer):  # type: ignore[misc]
+class DriverServicer(driver_pb2_grpc.DriverServicer):
     def __init__(self, driver: DriverPlugin) -> None:
         self._driver = driver
         self._task_spec: Spec | None = None
@@ -238,7 +238,9 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):  # type: ignore[misc]
             handle = convert.task_handle_from_proto(request.handle)
             if handle.config.msgpack_driver_config:
                 handle.config.driver_config = decode(
-                    self._task_schema(), handle.config.msgpack_driver_config, what=f"task {handle.config.name!r} config"
+                    self._task_schema(),
+                    handle.config.msgpack_driver_config,
+                    what=f"task {handle.config.name!r} config",
                 )
             if not handle.config.id:
                 raise DriverError("RecoverTask got a handle without a task config id; the task cannot be recovered")
@@ -277,7 +279,9 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):  # type: ignore[misc]
     def ExecTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.ExecTaskResponse:
         timeout = convert.duration_from_proto(request.timeout) or None
         result = _call(
-            context, "ExecTask", lambda: self._driver.exec_task(request.task_id, list(request.command), timeout)
+            context,
+            "ExecTask",
+            lambda: self._driver.exec_task(request.task_id, list(request.command), timeout),
         )
         return convert.exec_result_to_proto(result)
 
@@ -370,9 +374,7 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):  # type: ignore[misc]
         closed = driver_pb2.ExecTaskStreamingIOOperation(close=True)
         yield driver_pb2.ExecTaskStreamingResponse(stdout=closed)
         yield driver_pb2.ExecTaskStreamingResponse(stderr=closed)
-        yield driver_pb2.ExecTaskStreamingResponse(
-            exited=True, result=convert.exit_result_to_proto(outcome["result"])
-        )
+        yield driver_pb2.ExecTaskStreamingResponse(exited=True, result=convert.exit_result_to_proto(outcome["result"]))
 
 
 def register_driver(server: grpc.Server, driver: DriverPlugin) -> None:

@@ -71,9 +71,7 @@ class HelloDriver(DriverPlugin):
         return Capabilities(send_signals=True, exec=True, mount_configs=MountConfigSupport.NONE)
 
     def fingerprint(self) -> Fingerprint:
-        return Fingerprint(
-            HealthState.HEALTHY, "Healthy", {"driver.hello.greeting": self._greeting}
-        )
+        return Fingerprint(HealthState.HEALTHY, "Healthy", {"driver.hello.greeting": self._greeting})
 
     def _get(self, task_id: str) -> _Task:
         with self._lock:
@@ -110,7 +108,13 @@ class HelloDriver(DriverPlugin):
             self._tasks[task.id] = record
         threading.Thread(target=self._reap, args=(record,), daemon=True).start()
         self.emit_event(
-            TaskEvent(task.id, task.alloc_id, task.name, f"{self._greeting}: started pid {proc.pid}", datetime.now(UTC))
+            TaskEvent(
+                task.id,
+                task.alloc_id,
+                task.name,
+                f"{self._greeting}: started pid {proc.pid}",
+                datetime.now(UTC),
+            )
         )
         return TaskHandle(config=task, driver_state=str(proc.pid).encode(), state=TaskState.RUNNING)
 
@@ -177,7 +181,11 @@ class HelloDriver(DriverPlugin):
         task = self._get(task_id)
         try:
             done = subprocess.run(
-                command, capture_output=True, timeout=timeout, cwd=task.config.task_dir, env=dict(task.config.env)
+                command,
+                capture_output=True,
+                timeout=timeout,
+                cwd=task.config.task_dir,
+                env=dict(task.config.env),
             )
         except subprocess.TimeoutExpired as exc:
             return ExecResult(exc.stdout or b"", exc.stderr or b"", ExitResult(exit_code=0, signal=9))

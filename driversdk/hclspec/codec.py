@@ -338,7 +338,9 @@ def decode(spec: Spec, data: bytes, *, what: str) -> dict[str, Any]:
         try:
             raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
-            raise ConfigError(f"{what} is not valid msgpack ({err}); the host must send the encoded config value") from None
+            raise ConfigError(
+                f"{what} is not valid msgpack ({err}); the host must send the encoded config value"
+            ) from None
     result = _dec(spec, raw, "", errs)
     errs.raise_if_any()
     if not isinstance(result, dict):

@@ -22,7 +22,7 @@ def evaluate_literal(text: str) -> Any:
     value = parser.value()
     parser.skip_space()
     if parser.i != len(text):
-        raise LiteralError(f"literal {text!r} has unexpected text at {text[parser.i:]!r}")
+        raise LiteralError(f"literal {text!r} has unexpected text at {text[parser.i :]!r}")
     return value
 
 
@@ -108,7 +108,7 @@ class _Parser:
             else:
                 m = _IDENT.match(self.text, self.i)
                 if not m:
-                    raise LiteralError(f"literal {self.text!r} has a bad object key at {self.text[self.i:]!r}")
+                    raise LiteralError(f"literal {self.text!r} has a bad object key at {self.text[self.i :]!r}")
                 key = m.group(0)
                 self.i = m.end()
             if self._peek() not in ("=", ":"):

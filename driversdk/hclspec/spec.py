@@ -93,7 +93,10 @@ class BlockList(Spec):
     def to_proto(self) -> hcl_spec_pb2.Spec:
         return hcl_spec_pb2.Spec(
             block_list=hcl_spec_pb2.BlockList(
-                name=self.name, min_items=self.min_items, max_items=self.max_items, nested=self.nested.to_proto()
+                name=self.name,
+                min_items=self.min_items,
+                max_items=self.max_items,
+                nested=self.nested.to_proto(),
             )
         )
 
@@ -108,7 +111,10 @@ class BlockSet(Spec):
     def to_proto(self) -> hcl_spec_pb2.Spec:
         return hcl_spec_pb2.Spec(
             block_set=hcl_spec_pb2.BlockSet(
-                name=self.name, min_items=self.min_items, max_items=self.max_items, nested=self.nested.to_proto()
+                name=self.name,
+                min_items=self.min_items,
+                max_items=self.max_items,
+                nested=self.nested.to_proto(),
             )
         )
 

@@ -63,8 +63,7 @@ class Handshake:
             ) from None
         if core != CORE_PROTOCOL_VERSION:
             raise HandshakeError(
-                f"incompatible core API version with plugin: plugin speaks {core}, host speaks "
-                f"{CORE_PROTOCOL_VERSION}"
+                f"incompatible core API version with plugin: plugin speaks {core}, host speaks {CORE_PROTOCOL_VERSION}"
             )
         if app not in accepted_versions:
             raise HandshakeError(

@@ -7,6 +7,7 @@ loads here loads in Nomad, and turns every way a launch can fail into one senten
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -154,17 +155,13 @@ class PluginProcess:
         if self.alive():
             from driversdk.pb import grpc_controller_pb2, grpc_controller_pb2_grpc
 
-            try:
+            with contextlib.suppress(grpc.RpcError):
                 grpc_controller_pb2_grpc.GRPCControllerStub(self.channel).Shutdown(
                     grpc_controller_pb2.Empty(), timeout=timeout
                 )
-            except grpc.RpcError:
-                pass
             if not self._wait_exit(timeout):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 self._wait_exit(5.0)
         self.channel.close()
 
@@ -238,9 +235,7 @@ def launch_plugin(
     try:
         first = lines.get(timeout=timeout)
     except queue.Empty:
-        raise give_up(
-            f"plugin {label!r} did not print its handshake within {timeout:.0f}s; it was killed"
-        ) from None
+        raise give_up(f"plugin {label!r} did not print its handshake within {timeout:.0f}s; it was killed") from None
     if first is None:
         code = popen.wait()
         raise give_up(
@@ -277,4 +272,10 @@ def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: fl
     return PluginProcess(_connect(config.address, timeout), config, None, name)
 
 
-__all__: list[Any] = ["PluginProcess", "ReattachConfig", "launch_plugin", "plugin_environment", "reattach_plugin"]
+__all__: list[Any] = [
+    "PluginProcess",
+    "ReattachConfig",
+    "launch_plugin",
+    "plugin_environment",
+    "reattach_plugin",
+]

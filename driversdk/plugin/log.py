@@ -21,7 +21,11 @@ logging.addLevelName(TRACE, "TRACE")
 _LEVEL_NAMES = {TRACE: "trace", logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn"}
 
 # Attributes every LogRecord has; anything else came in through `extra=` and is passed on.
-_RECORD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+_RECORD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 
 
 def hclog_level(levelno: int) -> str:
@@ -102,7 +106,13 @@ _PREFIX_LEVELS = {
     "[WARN]": logging.WARNING,
     "[ERROR]": logging.ERROR,
 }
-_HCLOG_LEVELS = {"trace": TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+_HCLOG_LEVELS = {
+    "trace": TRACE,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def parse_hclog_line(line: str) -> tuple[int, str, dict[str, Any]]:

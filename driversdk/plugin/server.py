@@ -9,6 +9,7 @@ stdout/stderr pipes; long-lived streams never starve the thread pool.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import io
 import logging
@@ -108,10 +109,8 @@ class _SocketPlace:
         os.chmod(self.path, 0o660)
 
     def remove(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         if self.private_dir:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
@@ -133,14 +132,14 @@ def _add_go_plugin_services(server: Any, stop: threading.Event) -> None:
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
 
-    class Controller(grpc_controller_pb2_grpc.GRPCControllerServicer):  # type: ignore[misc]
+    class Controller(grpc_controller_pb2_grpc.GRPCControllerServicer):
         def Shutdown(self, request: Any, context: grpc.ServicerContext) -> Any:
             log.info("shutdown requested by host")
             # Stop only once the reply is on its way, so the host sees a clean answer.
             context.add_callback(stop.set)
             return grpc_controller_pb2.Empty()
 
-    class Stdio(grpc_stdio_pb2_grpc.GRPCStdioServicer):  # type: ignore[misc]
+    class Stdio(grpc_stdio_pb2_grpc.GRPCStdioServicer):
         def StreamStdio(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             # We relay nothing (Nomad discards it); hold the stream open until the host leaves.
             done = threading.Event()
@@ -150,7 +149,7 @@ def _add_go_plugin_services(server: Any, stop: threading.Event) -> None:
             return
             yield grpc_stdio_pb2.StdioData()  # pragma: no cover - makes this a generator
 
-    class Broker(grpc_broker_pb2_grpc.GRPCBrokerServicer):  # type: ignore[misc]
+    class Broker(grpc_broker_pb2_grpc.GRPCBrokerServicer):
         def StartStream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
             # Nomad drivers never use the broker: drain what the host sends, answer nothing.
             for _ in request_iterator:

@@ -7,6 +7,7 @@ log fifos a Nomad client's logmon would create, and reads them in the background
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import select
@@ -26,6 +27,9 @@ from driversdk.model import AgentConfig, NetworkIsolationSpec, Resources, TaskCo
 from driversdk.mounts import Mount
 
 __all__ = ["AllocDir", "DriverHarness", "FifoReader"]
+
+# What a Nomad client sends in SetConfig by default (client_min_port / client_max_port).
+NOMAD_DEFAULT_AGENT = AgentConfig(client_min_port=14000, client_max_port=14512)
 
 
 class FifoReader:
@@ -186,7 +190,7 @@ class DriverHarness:
         *,
         plugin_config: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
-        agent: AgentConfig | None = AgentConfig(client_min_port=14000, client_max_port=14512),
+        agent: AgentConfig | None = NOMAD_DEFAULT_AGENT,
         timeout: float = 60.0,
     ) -> None:
         self.cmd = list(cmd)
@@ -221,20 +225,16 @@ class DriverHarness:
         Tasks keep running; recover them with ``client.recover_task(handle)``.
         """
         if kill_hard:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.client.process.pid, 9)
-            except ProcessLookupError:
-                pass
         self.client.process.kill()
         self.client = self._launch()
         return self.client
 
     def close(self) -> None:
         for task_id in sorted(self._tasks):
-            try:
+            with contextlib.suppress(PluginCallError):
                 self.client.destroy_task(task_id, force=True)
-            except PluginCallError:
-                pass
         self._tasks.clear()
         self.client.kill()
 

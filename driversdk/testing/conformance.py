@@ -70,7 +70,9 @@ class _Kit:
         alloc.remove()
         if self.caps.disable_log_collection:
             return CheckResult(
-                "log collection disabled", out == b"", "nothing written to the fifo" if out == b"" else f"wrote {out!r}"
+                "log collection disabled",
+                out == b"",
+                "nothing written to the fifo" if out == b"" else f"wrote {out!r}",
             )
         ok = b"conformance-out" in out
         return CheckResult("stdout reaches the log fifo", ok, "seen" if ok else f"fifo held {out!r}")
@@ -98,7 +100,8 @@ class _Kit:
     def _with_running(self, fn: Callable[[str], CheckResult]) -> CheckResult:
         alloc = AllocDir.create(self.workdir, tasks=["conf"])
         task = alloc.task_config(
-            "conf", driver_config=self.factory(["/bin/sh", "-c", "trap 'echo got-usr1' USR1; while :; do sleep 0.1; done"])
+            "conf",
+            driver_config=self.factory(["/bin/sh", "-c", "trap 'echo got-usr1' USR1; while :; do sleep 0.1; done"]),
         )
         self.harness.start(task)
         try:

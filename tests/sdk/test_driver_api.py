@@ -7,7 +7,6 @@ raw wire message, not only what our own client makes of it.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -19,8 +18,13 @@ from grpc_status import rpc_status
 
 from driversdk import hclspec as hs
 from driversdk.errors import PluginCallError
-from driversdk.model import GO_ZERO_TIME_SECONDS, HealthState, MountConfigSupport, NetworkIsolationMode, TaskState
-from driversdk.mounts import Mount
+from driversdk.model import (
+    GO_ZERO_TIME_SECONDS,
+    HealthState,
+    MountConfigSupport,
+    NetworkIsolationMode,
+    TaskState,
+)
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
 from driversdk.testing import AllocDir, DriverHarness
 
@@ -106,7 +110,9 @@ def test_hello_fingerprint_answers_at_once_and_stays_open(harness: DriverHarness
 
 
 def test_hello_lifecycle_through_fifos(harness: DriverHarness, alloc: AllocDir) -> None:
-    task = alloc.task_config("web", driver_config={"command": "/bin/sh", "args": ["-c", "echo out; echo err >&2; exit 3"]})
+    task = alloc.task_config(
+        "web", driver_config={"command": "/bin/sh", "args": ["-c", "echo out; echo err >&2; exit 3"]}
+    )
     handle = harness.start(task)
     assert handle.version >= 1
     result = harness.client.wait_task(task.id, timeout=30)
@@ -129,7 +135,8 @@ def test_hello_start_echoes_task_config_in_handle(harness: DriverHarness, alloc:
     task = alloc.task_config("web", driver_config={"command": "/bin/true"})
     task = harness.client.encode_task_config(task)
     resp = _raw(harness).StartTask(
-        driver_pb2.StartTaskRequest(task=__import__("driversdk.convert").convert.task_config_to_proto(task)), timeout=30
+        driver_pb2.StartTaskRequest(task=__import__("driversdk.convert").convert.task_config_to_proto(task)),
+        timeout=30,
     )
     harness._tasks.add(task.id)
     assert resp.handle.version >= 1
@@ -161,7 +168,11 @@ def test_hello_stop_escalates_to_kill_after_timeout(harness: DriverHarness, allo
 
 def test_hello_signal_and_exec(harness: DriverHarness, alloc: AllocDir) -> None:
     task = alloc.task_config(
-        "web", driver_config={"command": "/bin/sh", "args": ["-c", "trap 'echo got-hup' HUP; while :; do sleep 0.1; done"]}
+        "web",
+        driver_config={
+            "command": "/bin/sh",
+            "args": ["-c", "trap 'echo got-hup' HUP; while :; do sleep 0.1; done"],
+        },
     )
     harness.start(task)
     time.sleep(0.3)
@@ -176,9 +187,7 @@ def test_hello_signal_and_exec(harness: DriverHarness, alloc: AllocDir) -> None:
     assert "SIGNOPE" in str(info.value)
 
 
-def test_hello_unsupported_calls_answer_unimplemented_with_a_sentence(
-    harness: DriverHarness, alloc: AllocDir
-) -> None:
+def test_hello_unsupported_calls_answer_unimplemented_with_a_sentence(harness: DriverHarness, alloc: AllocDir) -> None:
     with pytest.raises(PluginCallError) as info:
         harness.client.create_network("alloc-1")
     assert info.value.code == "UNIMPLEMENTED"
@@ -207,9 +216,7 @@ def test_hello_start_failure_is_a_status_with_recoverable_detail(harness: Driver
     assert status is not None and status.details, "first detail must be RecoverableError"
     detail = recoverable_error_pb2.RecoverableError()
     assert status.details[0].Unpack(detail)
-    assert status.details[0].type_url == (
-        "type.googleapis.com/hashicorp.nomad.plugins.shared.structs.RecoverableError"
-    )
+    assert status.details[0].type_url == ("type.googleapis.com/hashicorp.nomad.plugins.shared.structs.RecoverableError")
     assert detail.recoverable is False
 
 

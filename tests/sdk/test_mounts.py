@@ -43,7 +43,10 @@ def test_propagation_wire_strings_and_linux_meaning() -> None:
 
 def test_check_mounts_builds_mounts(tmp_path: Path) -> None:
     mounts = check_mounts(
-        [MountRequest("data", "/data", str(tmp_path), read_only=True)], task="web", driver="docker", mount_configs=ALL
+        [MountRequest("data", "/data", str(tmp_path), read_only=True)],
+        task="web",
+        driver="docker",
+        mount_configs=ALL,
     )
     assert mounts == [Mount("/data", str(tmp_path), readonly=True, request_name="data")]
 

@@ -52,12 +52,12 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
     committed = ROOT / "driversdk" / "pb"
     names = sorted(p.name for p in fresh.iterdir() if p.suffix in (".py", ".pyi") and p.name != "__init__.py")
     assert names, "hack/gen-protos.sh generated nothing"
-    match, mismatch, errors = filecmp.cmpfiles(fresh, committed, names, shallow=False)
+    _match, mismatch, errors = filecmp.cmpfiles(fresh, committed, names, shallow=False)
     assert not mismatch and not errors, (
         f"generated protobuf code is stale ({mismatch + errors}); run hack/gen-protos.sh and commit the result"
     )
     extra = sorted(
-        p.name for p in committed.iterdir() if p.suffix in (".py", ".pyi") and p.name not in names + ["__init__.py"]
+        p.name for p in committed.iterdir() if p.suffix in (".py", ".pyi") and p.name not in [*names, "__init__.py"]
     )
     assert not extra, f"driversdk/pb has generated files with no .proto source: {extra}"
 
@@ -122,15 +122,29 @@ def test_every_field_of_the_reference_is_on_our_wire() -> None:
 def test_services_and_methods() -> None:
     expected = {
         "hashicorp.nomad.plugins.drivers.proto.Driver": {
-            "TaskConfigSchema": (False, False), "Capabilities": (False, False), "Fingerprint": (False, True),
-            "RecoverTask": (False, False), "StartTask": (False, False), "WaitTask": (False, False),
-            "StopTask": (False, False), "DestroyTask": (False, False), "InspectTask": (False, False),
-            "TaskStats": (False, True), "TaskEvents": (False, True), "SignalTask": (False, False),
-            "ExecTask": (False, False), "ExecTaskStreaming": (True, True), "CreateNetwork": (False, False),
-            "DestroyNetwork": (False, False), "Init": (False, False), "Shutdown": (False, False),
+            "TaskConfigSchema": (False, False),
+            "Capabilities": (False, False),
+            "Fingerprint": (False, True),
+            "RecoverTask": (False, False),
+            "StartTask": (False, False),
+            "WaitTask": (False, False),
+            "StopTask": (False, False),
+            "DestroyTask": (False, False),
+            "InspectTask": (False, False),
+            "TaskStats": (False, True),
+            "TaskEvents": (False, True),
+            "SignalTask": (False, False),
+            "ExecTask": (False, False),
+            "ExecTaskStreaming": (True, True),
+            "CreateNetwork": (False, False),
+            "DestroyNetwork": (False, False),
+            "Init": (False, False),
+            "Shutdown": (False, False),
         },
         "hashicorp.nomad.plugins.base.proto.BasePlugin": {
-            "PluginInfo": (False, False), "ConfigSchema": (False, False), "SetConfig": (False, False),
+            "PluginInfo": (False, False),
+            "ConfigSchema": (False, False),
+            "SetConfig": (False, False),
         },
         "plugin.GRPCController": {"Shutdown": (False, False)},
         "plugin.GRPCStdio": {"StreamStdio": (False, True)},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -187,10 +188,8 @@ def test_sigint_survived_without_sig_ign_and_children_do_not_hold_host_pipes(
         assert os.path.exists(f"/proc/{child}"), "the child outlives the plugin"
     finally:
         proc.kill()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_sigterm_ends_the_plugin_cleanly() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 
-from hello_driver import HelloDriver  # noqa: E402
+from hello_driver import HelloDriver
 
-from driversdk import serve  # noqa: E402
-from driversdk.errors import NotSupportedError  # noqa: E402
-from driversdk.model import ExecResult  # noqa: E402
+from driversdk import serve
+from driversdk.errors import NotSupportedError
+from driversdk.model import ExecResult
 
 
 class LyingDriver(HelloDriver):
