@@ -122,7 +122,8 @@ def main() -> None:
     print(f"unary round trip over a unix socket, median of {args.calls}:")
     print(f"  floor  bare grpc echo server        {median_ms(raw) * 1000:8.1f} us")
     print(
-        f"  ours   plugin health Check          {median_ms(ours) * 1000:8.1f} us   ratio {median(ours) / median(raw):.2f}"
+        f"  ours   plugin health Check          {median_ms(ours) * 1000:8.1f} us"
+        f"   ratio {median(ours) / median(raw):.2f}"
     )
 
 
