@@ -11,15 +11,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from driversdk.client import DriverClient, launch
+    from driversdk.client import DriverClient, launch, reattach
     from driversdk.driver import DriverPlugin, ExecSession
     from driversdk.serving import serve
 
-__all__ = ["DriverClient", "DriverPlugin", "ExecSession", "launch", "serve"]
+__all__ = ["DriverClient", "DriverPlugin", "ExecSession", "launch", "reattach", "serve"]
 
 _LAZY = {
     "DriverClient": "driversdk.client",
     "launch": "driversdk.client",
+    "reattach": "driversdk.client",
     "DriverPlugin": "driversdk.driver",
     "ExecSession": "driversdk.driver",
     "serve": "driversdk.serving",

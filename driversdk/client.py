@@ -31,7 +31,7 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
-from driversdk.plugin.host import PluginProcess, launch_plugin
+from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin
 
 T = TypeVar("T")
 
@@ -328,3 +328,19 @@ def launch(
     except BaseException:
         process.kill()
         raise
+
+
+def reattach(config: ReattachConfig, *, name: str = "driver", timeout: float = 10.0) -> DriverClient:
+    """Connect to a driver plugin an earlier host process launched (saved ``reattach_config``).
+
+    As Nomad does after an agent crash: the plugin kept running and keeps its configuration,
+    so SetConfig is not sent again.
+    """
+    process = reattach_plugin(config, name=name, timeout=timeout)
+    client = DriverClient(process, name=name)
+    try:
+        client.plugin_info()
+    except BaseException:
+        process.channel.close()
+        raise
+    return client

@@ -15,23 +15,31 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import IO
 
-from driversdk import DriverPlugin, serve
+from driversdk import DriverPlugin, ExecSession, serve
 from driversdk import hclspec as hs
 from driversdk.errors import DriverError, TaskNotFoundError
 from driversdk.model import (
     Capabilities,
+    CpuField,
+    CpuUsage,
     ExecResult,
     ExitResult,
     Fingerprint,
     HealthState,
+    MemoryField,
+    MemoryUsage,
     MountConfigSupport,
+    ResourceUsage,
     TaskConfig,
     TaskEvent,
     TaskHandle,
     TaskState,
+    TaskStats,
     TaskStatus,
 )
 
@@ -176,6 +184,60 @@ class HelloDriver(DriverPlugin):
             task.process.send_signal(signal.Signals[signal_name])
         except KeyError:
             raise DriverError(f"unknown signal {signal_name!r}: use a name such as SIGHUP") from None
+
+    def task_stats(self, task_id: str) -> TaskStats | None:
+        task = self._get(task_id)
+        if task.done.is_set():
+            return None  # ends the stream
+        try:
+            with open(f"/proc/{task.process.pid}/stat") as fh:
+                fields = fh.read().rsplit(") ", 1)[1].split()
+        except OSError:
+            return None
+        ticks = os.sysconf("SC_CLK_TCK")
+        user, system = int(fields[11]) / ticks, int(fields[12]) / ticks
+        rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        return TaskStats(
+            timestamp=datetime.now(UTC),
+            usage=ResourceUsage(
+                cpu=CpuUsage(
+                    user_mode=user, system_mode=system, measured_fields=(CpuField.USER_MODE, CpuField.SYSTEM_MODE)
+                ),
+                memory=MemoryUsage(rss=rss, measured_fields=(MemoryField.RSS,)),
+            ),
+        )
+
+    def exec_task_streaming(self, session: ExecSession) -> ExitResult:
+        task = self._get(session.task_id)
+        proc = subprocess.Popen(
+            session.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=task.config.task_dir,
+            env=dict(task.config.env),
+        )
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+        def feed() -> None:
+            assert proc.stdin is not None
+            while (chunk := session.read_stdin()) is not None:
+                if chunk:
+                    proc.stdin.write(chunk)
+                    proc.stdin.flush()
+            proc.stdin.close()
+
+        def pump(stream: IO[bytes], send: Callable[[bytes], None]) -> None:
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                send(chunk)
+
+        threading.Thread(target=feed, daemon=True).start()
+        err_pump = threading.Thread(target=pump, args=(proc.stderr, session.send_stderr), daemon=True)
+        err_pump.start()
+        pump(proc.stdout, session.send_stdout)
+        err_pump.join()
+        code = proc.wait()
+        return ExitResult(exit_code=code) if code >= 0 else ExitResult(signal=-code)
 
     def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
         task = self._get(task_id)

@@ -16,6 +16,7 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
+from driversdk import convert
 from driversdk import hclspec as hs
 from driversdk.errors import PluginCallError
 from driversdk.model import (
@@ -187,20 +188,73 @@ def test_hello_signal_and_exec(harness: DriverHarness, alloc: AllocDir) -> None:
     assert "SIGNOPE" in str(info.value)
 
 
-def test_hello_unsupported_calls_answer_unimplemented_with_a_sentence(harness: DriverHarness, alloc: AllocDir) -> None:
+def test_hello_unsupported_calls_answer_unimplemented_with_a_sentence(harness: DriverHarness) -> None:
     with pytest.raises(PluginCallError) as info:
         harness.client.create_network("alloc-1")
     assert info.value.code == "UNIMPLEMENTED"
     assert str(info.value) == "the 'hello' driver does not support creating networks"
+
+
+def test_hello_stats_stream_until_exit(harness: DriverHarness, alloc: AllocDir) -> None:
+    task = alloc.task_config("web", driver_config={"command": "/bin/sh", "args": ["-c", "sleep 1.5"]})
+    harness.start(task)
+    raw = _raw(harness).TaskStats(
+        driver_pb2.TaskStatsRequest(task_id=task.id, collection_interval=convert.duration_to_proto(0.2))
+    )
+    samples = list(raw)  # ends by itself once the task exits
+    assert len(samples) >= 2
+    for resp in samples:
+        # Nomad's Go decoder needs both the timestamp and the aggregate usage.
+        assert resp.stats.HasField("timestamp") and resp.stats.HasField("agg_resource_usage")
+        assert resp.stats.agg_resource_usage.memory.rss > 0
+        assert list(resp.stats.agg_resource_usage.memory.measured_fields) == [driver_pb2.MemoryUsage.RSS]
+
+
+def test_hello_streaming_exec_frames(harness: DriverHarness, alloc: AllocDir) -> None:
     task = alloc.task_config("web", driver_config={"command": "/bin/sleep", "args": ["30"]})
     harness.start(task)
-    with pytest.raises(PluginCallError) as info:
-        list(harness.client.task_stats(task.id, interval=0.2))
-    assert info.value.code == "UNIMPLEMENTED"
-    stream = harness.client.exec_task_streaming(task.id, ["/bin/true"])
-    with pytest.raises(PluginCallError) as info:
-        stream.collect()
-    assert info.value.code == "UNIMPLEMENTED"
+    stream = harness.client.exec_task_streaming(
+        task.id, ["/bin/sh", "-c", "cat; echo oops >&2; exit 5"], stdin=[b"one ", b"two\n"]
+    )
+    out, err, result = stream.collect()
+    assert out == b"one two\n" and err == b"oops\n" and result.exit_code == 5
+    # On the wire: data frames, one close frame per stream, then exited with the result.
+    req = iter(
+        [
+            driver_pb2.ExecTaskStreamingRequest(
+                setup=driver_pb2.ExecTaskStreamingRequest.Setup(task_id=task.id, command=["/bin/echo", "hi"])
+            ),
+            driver_pb2.ExecTaskStreamingRequest(),  # a heartbeat
+            driver_pb2.ExecTaskStreamingRequest(stdin=driver_pb2.ExecTaskStreamingIOOperation(close=True)),
+        ]
+    )
+    frames = list(_raw(harness).ExecTaskStreaming(req, timeout=30))
+    assert frames[-1].exited and frames[-1].result.exit_code == 0
+    assert [f.stdout.close for f in frames if f.HasField("stdout")][-1] is True
+    assert [f.stderr.close for f in frames if f.HasField("stderr")] == [True]
+    assert b"".join(f.stdout.data for f in frames if f.HasField("stdout")) == b"hi\n"
+
+
+def test_hello_many_tasks_with_open_streams_do_not_starve_the_pool(harness: DriverHarness, alloc: AllocDir) -> None:
+    # Every task holds a WaitTask call and a stats stream, as a Nomad client does (gotcha 9).
+    stub = _raw(harness)
+    futures = []
+    streams = []
+    for _ in range(60):
+        task = alloc.task_config("web", driver_config={"command": "/bin/sleep", "args": ["60"]})
+        harness.start(task)
+        futures.append(stub.WaitTask.future(driver_pb2.WaitTaskRequest(task_id=task.id)))
+        streams.append(
+            stub.TaskStats(
+                driver_pb2.TaskStatsRequest(task_id=task.id, collection_interval=convert.duration_to_proto(1))
+            )
+        )
+    caps = stub.Capabilities(driver_pb2.CapabilitiesRequest(), timeout=10)
+    assert caps.HasField("capabilities")
+    for s in streams:
+        s.cancel()
+    for f in futures:
+        f.cancel()
 
 
 def test_hello_start_failure_is_a_status_with_recoverable_detail(harness: DriverHarness, alloc: AllocDir) -> None:
@@ -290,3 +344,30 @@ def test_hello_task_events_routed_by_alloc_and_task(harness: DriverHarness, allo
 def test_hello_fingerprint_health_model(harness: DriverHarness) -> None:
     fp = next(iter(harness.client.fingerprint()))
     assert fp.health is HealthState.HEALTHY
+
+
+def test_hello_host_reattaches_without_set_config(tmp_path: Path) -> None:
+    import driversdk
+
+    alloc = AllocDir.create(tmp_path, tasks=["web"])
+    client = driversdk.launch(HELLO)
+    try:
+        client.set_config({"greeting": "kept"})
+        task = alloc.task_config("web", driver_config={"command": "/bin/sh", "args": ["-c", "sleep 1; exit 4"]})
+        client.start_task(task)
+        saved = client.process.reattach_config.to_json()
+        client.process.channel.close()  # the host crashes; the plugin keeps running
+        from driversdk.plugin.host import ReattachConfig
+
+        again = driversdk.reattach(ReattachConfig.from_json(saved), name="hello")
+        again.init()
+        # The configuration survived (no SetConfig after a reattach) and so did the task.
+        fp = next(iter(again.fingerprint()))
+        assert fp.attributes["driver.hello.greeting"].value == "kept"
+        assert again.wait_task(task.id, timeout=30).exit_code == 4
+        again.destroy_task(task.id)
+        again.kill()
+        assert not again.process.alive()
+    finally:
+        client.process.kill()
+        alloc.remove()
