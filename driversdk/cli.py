@@ -1,0 +1,91 @@
+"""The ``driversdk`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from enum import Enum
+from typing import Any
+
+from driversdk.errors import DriverSDKError
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def cmd_plugin_probe(args: argparse.Namespace) -> int:
+    """Launch a plugin as a Nomad client would and print what it says about itself."""
+    from driversdk.client import launch
+    from driversdk.hclspec import decode
+
+    client = launch(args.command, timeout=args.timeout)
+    try:
+        info = client.plugin_info()
+        schema = client.config_schema()
+        config: dict[str, Any] = json.loads(args.config) if args.config else {}
+        client.set_config(config)
+        client.init()
+        caps = client.capabilities()
+        fingerprint = next(iter(client.fingerprint()))
+        report = {
+            "name": info.name,
+            "plugin_version": info.plugin_version,
+            "plugin_api_versions": list(info.plugin_api_versions),
+            "plugin_config": decode(schema, b"", what="defaults") if schema and not config else config,
+            "capabilities": _plain(asdict(caps)),
+            "health": fingerprint.health.name,
+            "health_description": fingerprint.health_description,
+            "attributes": {k: getattr(v, "value", v) for k, v in sorted(fingerprint.attributes.items())},
+        }
+    finally:
+        client.kill()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(f"{report['name']} {report['plugin_version']} (api {', '.join(report['plugin_api_versions'])})")
+        print(f"  health:       {report['health']} ({report['health_description']})")
+        caps_text = ", ".join(f"{k}={v}" for k, v in report["capabilities"].items())
+        print(f"  capabilities: {caps_text}")
+        for key, value in report["attributes"].items():
+            print(f"  {key} = {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="driversdk", description="Nomad-compatible task-driver plugins in Python.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    plugin = sub.add_parser("plugin", help="work with driver plugin binaries")
+    plugin_sub = plugin.add_subparsers(dest="plugin_cmd", required=True)
+    probe = plugin_sub.add_parser("probe", help="launch a plugin through the handshake and describe it")
+    probe.add_argument("--config", help="plugin config as JSON (encoded with the plugin's own schema)")
+    probe.add_argument("--timeout", type=float, default=60.0)
+    probe.add_argument("--json", action="store_true")
+    probe.add_argument("command", nargs="+", help="the plugin command line")
+    probe.set_defaults(func=cmd_plugin_probe)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except DriverSDKError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
