@@ -28,5 +28,5 @@ tar -C "$root" -c . > "$root.tar"
 trap 'rm -rf "$root" "$root.tar"' EXIT
 docker import -c 'CMD ["/bin/sh"]' -c 'ENV PATH=/bin:/sbin:/usr/bin:/usr/sbin' "$root.tar" "$image" >/dev/null
 # The infra ("pause") container of group networking only has to hold a network namespace.
-docker import -c 'CMD ["/bin/sleep", "2147483647"]' -c 'STOPSIGNAL SIGKILL' "$root.tar" "$pause" >/dev/null
+docker import -c 'CMD ["/bin/sleep", "2147483647"]' "$root.tar" "$pause" >/dev/null
 echo "==> built $image and $pause" >&2
