@@ -1,0 +1,3 @@
+from drivers.docker.main import main
+
+main()

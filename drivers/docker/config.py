@@ -1,0 +1,264 @@
+"""The docker driver's plugin and task config: hclspec schemas and typed views of them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from driversdk import hclspec as hs
+from driversdk.errors import ConfigError
+
+# Nomad's default allow_caps: Docker's defaults less NET_RAW.
+DEFAULT_ALLOW_CAPS = [
+    "audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod",
+    "net_bind_service", "setfcap", "setgid", "setpcap", "setuid", "sys_chroot",
+]  # fmt: skip
+# Docker's own default capability set (Nomad's defaults plus NET_RAW).
+DOCKER_DEFAULT_CAPS = [*DEFAULT_ALLOW_CAPS, "net_raw"]
+
+
+def plugin_spec() -> hs.Spec:
+    return hs.obj(
+        {
+            "endpoint": hs.attr("string"),
+            "disable_log_collection": hs.default(hs.attr("bool"), hs.literal("false")),
+            "volumes": hs.default(
+                hs.block(
+                    hs.obj(
+                        {
+                            "enabled": hs.default(hs.attr("bool"), hs.literal("false")),
+                            "selinuxlabel": hs.attr("string"),
+                        }
+                    )
+                ),
+                hs.literal('{enabled = false, selinuxlabel = ""}'),
+            ),
+            "allow_privileged": hs.default(hs.attr("bool"), hs.literal("false")),
+            "allow_caps": hs.default(
+                hs.attr("list(string)"), hs.literal("[" + ", ".join(f'"{c}"' for c in DEFAULT_ALLOW_CAPS) + "]")
+            ),
+            "gc": hs.default(
+                hs.block(
+                    hs.obj(
+                        {
+                            "image": hs.default(hs.attr("bool"), hs.literal("true")),
+                            "image_delay": hs.default(hs.attr("string"), hs.literal('"3m"')),
+                            "container": hs.default(hs.attr("bool"), hs.literal("true")),
+                        }
+                    )
+                ),
+                hs.literal('{image = true, image_delay = "3m", container = true}'),
+            ),
+            "pull_activity_timeout": hs.default(hs.attr("string"), hs.literal('"2m"')),
+            "image_pull_timeout": hs.default(hs.attr("string"), hs.literal('"5m"')),
+            "extra_labels": hs.default(hs.attr("list(string)"), hs.literal("[]")),
+            "infra_image": hs.default(hs.attr("string"), hs.literal('"registry.k8s.io/pause-amd64:3.3"')),
+        }
+    )
+
+
+def task_spec() -> hs.Spec:
+    return hs.obj(
+        {
+            "image": hs.attr("string", required=True),
+            "command": hs.attr("string"),
+            "args": hs.attr("list(string)"),
+            "entrypoint": hs.attr("list(string)"),
+            "work_dir": hs.attr("string"),
+            "hostname": hs.attr("string"),
+            "labels": hs.attr("map(string)"),
+            "privileged": hs.default(hs.attr("bool"), hs.literal("false")),
+            "cap_add": hs.attr("list(string)"),
+            "cap_drop": hs.attr("list(string)"),
+            "network_mode": hs.attr("string"),
+            "tty": hs.default(hs.attr("bool"), hs.literal("false")),
+            "mount": hs.block_list(
+                hs.obj(
+                    {
+                        "type": hs.default(hs.attr("string"), hs.literal('"volume"')),
+                        "target": hs.attr("string", required=True),
+                        "source": hs.attr("string"),
+                        "readonly": hs.default(hs.attr("bool"), hs.literal("false")),
+                        "bind_options": hs.block(hs.obj({"propagation": hs.attr("string")})),
+                        "tmpfs_options": hs.block(hs.obj({"size": hs.attr("number"), "mode": hs.attr("number")})),
+                    }
+                )
+            ),
+            "volumes": hs.attr("list(string)"),
+            "force_pull": hs.default(hs.attr("bool"), hs.literal("false")),
+            "image_pull_timeout": hs.attr("string"),
+            "load": hs.attr("string"),
+            "auth": hs.block(
+                hs.obj(
+                    {
+                        "username": hs.attr("string"),
+                        "password": hs.attr("string"),
+                        "email": hs.attr("string"),
+                        "server_address": hs.attr("string"),
+                    }
+                )
+            ),
+            "memory_hard_limit": hs.attr("number"),
+            "cpu_hard_limit": hs.default(hs.attr("bool"), hs.literal("false")),
+            "cpu_cfs_period": hs.default(hs.attr("number"), hs.literal("100000")),
+        }
+    )
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_duration(text: str, field_name: str) -> float:
+    """Go-style durations such as "5m", "90s", "1h30m" to seconds."""
+    pos, total = 0, 0.0
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    while pos < len(text):
+        m = _DURATION.match(text, pos)
+        if not m:
+            raise ConfigError(f'failed to parse {field_name!r} duration {text!r}: use a form such as "90s" or "5m"')
+        total += float(m.group(1)) * units[m.group(2)]
+        pos = m.end()
+    if not text:
+        raise ConfigError(f"failed to parse {field_name!r} duration: it is empty")
+    return total
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    endpoint: str | None = None
+    disable_log_collection: bool = False
+    volumes_enabled: bool = False
+    selinux_label: str = ""
+    allow_privileged: bool = False
+    allow_caps: tuple[str, ...] = tuple(DEFAULT_ALLOW_CAPS)
+    gc_image: bool = True
+    gc_image_delay: float = 180.0
+    gc_container: bool = True
+    pull_activity_timeout: float = 120.0
+    image_pull_timeout: float = 300.0
+    extra_labels: tuple[str, ...] = ()
+    infra_image: str = "registry.k8s.io/pause-amd64:3.3"
+
+    @classmethod
+    def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
+        volumes = cfg.get("volumes") or {}
+        gc = cfg.get("gc") or {}
+        activity = parse_duration(cfg.get("pull_activity_timeout") or "2m", "pull_activity_timeout")
+        if activity < 60:
+            raise ConfigError("pull_activity_timeout is less than minimum, 1m0s")
+        return cls(
+            endpoint=cfg.get("endpoint") or None,
+            disable_log_collection=bool(cfg.get("disable_log_collection")),
+            volumes_enabled=bool(volumes.get("enabled")),
+            selinux_label=volumes.get("selinuxlabel") or "",
+            allow_privileged=bool(cfg.get("allow_privileged")),
+            allow_caps=tuple(_cap(c) for c in (cfg.get("allow_caps") or DEFAULT_ALLOW_CAPS)),
+            gc_image=gc.get("image", True) is not False,
+            gc_image_delay=parse_duration(gc.get("image_delay") or "3m", "image_delay"),
+            gc_container=gc.get("container", True) is not False,
+            pull_activity_timeout=activity,
+            image_pull_timeout=parse_duration(cfg.get("image_pull_timeout") or "5m", "image_pull_timeout"),
+            extra_labels=tuple(cfg.get("extra_labels") or ()),
+            infra_image=(cfg.get("infra_image") or "registry.k8s.io/pause-amd64:3.3").removeprefix("https://"),
+        )
+
+
+def _cap(name: str) -> str:
+    return name.strip().lower().removeprefix("cap_")
+
+
+@dataclass(frozen=True)
+class MountBlock:
+    type: str
+    target: str
+    source: str = ""
+    readonly: bool = False
+    propagation: str = ""
+    tmpfs_size: int | None = None
+    tmpfs_mode: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskDockerConfig:
+    image: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] | None = None
+    work_dir: str | None = None
+    hostname: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    privileged: bool = False
+    cap_add: tuple[str, ...] = ()
+    cap_drop: tuple[str, ...] = ()
+    network_mode: str | None = None
+    tty: bool = False
+    mounts: tuple[MountBlock, ...] = ()
+    volumes: tuple[str, ...] = ()
+    force_pull: bool = False
+    image_pull_timeout: float | None = None
+    load: str | None = None
+    auth: dict[str, str] | None = None
+    memory_hard_limit: int = 0
+    cpu_hard_limit: bool = False
+    cpu_cfs_period: int = 100000
+
+    @classmethod
+    def from_decoded(cls, cfg: dict[str, Any], task: str) -> TaskDockerConfig:
+        image = (cfg.get("image") or "").removeprefix("https://")
+        if not image:
+            raise ConfigError(f"task {task!r}: image name required for docker driver")
+        command = cfg.get("command")
+        if command is not None:
+            if not command:
+                raise ConfigError(f"task {task!r}: command empty: {command!r}")
+            if command != command.strip():
+                raise ConfigError(f"task {task!r}: command contains extra white space: {command!r}")
+        period = int(cfg.get("cpu_cfs_period") or 100000)
+        if not 0 <= period <= 1_000_000:
+            raise ConfigError(f"task {task!r}: invalid value for cpu_cfs_period {period}; use 0 to 1000000")
+        mounts = []
+        for i, m in enumerate(cfg.get("mount") or []):
+            kind = m.get("type") or "volume"
+            if kind not in ("bind", "volume", "tmpfs"):
+                raise ConfigError(
+                    f'task {task!r}: mount[{i}]: invalid mount type, must be "bind", "volume", "tmpfs": {kind!r}'
+                )
+            if kind == "tmpfs" and m.get("source"):
+                raise ConfigError(f'task {task!r}: mount[{i}]: invalid source, must be "" for tmpfs')
+            tmpfs = m.get("tmpfs_options") or {}
+            mounts.append(
+                MountBlock(
+                    type=kind,
+                    target=m["target"],
+                    source=m.get("source") or "",
+                    readonly=bool(m.get("readonly")),
+                    propagation=(m.get("bind_options") or {}).get("propagation") or "",
+                    tmpfs_size=int(tmpfs["size"]) if tmpfs.get("size") is not None else None,
+                    tmpfs_mode=int(tmpfs["mode"]) if tmpfs.get("mode") is not None else None,
+                )
+            )
+        pull_timeout = cfg.get("image_pull_timeout")
+        return cls(
+            image=image,
+            command=command,
+            args=tuple(cfg.get("args") or ()),
+            entrypoint=tuple(cfg["entrypoint"]) if cfg.get("entrypoint") is not None else None,
+            work_dir=cfg.get("work_dir") or None,
+            hostname=cfg.get("hostname") or None,
+            labels=dict(cfg.get("labels") or {}),
+            privileged=bool(cfg.get("privileged")),
+            cap_add=tuple(_cap(c) for c in cfg.get("cap_add") or ()),
+            cap_drop=tuple(_cap(c) for c in cfg.get("cap_drop") or ()),
+            network_mode=cfg.get("network_mode") or None,
+            tty=bool(cfg.get("tty")),
+            mounts=tuple(mounts),
+            volumes=tuple(cfg.get("volumes") or ()),
+            force_pull=bool(cfg.get("force_pull")),
+            image_pull_timeout=parse_duration(pull_timeout, "image_pull_timeout") if pull_timeout else None,
+            load=cfg.get("load") or None,
+            auth={k: v for k, v in (cfg.get("auth") or {}).items() if v} or None,
+            memory_hard_limit=int(cfg.get("memory_hard_limit") or 0),
+            cpu_hard_limit=bool(cfg.get("cpu_hard_limit")),
+            cpu_cfs_period=period,
+        )

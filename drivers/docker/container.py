@@ -1,0 +1,220 @@
+"""Turn a TaskConfig plus the docker task config into the engine's container-create request.
+
+Everything a task asks for that the operator has not allowed is refused here, with a sentence,
+before the engine is asked to create anything.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from docker.types import Mount as DockerMount
+
+from drivers.docker.config import DOCKER_DEFAULT_CAPS, PluginConfig, TaskDockerConfig
+from driversdk.errors import ConfigError
+from driversdk.model import NetworkIsolationMode, TaskConfig
+
+LABEL_ALLOC_ID = "com.hashicorp.nomad.alloc_id"
+# Our own label so leak checks and reconciliation can find every container we made.
+LABEL_TASK_ID = "io.driversdk.task_id"
+EXTRA_LABEL_FIELDS = (
+    "job_name",
+    "job_id",
+    "task_group_name",
+    "task_name",
+    "namespace",
+    "node_name",
+    "node_id",
+)
+
+
+@dataclass
+class ContainerSpec:
+    name: str
+    image: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    host_config: dict[str, Any] = field(default_factory=dict)
+
+
+def container_name(task: TaskConfig) -> str:
+    return f"{task.name.replace('/', '_')}-{task.alloc_id}"
+
+
+def _within(path: str, root: str) -> bool:
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _labels(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> dict[str, str]:
+    labels = dict(cfg.labels)
+    labels[LABEL_ALLOC_ID] = task.alloc_id
+    labels[LABEL_TASK_ID] = task.id
+    values = {
+        "job_name": task.job_name,
+        "job_id": task.job_id,
+        "task_group_name": task.task_group_name,
+        "task_name": task.name,
+        "namespace": task.namespace,
+        "node_name": task.node_name,
+        "node_id": task.node_id,
+    }
+    for name in EXTRA_LABEL_FIELDS:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in plugin.extra_labels):
+            labels[f"com.hashicorp.nomad.{name}"] = values[name]
+    return labels
+
+
+def _binds(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> list[str]:
+    label = f":{plugin.selinux_label}" if plugin.selinux_label else ""
+    ro_label = f":ro,{plugin.selinux_label}" if plugin.selinux_label else ":ro"
+    binds = [
+        f"{task.shared_alloc_dir}:/alloc{label}",
+        f"{task.local_dir}:/local{label}",
+        f"{task.secrets_dir}:/secrets{label}",
+        f"{os.path.join(task.shared_alloc_dir, 'logs')}:/alloc/logs{ro_label}",
+    ]
+    for spec in cfg.volumes:
+        parts = spec.split(":")
+        if len(parts) < 2:
+            raise ConfigError(f"task {task.name!r}: invalid docker volume {spec!r}: not <src>:<destination> format")
+        src = parts[0]
+        if not os.path.isabs(src):
+            src = os.path.normpath(os.path.join(task.task_dir, src))
+        if not plugin.volumes_enabled and not _within(src, task.alloc_dir):
+            raise ConfigError(
+                f"task {task.name!r}: volumes are not enabled; cannot mount host path: {spec!r} "
+                "(set volumes { enabled = true } in the docker plugin config, or mount from inside the alloc dir)"
+            )
+        mode = parts[2] if len(parts) > 2 else ""
+        if plugin.selinux_label:
+            mode = f"{mode},{plugin.selinux_label}" if mode else plugin.selinux_label
+        binds.append(f"{src}:{parts[1]}" + (f":{mode}" if mode else ""))
+    return binds
+
+
+def _mounts(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> list[DockerMount]:
+    out: list[DockerMount] = []
+    for i, m in enumerate(cfg.mounts):
+        if m.type == "bind":
+            src = m.source if os.path.isabs(m.source) else os.path.normpath(os.path.join(task.task_dir, m.source))
+            if not plugin.volumes_enabled and not _within(src, task.alloc_dir):
+                raise ConfigError(
+                    f"task {task.name!r}: mount[{i}]: volumes are not enabled; cannot mount host path: {src!r} "
+                    "(set volumes { enabled = true } in the docker plugin config)"
+                )
+            out.append(DockerMount(m.target, src, type="bind", read_only=m.readonly, propagation=m.propagation or None))
+        elif m.type == "volume":
+            if not plugin.volumes_enabled:
+                raise ConfigError(
+                    f"task {task.name!r}: mount[{i}]: volumes are not enabled; cannot mount volume: {m.source!r} "
+                    "(set volumes { enabled = true } in the docker plugin config)"
+                )
+            out.append(DockerMount(m.target, m.source or None, type="volume", read_only=m.readonly))
+        else:
+            out.append(DockerMount(m.target, None, type="tmpfs", tmpfs_size=m.tmpfs_size, tmpfs_mode=m.tmpfs_mode))
+    # Nomad's own mounts (host and CSI volumes): no volumes.enabled gate, propagation mapped
+    # private -> rprivate, host-to-task -> rslave, bidirectional -> rshared.
+    for mount in task.mounts:
+        out.append(
+            DockerMount(
+                mount.task_path,
+                mount.host_path,
+                type="bind",
+                read_only=mount.readonly,
+                propagation=mount.propagation.linux,
+            )
+        )
+    return out
+
+
+def _capabilities(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> tuple[list[str], list[str]]:
+    allowed = set(plugin.allow_caps)
+    if "all" not in allowed:
+        refused = sorted(c for c in cfg.cap_add if c not in allowed)
+        if refused:
+            raise ConfigError(
+                f"task {task.name!r}: driver does not allow the following capabilities: {', '.join(refused)} "
+                "(add them to allow_caps in the docker plugin config)"
+            )
+    cap_add = ["ALL"] if "all" in cfg.cap_add else [c.upper() for c in cfg.cap_add]
+    if "all" in cfg.cap_drop:
+        cap_drop = ["ALL"]
+    else:
+        dropped = set(cfg.cap_drop)
+        if "all" not in allowed:
+            dropped |= {c for c in DOCKER_DEFAULT_CAPS if c not in allowed}
+        dropped -= set(cfg.cap_add)
+        cap_drop = sorted(c.upper() for c in dropped)
+    return cap_add, cap_drop
+
+
+def _resources(task: TaskConfig, cfg: TaskDockerConfig) -> dict[str, Any]:
+    res = task.resources
+    mib = 1024 * 1024
+    host: dict[str, Any] = {"cpu_shares": max(2, res.cpu_shares or 0)}
+    if res.memory_max_mb == -1:
+        hard = 0
+    else:
+        hard = max(cfg.memory_hard_limit, res.memory_max_mb) or res.memory_mb
+    if hard:
+        if res.memory_mb and res.memory_mb > hard:
+            raise ConfigError(f"task {task.name!r}: task memory requirements exceed driver hard limit of {hard} MB")
+        host["mem_limit"] = hard * mib
+        host["memswap_limit"] = hard * mib
+        if res.memory_mb and res.memory_mb < hard:
+            host["mem_reservation"] = res.memory_mb * mib
+    if cfg.cpu_hard_limit:
+        percent = res.linux.percent_ticks or 0.0
+        if percent <= 0:
+            raise ConfigError(
+                f"task {task.name!r}: cpu_hard_limit needs the task's cpu share of the node (resources.cpu)"
+            )
+        period = cfg.cpu_cfs_period
+        host["cpu_period"] = period
+        host["cpu_quota"] = max(1000, int(percent * period * (os.cpu_count() or 1)))
+    return host
+
+
+def build(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> ContainerSpec:
+    if cfg.privileged and not plugin.allow_privileged:
+        raise ConfigError(
+            f"task {task.name!r}: Docker privileged mode is disabled on this Nomad agent "
+            "(set allow_privileged = true in the docker plugin config)"
+        )
+    cap_add, cap_drop = _capabilities(task, cfg, plugin)
+    command: list[str] | None = None
+    if cfg.command is not None:
+        command = [cfg.command, *cfg.args]
+    elif cfg.args:
+        command = list(cfg.args)
+    network_mode = cfg.network_mode
+    spec = task.network_isolation_spec
+    if network_mode is None and spec is not None and spec.mode is NetworkIsolationMode.GROUP:
+        sandbox = spec.labels.get("docker_sandbox_container_id")
+        if sandbox:
+            network_mode = f"container:{sandbox}"
+    host_config = {
+        "binds": _binds(task, cfg, plugin),
+        "mounts": _mounts(task, cfg, plugin),
+        "privileged": cfg.privileged,
+        "cap_add": cap_add or None,
+        "cap_drop": cap_drop or None,
+        "network_mode": network_mode or "default",
+        **_resources(task, cfg),
+    }
+    kwargs: dict[str, Any] = {
+        "command": command,
+        "entrypoint": list(cfg.entrypoint) if cfg.entrypoint is not None else None,
+        "working_dir": cfg.work_dir,
+        "hostname": cfg.hostname,
+        "labels": _labels(task, cfg, plugin),
+        "environment": [f"{k}={v}" for k, v in sorted(task.env.items())],
+        "user": task.user or None,
+        "tty": cfg.tty,
+        "stdin_open": False,
+        "detach": True,
+    }
+    return ContainerSpec(name=container_name(task), image=cfg.image, kwargs=kwargs, host_config=host_config)

@@ -1,0 +1,511 @@
+"""The docker task driver: containers on a real Docker engine through the docker SDK."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal as signals
+import socket
+import struct
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import docker
+from docker.errors import APIError, NotFound
+
+from drivers.docker import container as containers
+from drivers.docker.config import PluginConfig, TaskDockerConfig, plugin_spec, task_spec
+from drivers.docker.fingerprint import fingerprint as read_fingerprint
+from drivers.docker.handle import STATE_VERSION, ContainerHandle, DriverState
+from drivers.docker.images import ImageGC, ensure_image
+from drivers.docker.logs import LogCollector
+from drivers.docker.stats import sample_stats
+from driversdk.driver import DriverPlugin, ExecSession
+from driversdk.errors import DriverError, TaskNotFoundError
+from driversdk.hclspec import Spec
+from driversdk.model import (
+    AgentConfig,
+    Capabilities,
+    ExecResult,
+    ExitResult,
+    Fingerprint,
+    FSIsolation,
+    HealthState,
+    MountConfigSupport,
+    NetworkIsolationMode,
+    NetworkIsolationSpec,
+    TaskConfig,
+    TaskEvent,
+    TaskHandle,
+    TaskState,
+    TaskStats,
+    TaskStatus,
+)
+from driversdk.mounts import ensure_mounts_usable
+
+log = logging.getLogger("driversdk.docker")
+
+CREATE_ATTEMPTS = 5
+PAUSE_PREFIX = "nomad_init_"
+
+
+def _docker_time(text: str | None) -> datetime | None:
+    if not text or text.startswith("0001-01-01"):
+        return None
+    main, _, frac = text.rstrip("Z").partition(".")
+    when = datetime.fromisoformat(main).replace(tzinfo=UTC)
+    return when.replace(microsecond=int(frac[:6].ljust(6, "0"))) if frac else when
+
+
+def _signal_name(name: str) -> str:
+    normalized = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+    try:
+        signals.Signals[normalized]
+    except KeyError:
+        raise DriverError(f"failed to parse signal: unknown signal {name!r}; use a name such as SIGTERM") from None
+    return normalized
+
+
+class DockerDriver(DriverPlugin):
+    name = "docker"
+    version = "0.1.0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = PluginConfig()
+        self._api: Any = None
+        self._tasks: dict[str, ContainerHandle] = {}
+        self._lock = threading.Lock()
+        self._detected = False
+        self._healthy: bool | None = None
+        self._watcher: threading.Thread | None = None
+        self._images = ImageGC()
+
+    # --- configuration ---------------------------------------------------------------------
+
+    def config_schema(self) -> Spec:
+        return plugin_spec()
+
+    def set_config(self, config: dict[str, Any], agent: AgentConfig | None) -> None:
+        self.config = PluginConfig.from_decoded(config)
+        self._api = None
+
+    def task_config_schema(self) -> Spec:
+        return task_spec()
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            send_signals=True,
+            exec=True,
+            fs_isolation=FSIsolation.IMAGE,
+            network_isolation_modes=(NetworkIsolationMode.HOST, NetworkIsolationMode.GROUP, NetworkIsolationMode.TASK),
+            must_create_network=True,
+            mount_configs=MountConfigSupport.ALL,
+            disable_log_collection=self.config.disable_log_collection,
+        )
+
+    def api(self) -> Any:
+        if self._api is None:
+            if self.config.endpoint:
+                self._api = docker.APIClient(base_url=self.config.endpoint, version="auto", timeout=60)
+            else:
+                self._api = docker.from_env(version="auto", timeout=60).api
+        return self._api
+
+    # --- fingerprint -------------------------------------------------------------------------
+
+    def fingerprint(self) -> Fingerprint:
+        try:
+            api = self.api()
+        except Exception:
+            self._healthy = False
+            return Fingerprint(HealthState.UNDETECTED, "Failed to initialize docker client")
+        fp = read_fingerprint(api, self.config, self._detected)
+        self._detected = self._detected or fp.health is HealthState.HEALTHY
+        self._healthy = fp.health is HealthState.HEALTHY
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_engine, daemon=True, name="docker-watch")
+            self._watcher.start()
+        return fp
+
+    def _watch_engine(self) -> None:
+        # Between the 30 s re-sends, notice an engine that stops or comes back within seconds.
+        while True:
+            time.sleep(2.0)
+            try:
+                self.api().ping()
+                healthy = True
+            except Exception:
+                healthy = False
+            if healthy != self._healthy:
+                self._healthy = healthy
+                self.notify_fingerprint_changed()
+
+    # --- start -------------------------------------------------------------------------------
+
+    def _logging_enabled(self, task: TaskConfig) -> bool:
+        if self.config.disable_log_collection:
+            return False
+        return not (task.stdout_path == os.devnull and task.stderr_path == os.devnull)
+
+    def _event(self, task: TaskConfig, message: str, **annotations: str) -> None:
+        self.emit_event(TaskEvent(task.id, task.alloc_id, task.name, message, datetime.now(UTC), annotations))
+
+    def start_task(self, task: TaskConfig) -> TaskHandle:
+        with self._lock:
+            if task.id in self._tasks:
+                raise DriverError(f"task with ID {task.id!r} already started")
+        cfg = TaskDockerConfig.from_decoded(task.driver_config, task.name)
+        # Everything knowable on this host is checked before anything is created.
+        ensure_mounts_usable(task.mounts, task=task.name)
+        spec = containers.build(task, cfg, self.config)
+        api = self.api()
+        try:
+            api.info()
+        except Exception as err:
+            raise DriverError(f"failed to fetch docker daemon info: {err}", recoverable=True) from None
+        image_id = ensure_image(api, task, cfg, self.config)
+        container_id = self._create(api, task, spec)
+        try:
+            if not api.inspect_container(container_id)["State"]["Running"]:
+                api.start(container_id)
+            started = _docker_time(api.inspect_container(container_id)["State"].get("StartedAt"))
+            state = DriverState(
+                container_id=container_id,
+                image=cfg.image,
+                image_id=image_id,
+                tty=cfg.tty,
+                log_state_dir=os.path.join(task.task_dir, "private", "docker-logs"),
+                logs=self._logging_enabled(task),
+            )
+            handle = ContainerHandle(task, state, started or datetime.now(UTC))
+            if state.logs:
+                handle.logs = LogCollector(
+                    api, container_id, task.stdout_path, task.stderr_path, state.log_state_dir, cfg.tty
+                )
+                handle.logs.start()
+        except BaseException as err:
+            self._remove_quietly(api, container_id)
+            if isinstance(err, APIError):
+                raise DriverError(
+                    f"task {task.name!r}: failed to start container: {err.explanation or err}", recoverable=True
+                ) from None
+            raise
+        if self.config.gc_image:
+            self._images.acquire(image_id, task.id)
+        self._track(handle)
+        self._event(task, f"Started container {container_id[:12]}", image=cfg.image)
+        return TaskHandle(config=task, driver_state=state.encode(), version=STATE_VERSION, state=TaskState.RUNNING)
+
+    def _create(self, api: Any, task: TaskConfig, spec: containers.ContainerSpec) -> str:
+        host_config = api.create_host_config(**spec.host_config)
+        last_error: Exception | None = None
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                created = api.create_container(spec.image, name=spec.name, host_config=host_config, **spec.kwargs)
+                return str(created["Id"])
+            except APIError as err:
+                last_error = err
+                if err.status_code != 409:
+                    raise DriverError(
+                        f"task {task.name!r}: failed to create container: {err.explanation or err}",
+                        recoverable=True,
+                    ) from None
+                # A container with our name exists: adopt it if it runs, otherwise replace it.
+                try:
+                    existing = api.inspect_container(spec.name)
+                except NotFound:
+                    continue
+                if (
+                    existing["State"]["Running"]
+                    and existing["Config"]["Labels"].get(containers.LABEL_TASK_ID) == task.id
+                ):
+                    return str(existing["Id"])
+                self._remove_quietly(api, existing["Id"])
+                time.sleep(min(60.0, 0.05 * 2**attempt))
+        raise DriverError(
+            f"task {task.name!r}: failed to create container {spec.name!r}: {last_error}", recoverable=True
+        )
+
+    def _remove_quietly(self, api: Any, container_id: str) -> None:
+        try:
+            api.remove_container(container_id, force=True)
+        except (APIError, NotFound):
+            pass
+
+    def _track(self, handle: ContainerHandle) -> None:
+        with self._lock:
+            self._tasks[handle.task.id] = handle
+        threading.Thread(target=self._wait_container, args=(handle,), daemon=True).start()
+
+    def _wait_container(self, handle: ContainerHandle) -> None:
+        cid = handle.state.container_id
+        while True:
+            try:
+                self.api().wait(cid, timeout=None)
+                info = self.api().inspect_container(cid)
+                break
+            except NotFound:
+                handle.finish(ExitResult(exit_code=0))
+                return
+            except Exception:
+                # The engine went away: the container's fate is unknown until it answers again.
+                time.sleep(1.0)
+                try:
+                    info = self.api().inspect_container(cid)
+                    if not info["State"]["Running"]:
+                        break
+                except NotFound:
+                    handle.finish(ExitResult(exit_code=0))
+                    return
+                except Exception:
+                    continue
+        state = info["State"]
+        if handle.logs is not None:
+            handle.logs.drain(10.0)
+        handle.finish(
+            ExitResult(exit_code=int(state.get("ExitCode", 0)), signal=0, oom_killed=bool(state.get("OOMKilled"))),
+            _docker_time(state.get("FinishedAt")),
+        )
+        self._event(handle.task, f"Container exited with code {state.get('ExitCode', 0)}")
+
+    # --- recover -----------------------------------------------------------------------------
+
+    def recover_task(self, handle: TaskHandle) -> None:
+        task = handle.config
+        with self._lock:
+            if task.id in self._tasks:
+                return
+        state = DriverState.decode(handle.driver_state, handle.version)
+        api = self.api()
+        try:
+            info = api.inspect_container(state.container_id)
+        except (APIError, NotFound) as err:
+            raise DriverError(f"failed to inspect container for id {state.container_id!r}: {err}") from None
+        started = _docker_time(info["State"].get("StartedAt")) or datetime.now(UTC)
+        recovered = ContainerHandle(task, state, started)
+        if state.logs and info["State"]["Running"]:
+            recovered.logs = LogCollector(
+                api, state.container_id, task.stdout_path, task.stderr_path, state.log_state_dir, state.tty
+            )
+            recovered.logs.start()
+        if self.config.gc_image:
+            self._images.acquire(state.image_id, task.id)
+        self._track(recovered)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def _get(self, task_id: str) -> ContainerHandle:
+        with self._lock:
+            handle = self._tasks.get(task_id)
+        if handle is None:
+            raise TaskNotFoundError(task_id)
+        return handle
+
+    def wait_task(self, task_id: str) -> ExitResult:
+        handle = self._get(task_id)
+        handle.done.wait()
+        assert handle.result is not None
+        return handle.result
+
+    def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
+        handle = self._get(task_id)
+        if handle.done.is_set():
+            return
+        api, cid = self.api(), handle.state.container_id
+        try:
+            if not signal:
+                # The image's STOPSIGNAL (or SIGTERM), then SIGKILL after the timeout.
+                api.stop(cid, timeout=math.ceil(timeout))
+            else:
+                api.kill(cid, signal=_signal_name(signal))
+                if not handle.done.wait(timeout):
+                    api.stop(cid, timeout=0)
+        except NotFound:
+            return
+        except APIError as err:
+            if err.status_code in (304, 409):
+                return
+            raise DriverError(f"Failed to stop container {cid[:12]}: {err.explanation or err}") from None
+        handle.done.wait(30)
+
+    def destroy_task(self, task_id: str, force: bool) -> None:
+        handle = self._get(task_id)
+        api, cid = self.api(), handle.state.container_id
+        if not handle.done.is_set():
+            if not force:
+                raise DriverError("must call StopTask for the given task before Destroy or set force to true")
+            try:
+                api.stop(cid, timeout=0)
+            except (APIError, NotFound):
+                pass
+            handle.done.wait(30)
+        if handle.logs is not None:
+            handle.logs.stop()
+        if self.config.gc_container:
+            self._remove_quietly(api, cid)
+        if self.config.gc_image:
+            self._images.release(api, handle.state.image_id, task_id, self.config.gc_image_delay)
+        with self._lock:
+            self._tasks.pop(task_id, None)
+
+    def inspect_task(self, task_id: str) -> TaskStatus:
+        handle = self._get(task_id)
+        state = TaskState.EXITED if handle.done.is_set() else TaskState.RUNNING
+        return TaskStatus(
+            id=task_id,
+            name=handle.task.name,
+            state=state,
+            started_at=handle.started_at,
+            completed_at=handle.completed_at,
+            result=handle.result,
+            driver_attributes={"container_id": handle.state.container_id},
+        )
+
+    def signal_task(self, task_id: str, signal: str) -> None:
+        handle = self._get(task_id)
+        try:
+            self.api().kill(handle.state.container_id, signal=_signal_name(signal))
+        except APIError as err:
+            raise DriverError(f"failed to signal task {handle.task.name!r}: {err.explanation or err}") from None
+
+    def task_stats(self, task_id: str) -> TaskStats | None:
+        handle = self._get(task_id)
+        if handle.done.is_set():
+            return None
+        return sample_stats(self.api(), handle)
+
+    # --- exec --------------------------------------------------------------------------------
+
+    def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
+        handle = self._get(task_id)
+        api = self.api()
+        exec_id = api.exec_create(handle.state.container_id, command, stdout=True, stderr=True)["Id"]
+        output: dict[str, Any] = {}
+
+        def run() -> None:
+            output["streams"] = api.exec_start(exec_id, demux=True)
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        runner.join(timeout)
+        if runner.is_alive():
+            raise DriverError(f"exec in task {handle.task.name!r} did not finish within {timeout}s")
+        out, err = output.get("streams") or (b"", b"")
+        code = api.exec_inspect(exec_id).get("ExitCode") or 0
+        return ExecResult(out or b"", err or b"", ExitResult(exit_code=int(code)))
+
+    def exec_task_streaming(self, session: ExecSession) -> ExitResult:
+        handle = self._get(session.task_id)
+        api = self.api()
+        exec_id = api.exec_create(
+            handle.state.container_id, session.command, stdin=True, stdout=True, stderr=True, tty=session.tty
+        )["Id"]
+        raw = api.exec_start(exec_id, tty=session.tty, socket=True)
+        sock: socket.socket = getattr(raw, "_sock", raw)
+        size = session.terminal_size()
+        if session.tty:
+
+            def resize(new: Any) -> None:
+                try:
+                    api.exec_resize(exec_id, height=new.height, width=new.width)
+                except APIError:
+                    pass
+
+            session.on_resize(resize)
+            if size is not None:
+                resize(size)
+
+        def feed() -> None:
+            while (chunk := session.read_stdin()) is not None:
+                if chunk:
+                    sock.sendall(chunk)
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+        threading.Thread(target=feed, daemon=True).start()
+        try:
+            if session.tty:
+                while data := sock.recv(65536):
+                    session.send_stdout(data)
+            else:
+                self._demux(sock, session)
+        finally:
+            sock.close()
+        for _ in range(100):
+            info = api.exec_inspect(exec_id)
+            if not info.get("Running"):
+                return ExitResult(exit_code=int(info.get("ExitCode") or 0))
+            time.sleep(0.1)
+        raise DriverError(f"exec in task {handle.task.name!r} did not report an exit code")
+
+    @staticmethod
+    def _demux(sock: socket.socket, session: ExecSession) -> None:
+        def read_exact(n: int) -> bytes:
+            buf = b""
+            while len(buf) < n:
+                chunk = sock.recv(n - len(buf))
+                if not chunk:
+                    return b""
+                buf += chunk
+            return buf
+
+        while header := read_exact(8):
+            stream, size = header[0], struct.unpack(">I", header[4:])[0]
+            payload = read_exact(size)
+            (session.send_stderr if stream == 2 else session.send_stdout)(payload)
+
+    # --- networking --------------------------------------------------------------------------
+
+    def create_network(self, alloc_id: str, hostname: str) -> tuple[NetworkIsolationSpec, bool]:
+        api = self.api()
+        name = f"{PAUSE_PREFIX}{alloc_id}"
+        created = False
+        try:
+            info = api.inspect_container(name)
+            if not info["State"]["Running"]:
+                api.start(name)
+                info = api.inspect_container(name)
+        except NotFound:
+            try:
+                api.inspect_image(self.config.infra_image)
+            except NotFound:
+                raise DriverError(
+                    f"infra_image {self.config.infra_image!r} for group networking is not present locally; "
+                    "load it with `docker load` or set infra_image in the docker plugin config"
+                ) from None
+            host_config = api.create_host_config(network_mode="none", restart_policy={"Name": "unless-stopped"})
+            cid = api.create_container(
+                self.config.infra_image,
+                name=name,
+                hostname=hostname or None,
+                labels={containers.LABEL_ALLOC_ID: alloc_id},
+                host_config=host_config,
+            )["Id"]
+            try:
+                api.start(cid)
+                info = api.inspect_container(cid)
+            except APIError:
+                self._remove_quietly(api, cid)
+                raise
+            created = True
+        spec = NetworkIsolationSpec(
+            mode=NetworkIsolationMode.GROUP,
+            path=str(info["NetworkSettings"].get("SandboxKey") or ""),
+            labels={"docker_sandbox_container_id": info["Id"], "docker_sandbox_hostname": hostname},
+        )
+        return spec, created
+
+    def destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
+        api = self.api()
+        target = spec.labels.get("docker_sandbox_container_id") or f"{PAUSE_PREFIX}{alloc_id}"
+        try:
+            api.stop(target, timeout=1)
+        except (APIError, NotFound):
+            pass
+        self._remove_quietly(api, target)
