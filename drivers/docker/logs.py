@@ -130,12 +130,14 @@ class StreamCopier:
         # Resumed streams start at the last second we saw; skip what was already copied.
         if last and _key(ts_text) <= _key(last):
             return last
+        # Record before writing: whatever a reader has seen is then never sent again after a
+        # restart. (A crash in the microseconds between the two steps loses that one line.)
+        self.position.write(ts_text)
         try:
             os.write(fd, payload)
         except BrokenPipeError:
             pass
         self.bytes_copied += len(payload)
-        self.position.write(ts_text)
         return ts_text
 
     def _running(self) -> bool:
