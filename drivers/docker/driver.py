@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import docker
+import requests
 from docker.errors import APIError, NotFound
 
 from drivers.docker import container as containers
@@ -164,15 +165,17 @@ class DockerDriver(DriverPlugin):
         spec = containers.build(task, cfg, self.config)
         api = self.api()
         try:
-            api.info()
-        except Exception as err:
-            raise DriverError(f"failed to fetch docker daemon info: {err}", recoverable=True) from None
-        image_id = ensure_image(api, task, cfg, self.config)
-        container_id = self._create(api, task, spec)
+            image_id = ensure_image(api, task, cfg, self.config)
+            container_id, adopted = self._create(api, task, spec)
+        except requests.exceptions.ConnectionError as err:
+            raise DriverError(
+                f"task {task.name!r}: cannot reach the docker daemon ({err}); check that dockerd is running",
+                recoverable=True,
+            ) from None
         try:
-            if not api.inspect_container(container_id)["State"]["Running"]:
+            if not adopted:
                 api.start(container_id)
-            started = _docker_time(api.inspect_container(container_id)["State"].get("StartedAt"))
+            started = datetime.now(UTC)
             state = DriverState(
                 container_id=container_id,
                 image=cfg.image,
@@ -181,7 +184,7 @@ class DockerDriver(DriverPlugin):
                 log_state_dir=os.path.join(task.task_dir, "private", "docker-logs"),
                 logs=self._logging_enabled(task),
             )
-            handle = ContainerHandle(task, state, started or datetime.now(UTC))
+            handle = ContainerHandle(task, state, started)
             if state.logs:
                 handle.logs = LogCollector(
                     api, container_id, task.stdout_path, task.stderr_path, state.log_state_dir, cfg.tty
@@ -200,13 +203,14 @@ class DockerDriver(DriverPlugin):
         self._event(task, f"Started container {container_id[:12]}", image=cfg.image)
         return TaskHandle(config=task, driver_state=state.encode(), version=STATE_VERSION, state=TaskState.RUNNING)
 
-    def _create(self, api: Any, task: TaskConfig, spec: containers.ContainerSpec) -> str:
+    def _create(self, api: Any, task: TaskConfig, spec: containers.ContainerSpec) -> tuple[str, bool]:
+        """Create the container; (id, True) when a running container of this task was adopted."""
         host_config = api.create_host_config(**spec.host_config)
         last_error: Exception | None = None
         for attempt in range(CREATE_ATTEMPTS):
             try:
                 created = api.create_container(spec.image, name=spec.name, host_config=host_config, **spec.kwargs)
-                return str(created["Id"])
+                return str(created["Id"]), False
             except APIError as err:
                 last_error = err
                 if err.status_code != 409:
@@ -223,7 +227,7 @@ class DockerDriver(DriverPlugin):
                     existing["State"]["Running"]
                     and existing["Config"]["Labels"].get(containers.LABEL_TASK_ID) == task.id
                 ):
-                    return str(existing["Id"])
+                    return str(existing["Id"]), True
                 self._remove_quietly(api, existing["Id"])
                 time.sleep(min(60.0, 0.05 * 2**attempt))
         raise DriverError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import queue
 import threading
 import time
 from datetime import datetime
@@ -89,12 +90,17 @@ class StreamCopier:
         if fd is None:
             return
         os.set_blocking(fd, True)
+        lines: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
+        writer = threading.Thread(target=self._write, args=(fd, lines), daemon=True)
+        writer.start()
         try:
-            self._follow(fd)
+            self._follow(lines)
         finally:
+            lines.put(None)
+            writer.join()
             os.close(fd)
 
-    def _follow(self, fd: int) -> None:
+    def _follow(self, lines: queue.Queue[tuple[str, bytes] | None]) -> None:
         last = self.position.read()
         while not self._stop.is_set():
             since = _parse_ts(last.encode()) if last else 0
@@ -113,32 +119,52 @@ class StreamCopier:
                     pending += chunk
                     while b"\n" in pending:
                         line, pending = pending.split(b"\n", 1)
-                        last = self._copy_line(fd, line + b"\n", last)
+                        last = self._queue_line(lines, line + b"\n", last)
                     if self._stop.is_set():
                         return
                 if pending:
-                    last = self._copy_line(fd, pending, last)
+                    last = self._queue_line(lines, pending, last)
             except Exception as err:  # the engine went away or the container is gone
                 log.debug("log stream ended", extra={"container": self.container_id, "error": str(err)})
             if not self._running():
                 return
             self._stop.wait(0.5)
 
-    def _copy_line(self, fd: int, line: bytes, last: str) -> str:
+    def _queue_line(self, lines: queue.Queue[tuple[str, bytes] | None], line: bytes, last: str) -> str:
         ts, _, payload = line.partition(b" ")
         ts_text = ts.decode(errors="replace")
         # Resumed streams start at the last second we saw; skip what was already copied.
         if last and _key(ts_text) <= _key(last):
             return last
-        # Record before writing: whatever a reader has seen is then never sent again after a
-        # restart. (A crash in the microseconds between the two steps loses that one line.)
-        self.position.write(ts_text)
-        try:
-            os.write(fd, payload)
-        except BrokenPipeError:
-            pass
-        self.bytes_copied += len(payload)
+        lines.put((ts_text, payload))
         return ts_text
+
+    def _write(self, fd: int, lines: queue.Queue[tuple[str, bytes] | None]) -> None:
+        """Write everything queued so far as one batch, with one position update per batch."""
+        finished = False
+        while not finished:
+            batch: list[tuple[str, bytes]] = []
+            item = lines.get()
+            while True:
+                if item is None:
+                    finished = True
+                    break
+                batch.append(item)
+                try:
+                    item = lines.get_nowait()
+                except queue.Empty:
+                    break
+            if not batch:
+                continue
+            # Record before writing: whatever a reader has seen is then never sent again after a
+            # restart. (A crash between the two steps loses that one batch instead.)
+            self.position.write(batch[-1][0])
+            data = b"".join(payload for _, payload in batch)
+            try:
+                _write_all(fd, data)
+            except BrokenPipeError:
+                pass
+            self.bytes_copied += len(data)
 
     def _running(self) -> bool:
         try:
@@ -146,6 +172,13 @@ class StreamCopier:
         except Exception:
             return False
         return bool(state.get("Running"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
 
 def _key(ts: str) -> tuple[str, str]:
