@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
-import docker
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.mountinfo import read_mountinfo
 from driversdk.testing import AllocDir, DriverHarness

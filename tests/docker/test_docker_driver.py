@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 
-import docker
 from drivers.docker.container import LABEL_ALLOC_ID
 from driversdk.errors import PluginCallError
 from driversdk.model import FSIsolation, HealthState, MountConfigSupport, NetworkIsolationMode, Resources, TaskState
@@ -120,6 +120,7 @@ def test_docker_signal_exec_and_streaming_exec_with_tty(harness: DriverHarness, 
         task.id, ["/bin/sh", "-c", "cat; echo bye >&2; exit 6"], stdin=[b"hello\n"]
     ).collect()
     assert (out, err, result.exit_code) == (b"hello\n", b"bye\n", 6)
+
     def held_open() -> Iterator[bytes]:
         # A tty session whose stdin closes at once loses its terminal; keep it open a while.
         time.sleep(2)
