@@ -1,0 +1,3 @@
+from drivers.exec.main import main
+
+main()

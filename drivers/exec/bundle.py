@@ -1,0 +1,191 @@
+"""The OCI bundle of one task: an (empty, read-only) root directory plus a config.json for runc.
+
+Every mount is listed in config.json, so runc makes all of them inside the container's own
+mount namespace: nothing is ever mounted on the host for a task, and nothing can be left
+mounted under the bundle when the container is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from drivers.exec.config import PluginConfig, TaskExecConfig
+from driversdk.errors import ConfigError
+from driversdk.model import NetworkIsolationMode, TaskConfig
+from driversdk.mounts import Propagation
+
+OCI_VERSION = "1.0.2"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# runc's default masked and read-only paths: kernel knobs a task must not read or change.
+MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+]  # fmt: skip
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Where one task's bundle lives: ``<dir>/config.json`` and ``<dir>/rootfs``."""
+
+    dir: str
+
+    @property
+    def rootfs(self) -> str:
+        return os.path.join(self.dir, "rootfs")
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.dir, "config.json")
+
+    def write(self, spec: dict[str, Any], chroot_links: dict[str, str]) -> None:
+        os.makedirs(self.rootfs, mode=0o755, exist_ok=True)
+        # A chroot_env entry that is a symlink on the host (/bin -> usr/bin on merged-/usr
+        # systems) is recreated as the same symlink rather than bound, so both names work.
+        for path, target in chroot_links.items():
+            link = os.path.join(self.rootfs, path.lstrip("/"))
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(target, link)
+        tmp = self.config_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(spec, fh)
+        os.replace(tmp, self.config_path)
+
+
+def _bind(source: str, destination: str, *options: str) -> dict[str, Any]:
+    return {"destination": destination, "type": "bind", "source": source, "options": ["rbind", *options]}
+
+
+def chroot_entries(chroot_env: tuple[str, ...]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Read-only binds for the chroot_env dirs that exist, and symlinks for those that are links."""
+    mounts: list[dict[str, Any]] = []
+    links: dict[str, str] = {}
+    for path in sorted(set(chroot_env), key=lambda p: (p.count("/"), p)):
+        if os.path.islink(path):
+            links[path] = os.readlink(path)
+        elif os.path.isdir(path):
+            mounts.append(_bind(path, path, "ro", "nosuid", "nodev"))
+    return mounts, links
+
+
+def resolve_user(user: str, *, task: str) -> dict[str, Any]:
+    """The OCI process user for a task ``user`` (name or uid), looked up on the host."""
+    if not user:
+        return {"uid": 0, "gid": 0}
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"task {task!r}: user {user!r} does not exist on this host; create it or set another user"
+        ) from None
+    groups = [g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid]
+    with_names: dict[str, Any] = {"uid": entry.pw_uid, "gid": entry.pw_gid}
+    if groups:
+        with_names["additionalGids"] = groups
+    return with_names
+
+
+def _hostname(task: TaskConfig) -> str:
+    spec = task.network_isolation_spec
+    if spec is not None and spec.hosts is not None and spec.hosts.hostname:
+        return spec.hosts.hostname
+    name = re.sub(r"[^A-Za-z0-9-]", "-", task.name).strip("-")
+    return (name or "task")[:63]
+
+
+def root_propagation(task: TaskConfig) -> str:
+    """How the container's root propagates; it decides whether rslave/rshared binds work.
+
+    rshared binds only reach the host when the container's mounts stay in the host's peer
+    groups, so any bidirectional mount needs a shared root; host-to-task needs at least slave.
+    """
+    modes = {m.propagation for m in task.mounts}
+    if Propagation.BIDIRECTIONAL in modes:
+        return "rshared"
+    if Propagation.HOST_TO_TASK in modes:
+        return "rslave"
+    return "rprivate"
+
+
+def build_spec(
+    task: TaskConfig, cfg: TaskExecConfig, plugin: PluginConfig, *, cgroups_path: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The runc config.json for the task, and the symlinks its root needs."""
+    chroot_mounts, links = chroot_entries(plugin.chroot_env)
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+        },
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        },
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+    ]
+    if cfg.ipc_mode == "private":
+        mqueue = {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"}
+        mounts.append({**mqueue, "options": ["nosuid", "noexec", "nodev"]})
+    mounts.extend(chroot_mounts)
+    mounts.append(_bind(task.shared_alloc_dir, "/alloc", "rw", "rprivate"))
+    mounts.append(_bind(task.local_dir, "/local", "rw", "rprivate"))
+    mounts.append(_bind(task.secrets_dir, "/secrets", "rw", "noexec", "rprivate"))
+    task_tmp = os.path.join(task.task_dir, "tmp")
+    if os.path.isdir(task_tmp):
+        mounts.append(_bind(task_tmp, "/tmp", "rw", "rprivate"))
+    for m in task.mounts:
+        mounts.append(_bind(m.host_path, m.task_path, "ro" if m.readonly else "rw", m.propagation.linux))
+
+    namespaces: list[dict[str, str]] = [{"type": "mount"}, {"type": "uts"}]
+    if cfg.pid_mode == "private":
+        namespaces.append({"type": "pid"})
+    if cfg.ipc_mode == "private":
+        namespaces.append({"type": "ipc"})
+    net = task.network_isolation_spec
+    if net is not None and net.mode == NetworkIsolationMode.GROUP and net.path:
+        namespaces.append({"type": "network", "path": net.path})
+
+    env = dict(task.env)
+    env.setdefault("PATH", DEFAULT_PATH)
+    caps = [f"CAP_{c.upper()}" for c in cfg.capabilities]
+    spec: dict[str, Any] = {
+        "ociVersion": OCI_VERSION,
+        "process": {
+            "terminal": False,
+            "user": resolve_user(task.user, task=task.name),
+            "args": [cfg.command, *cfg.args],
+            "env": [f"{k}={v}" for k, v in sorted(env.items())],
+            "cwd": cfg.work_dir,
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": False,
+        },
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": _hostname(task),
+        "mounts": mounts,
+        "linux": {
+            "namespaces": namespaces,
+            "cgroupsPath": cgroups_path,
+            "rootfsPropagation": root_propagation(task),
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+        },
+    }
+    return spec, links

@@ -1,0 +1,286 @@
+"""Per-task cgroups: limits, OOM detection, usage, removal; cgroup v1 (incl. hybrid) and v2.
+
+The driver owns a parent cgroup per task (``<root>/driversdk-exec/<container id>``) carrying the
+limits, and hands runc a child of it (``.../task``). runc deletes its child when the container
+exits, but the parent stays until DestroyTask, so the OOM counter and the last usage figures can
+still be read after the task is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from driversdk.errors import DriverError
+from driversdk.model import Resources
+from driversdk.mountinfo import read_mountinfo
+
+CGROUP_PARENT = "driversdk-exec"
+MIB = 1024 * 1024
+
+
+def cgroup_mounts() -> dict[str, str]:
+    """Controller name -> mount point of its hierarchy; key "" is the unified (v2) hierarchy."""
+    mounts: dict[str, str] = {}
+    for entry in read_mountinfo():
+        if entry.fs_type == "cgroup2":
+            mounts.setdefault("", entry.mount_point)
+        elif entry.fs_type == "cgroup":
+            for opt in entry.super_options:
+                if opt in ("rw", "ro") or opt.startswith("release_agent") or opt == "clone_children":
+                    continue
+                mounts.setdefault(opt, entry.mount_point)
+    return mounts
+
+
+def unified_only() -> bool:
+    """True on a pure cgroup v2 host (the unified hierarchy mounted at /sys/fs/cgroup)."""
+    return os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _read_int(path: str) -> int:
+    try:
+        text = _read(path).strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0
+
+
+def _keyed(path: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        text = _read(path)
+    except OSError:
+        return out
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def memory_limit_bytes(resources: Resources) -> int:
+    """The hard memory limit Nomad asks for: memory_max when set, otherwise memory; 0 = none."""
+    if resources.linux.memory_limit_bytes > 0:
+        return resources.linux.memory_limit_bytes
+    if resources.memory_max_mb < 0:
+        return 0
+    return max(resources.memory_max_mb, resources.memory_mb) * MIB
+
+
+def cpu_shares(resources: Resources) -> int:
+    shares = resources.linux.cpu_shares or resources.cpu_shares
+    return max(shares, 2) if shares else 0
+
+
+@dataclass(frozen=True)
+class CgroupSample:
+    """One reading of a task cgroup's counters (cumulative; the caller computes rates)."""
+
+    cpu_user_ns: int
+    cpu_system_ns: int
+    cpu_total_ns: int
+    throttled_periods: int
+    throttled_ns: int
+    memory_usage: int
+    memory_max_usage: int
+    memory_rss: int
+    memory_cache: int
+    memory_swap: int
+    at: float
+
+
+@dataclass(frozen=True)
+class TaskCgroup:
+    """The parent cgroup of one task, named after its container id."""
+
+    container_id: str
+    v2: bool
+
+    @classmethod
+    def for_container(cls, container_id: str) -> TaskCgroup:
+        return cls(container_id, unified_only())
+
+    @property
+    def relative(self) -> str:
+        return f"{CGROUP_PARENT}/{self.container_id}"
+
+    @property
+    def runc_path(self) -> str:
+        """The cgroupsPath for runc's config.json: a child of ours, which runc creates and deletes."""
+        return f"/{self.relative}/task"
+
+    def _dir(self, controller: str) -> str | None:
+        mounts = cgroup_mounts()
+        base = mounts.get("" if self.v2 else controller)
+        return os.path.join(base, self.relative) if base else None
+
+    def create(self, resources: Resources) -> None:
+        """Create the parent cgroup with the task's memory and CPU limits."""
+        limit = memory_limit_bytes(resources)
+        soft = resources.memory_mb * MIB if resources.memory_mb > 0 else 0
+        shares = cpu_shares(resources)
+        quota, period = resources.linux.cpu_quota, resources.linux.cpu_period
+        try:
+            if self.v2:
+                self._create_v2(limit, soft, shares, quota, period)
+            else:
+                self._create_v1(limit, soft, shares, quota, period)
+        except OSError as err:
+            with contextlib.suppress(DriverError):
+                self.remove()
+            raise DriverError(
+                f"failed to create cgroup {self.relative!r} with the task's limits: {err.strerror or err}; "
+                "check that the cgroup hierarchies are mounted read-write and the plugin runs as root",
+                recoverable=True,
+            ) from None
+
+    def _create_v1(self, limit: int, soft: int, shares: int, quota: int, period: int) -> None:
+        for controller in ("memory", "cpu", "cpuacct"):
+            path = self._dir(controller)
+            if path:
+                os.makedirs(path, exist_ok=True)
+        mem = self._dir("memory")
+        if mem and limit:
+            _write(f"{mem}/memory.limit_in_bytes", str(limit))
+            # Without a swap limit the task would swap instead of being OOM-killed at its limit.
+            if os.path.exists(f"{mem}/memory.memsw.limit_in_bytes"):
+                _write(f"{mem}/memory.memsw.limit_in_bytes", str(limit))
+            if soft and soft < limit:
+                _write(f"{mem}/memory.soft_limit_in_bytes", str(soft))
+        cpu = self._dir("cpu")
+        if cpu and shares:
+            _write(f"{cpu}/cpu.shares", str(shares))
+        if cpu and quota > 0 and period > 0:
+            _write(f"{cpu}/cpu.cfs_period_us", str(period))
+            _write(f"{cpu}/cpu.cfs_quota_us", str(quota))
+
+    def _create_v2(self, limit: int, soft: int, shares: int, quota: int, period: int) -> None:
+        root = cgroup_mounts().get("", "/sys/fs/cgroup")
+        parent = os.path.join(root, CGROUP_PARENT)
+        os.makedirs(parent, exist_ok=True)
+        for path in (root, parent):
+            with contextlib.suppress(OSError):
+                _write(f"{path}/cgroup.subtree_control", "+memory +cpu")
+        path = os.path.join(root, self.relative)
+        os.makedirs(path, exist_ok=True)
+        with contextlib.suppress(OSError):
+            _write(f"{path}/cgroup.subtree_control", "+memory +cpu")
+        if limit:
+            _write(f"{path}/memory.max", str(limit))
+            with contextlib.suppress(OSError):
+                _write(f"{path}/memory.swap.max", "0")
+            if soft and soft < limit:
+                _write(f"{path}/memory.low", str(soft))
+        if shares:
+            _write(f"{path}/cpu.weight", str(1 + ((shares - 2) * 9999) // 262142))
+        if quota > 0 and period > 0:
+            _write(f"{path}/cpu.max", f"{quota} {period}")
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed a process of the task at its memory limit."""
+        if self.v2:
+            path = self._dir("")
+            return bool(path) and _keyed(f"{path}/memory.events").get("oom_kill", 0) > 0
+        path = self._dir("memory")
+        if not path:
+            return False
+        control = _keyed(f"{path}/memory.oom_control")
+        if "oom_kill" in control:
+            return control["oom_kill"] > 0
+        # Kernels before 4.13 lack the counter; hitting the limit is the best sign left.
+        return _read_int(f"{path}/memory.failcnt") > 0 and _read_int(f"{path}/memory.memsw.failcnt") > 0
+
+    def sample(self) -> CgroupSample:
+        if self.v2:
+            path = self._dir("") or ""
+            cpu = _keyed(f"{path}/cpu.stat")
+            mem = _keyed(f"{path}/memory.stat")
+            usage = _read_int(f"{path}/memory.current")
+            return CgroupSample(
+                cpu_user_ns=cpu.get("user_usec", 0) * 1000,
+                cpu_system_ns=cpu.get("system_usec", 0) * 1000,
+                cpu_total_ns=cpu.get("usage_usec", 0) * 1000,
+                throttled_periods=cpu.get("nr_throttled", 0),
+                throttled_ns=cpu.get("throttled_usec", 0) * 1000,
+                memory_usage=usage,
+                memory_max_usage=_read_int(f"{path}/memory.peak") or usage,
+                memory_rss=mem.get("anon", 0),
+                memory_cache=mem.get("file", 0),
+                memory_swap=_read_int(f"{path}/memory.swap.current"),
+                at=time.monotonic(),
+            )
+        mem_dir = self._dir("memory") or ""
+        acct = self._dir("cpuacct") or ""
+        cpu_dir = self._dir("cpu") or ""
+        mem = _keyed(f"{mem_dir}/memory.stat")
+        throttle = _keyed(f"{cpu_dir}/cpu.stat")
+        return CgroupSample(
+            cpu_user_ns=_read_int(f"{acct}/cpuacct.usage_user"),
+            cpu_system_ns=_read_int(f"{acct}/cpuacct.usage_sys"),
+            cpu_total_ns=_read_int(f"{acct}/cpuacct.usage"),
+            throttled_periods=throttle.get("nr_throttled", 0),
+            throttled_ns=throttle.get("throttled_time", 0),
+            memory_usage=_read_int(f"{mem_dir}/memory.usage_in_bytes"),
+            memory_max_usage=_read_int(f"{mem_dir}/memory.max_usage_in_bytes"),
+            memory_rss=mem.get("total_rss", 0),
+            memory_cache=mem.get("total_cache", 0),
+            memory_swap=mem.get("total_swap", 0),
+            at=time.monotonic(),
+        )
+
+    def existing(self) -> list[str]:
+        """Every directory of this task's cgroup still present, in any hierarchy."""
+        found = []
+        for base in set(cgroup_mounts().values()):
+            path = os.path.join(base, self.relative)
+            if os.path.isdir(path):
+                found.append(path)
+        return sorted(found)
+
+    def remove(self, timeout: float = 5.0) -> None:
+        """Remove the task's cgroups in every hierarchy (runc creates its child in all of them)."""
+        deadline = time.monotonic() + timeout
+        for path in self.existing():
+            _rmdir_tree(path, deadline, self.relative)
+
+
+def _rmdir_tree(path: str, deadline: float, what: str) -> None:
+    children = []
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            children.append(entry.path)
+    for child in children:
+        _rmdir_tree(child, deadline, what)
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            # EBUSY while the last task processes are still being reaped by the kernel.
+            if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                procs: Any = ""
+                with contextlib.suppress(OSError):
+                    procs = _read(f"{path}/cgroup.procs").split()
+                raise DriverError(
+                    f"failed to remove cgroup {path!r} of {what!r}: {err.strerror}"
+                    + (f" (processes still inside: {', '.join(procs)})" if procs else "")
+                    + "; kill those processes and remove the directory",
+                ) from None
+            time.sleep(0.05)

@@ -1,0 +1,382 @@
+"""The exec task driver: one OCI bundle per task, run by runc under a supervisor that outlives us."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import signal as signals
+import subprocess
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from drivers.exec import supervisor
+from drivers.exec.bundle import Bundle, build_spec
+from drivers.exec.cgroups import TaskCgroup
+from drivers.exec.config import PluginConfig, TaskExecConfig, plugin_spec, task_spec
+from drivers.exec.fingerprint import fingerprint as read_fingerprint
+from drivers.exec.logs import open_logs
+from drivers.exec.network import NetworkManager
+from drivers.exec.runc import Runc
+from drivers.exec.stats import task_stats
+from drivers.exec.store import DriverState, ExecTask, TaskStore
+from driversdk.driver import DriverPlugin, ExecSession
+from driversdk.errors import DriverError, TaskStillRunningError
+from driversdk.hclspec import Spec
+from driversdk.model import (
+    AgentConfig,
+    Capabilities,
+    ExecResult,
+    ExitResult,
+    Fingerprint,
+    FSIsolation,
+    MountConfigSupport,
+    NetworkIsolationMode,
+    NetworkIsolationSpec,
+    TaskConfig,
+    TaskEvent,
+    TaskHandle,
+    TaskState,
+    TaskStats,
+    TaskStatus,
+)
+from driversdk.mountinfo import read_mountinfo
+from driversdk.mounts import ensure_mounts_usable
+
+log = logging.getLogger("driversdk.exec")
+
+DEFAULT_STOP_SIGNAL = "SIGINT"  # what Nomad's executor-based drivers send by default
+KILL_WAIT = 10.0
+
+
+def container_id_for(task_id: str) -> str:
+    """runc ids allow only [\\w+-.]; Nomad task ids contain '/', so derive a stable one."""
+    return "dsx-" + hashlib.sha256(task_id.encode()).hexdigest()[:24]
+
+
+def signal_name(name: str) -> str:
+    normalized = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+    try:
+        signals.Signals[normalized]
+    except KeyError:
+        raise DriverError(f"failed to parse signal: unknown signal {name!r}; use a name such as SIGTERM") from None
+    return normalized
+
+
+class ExecDriver(DriverPlugin):
+    name = "exec"
+    version = "0.1.0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = PluginConfig()
+        self._tasks = TaskStore()
+
+    # --- configuration ---------------------------------------------------------------------
+
+    def config_schema(self) -> Spec:
+        return plugin_spec()
+
+    def set_config(self, config: dict[str, Any], agent: AgentConfig | None) -> None:
+        self.config = PluginConfig.from_decoded(config)
+
+    def task_config_schema(self) -> Spec:
+        return task_spec()
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            send_signals=True,
+            exec=True,
+            fs_isolation=FSIsolation.CHROOT,
+            network_isolation_modes=(NetworkIsolationMode.HOST, NetworkIsolationMode.GROUP),
+            must_create_network=True,
+            mount_configs=MountConfigSupport.ALL,
+            disable_log_collection=self.config.disable_log_collection,
+        )
+
+    @property
+    def runc(self) -> Runc:
+        return Runc(self.config.runtime_path)
+
+    @property
+    def networks(self) -> NetworkManager:
+        return NetworkManager(self.config.state_dir, self.config.bridge_name, self.config.bridge_subnet)
+
+    def fingerprint(self) -> Fingerprint:
+        return read_fingerprint(self.runc)
+
+    # --- start -----------------------------------------------------------------------------
+
+    def start_task(self, task: TaskConfig) -> TaskHandle:
+        if self._tasks.has(task.id):
+            raise DriverError(f"task with ID {task.id!r} already started")
+        # Everything that can be refused is checked before anything is created.
+        cfg = TaskExecConfig.from_decoded(task.driver_config, self.config, task=task.name)
+        ensure_mounts_usable(task.mounts, task=task.name)
+        for path, what in ((task.shared_alloc_dir, "alloc"), (task.local_dir, "local"), (task.secrets_dir, "secrets")):
+            if not os.path.isdir(path):
+                raise DriverError(
+                    f"task {task.name!r}: its {what} dir {path!r} does not exist; create the task dir first"
+                )
+        cid = container_id_for(task.id)
+        task_dir = os.path.join(self.config.state_dir, "tasks", cid)
+        cgroup = TaskCgroup.for_container(cid)
+        spec, links = build_spec(task, cfg, self.config, cgroups_path=cgroup.runc_path)
+        runc = self.runc
+        if runc.state(cid) is not None:
+            raise DriverError(f"task {task.name!r}: a runc container {cid!r} already exists; destroy it first")
+
+        fds: tuple[int, int] | None = None
+        created_dir = False
+        try:
+            os.makedirs(task_dir, mode=0o700)
+            created_dir = True
+            Bundle(task_dir).write(spec, links)
+            cgroup.create(task.resources)
+            fds = open_logs(
+                task.stdout_path, task.stderr_path, task=task.name, disabled=self.config.disable_log_collection
+            )
+            started = time.time()
+            state = DriverState(
+                container_id=cid,
+                task_dir=task_dir,
+                supervisor_pid=0,
+                cgroup_v2=cgroup.v2,
+                started_at=started,
+                runc_path=runc.path,
+                host_pid_mode=cfg.pid_mode == "host",
+            )
+            pid = supervisor.spawn(runc.command(), task_dir, cid, state.status_file, fds[0], fds[1])
+        except BaseException:
+            if created_dir:
+                with contextlib.suppress(DriverError):
+                    cgroup.remove()
+                _remove_tree(task_dir)
+            raise
+        finally:
+            if fds is not None:
+                for fd in fds:
+                    os.close(fd)
+
+        state = DriverState(**{**state.__dict__, "supervisor_pid": pid})
+        record = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(started, UTC), own_child=True)
+        self._tasks.put(record)
+        self._watch(record)
+        log.info("started task %s as runc container %s (supervisor pid %d)", task.id, cid, pid)
+        return TaskHandle(config=task, driver_state=state.encode(), state=TaskState.RUNNING)
+
+    def _watch(self, record: ExecTask) -> None:
+        thread = threading.Thread(target=self._wait_exit, args=(record,), daemon=True, name=f"wait-{record.task.id}")
+        thread.start()
+
+    def _wait_exit(self, record: ExecTask) -> None:
+        state = record.state
+        supervisor.wait_exit(state.supervisor_pid, state.container_id, own_child=record.own_child)
+        status = supervisor.read_status(state.status_file)
+        if status is None:
+            log.error("supervisor of task %s went away without recording an exit status", record.task.id)
+            record.finish(ExitResult(exit_code=-1), datetime.now(UTC))
+            return
+        oom = record.cgroup.oom_killed()
+        result = ExitResult(exit_code=status.exit_code, signal=status.signal, oom_killed=oom)
+        record.finish(result, datetime.fromtimestamp(status.finished_at, UTC))
+        if oom:
+            self.emit_event(
+                TaskEvent(
+                    task_id=record.task.id,
+                    alloc_id=record.task.alloc_id,
+                    task_name=record.task.name,
+                    message="OOM Killed",
+                    timestamp=datetime.now(UTC),
+                    annotations={"oom_killed": "true"},
+                )
+            )
+
+    # --- recovery --------------------------------------------------------------------------
+
+    def recover_task(self, handle: TaskHandle) -> None:
+        task = handle.config
+        if self._tasks.has(task.id):
+            return
+        state = DriverState.decode(handle.driver_state, handle.version)
+        finished = supervisor.read_status(state.status_file) is not None
+        alive = supervisor.is_supervisor(state.supervisor_pid, state.container_id)
+        if not finished and not alive:
+            # The supervisor is gone without a status: nobody can report this task's exit.
+            # Release what is left so the host's follow-up start does not trip over it.
+            self._release(state)
+            raise DriverError(
+                f"task {task.name!r} cannot be recovered: its supervisor (pid {state.supervisor_pid}) is gone "
+                "without recording an exit status; the task will be restarted",
+                recoverable=True,
+            )
+        record = ExecTask(
+            task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC), own_child=False
+        )
+        self._tasks.put(record)
+        self._watch(record)
+        log.info("recovered task %s (runc container %s)", task.id, state.container_id)
+
+    # --- wait / stop / destroy -------------------------------------------------------------
+
+    def wait_task(self, task_id: str) -> ExitResult:
+        record = self._tasks.get(task_id)
+        record.done.wait()
+        assert record.result is not None
+        return record.result
+
+    def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
+        record = self._tasks.get(task_id)
+        if record.done.is_set():
+            return
+        sig = signal_name(signal or DEFAULT_STOP_SIGNAL)
+        cid = record.state.container_id
+        self.runc.kill(cid, sig, all_processes=record.state.host_pid_mode)
+        if record.done.wait(timeout):
+            return
+        log.info("task %s did not stop within %.1fs after %s; killing it", task_id, timeout, sig)
+        self.runc.kill(cid, "SIGKILL", all_processes=True)
+        if not record.done.wait(KILL_WAIT):
+            raise DriverError(
+                f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry stopping it",
+                recoverable=True,
+            )
+
+    def destroy_task(self, task_id: str, force: bool) -> None:
+        record = self._tasks.get(task_id)
+        if not record.done.is_set():
+            if not force:
+                raise TaskStillRunningError(
+                    f"task {record.task.name!r} is still running; stop it first or destroy it with force"
+                )
+            self.runc.kill(record.state.container_id, "SIGKILL", all_processes=True)
+            if not record.done.wait(KILL_WAIT):
+                raise DriverError(
+                    f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry destroying it",
+                    recoverable=True,
+                )
+        self._release(record.state)
+        self._tasks.remove(task_id)
+
+    def _release(self, state: DriverState) -> None:
+        """Remove the container, the task's cgroups and its bundle; safe to repeat."""
+        runc = Runc(state.runc_path, state.runc_root)
+        runc.delete_force(state.container_id)
+        TaskCgroup(state.container_id, state.cgroup_v2).remove()
+        _remove_tree(state.task_dir)
+
+    # --- inspect / signal / exec / stats ----------------------------------------------------
+
+    def inspect_task(self, task_id: str) -> TaskStatus:
+        record = self._tasks.get(task_id)
+        done = record.done.is_set()
+        return TaskStatus(
+            id=record.task.id,
+            name=record.task.name,
+            state=TaskState.EXITED if done else TaskState.RUNNING,
+            started_at=record.started_at,
+            completed_at=record.completed_at if done else None,
+            result=record.result if done else ExitResult(),
+            driver_attributes={"container_id": record.state.container_id},
+        )
+
+    def signal_task(self, task_id: str, signal: str) -> None:
+        record = self._tasks.get(task_id)
+        if record.done.is_set():
+            raise DriverError(f"task {record.task.name!r} has already exited; it cannot be signalled")
+        sig = signal_name(signal)
+        if not self.runc.kill(record.state.container_id, sig, all_processes=record.state.host_pid_mode):
+            raise DriverError(f"failed to send {sig} to task {record.task.name!r}: its container is not running")
+
+    def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
+        record = self._tasks.get(task_id)
+        if not command:
+            raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
+        if record.done.is_set():
+            raise DriverError(f"exec in task {record.task.name!r}: the task has exited")
+        argv = self.runc.exec_command(record.state.container_id, command)
+        try:
+            proc = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, start_new_session=True
+            )
+        except subprocess.TimeoutExpired as err:
+            return ExecResult(stdout=err.stdout or b"", stderr=err.stderr or b"", result=ExitResult(exit_code=124))
+        sig = -proc.returncode if proc.returncode < 0 else 0
+        return ExecResult(
+            stdout=proc.stdout, stderr=proc.stderr, result=ExitResult(exit_code=proc.returncode, signal=sig)
+        )
+
+    def exec_task_streaming(self, session: ExecSession) -> ExitResult:
+        record = self._tasks.get(session.task_id)
+        if session.tty:
+            raise DriverError(f"exec in task {record.task.name!r}: tty sessions are not supported; run without -t")
+        if not session.command:
+            raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
+        proc = subprocess.Popen(
+            self.runc.exec_command(record.state.container_id, session.command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+        def pump(stream: Any, send: Any) -> None:
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                send(chunk)
+
+        readers = [
+            threading.Thread(target=pump, args=(proc.stdout, session.send_stdout), daemon=True),
+            threading.Thread(target=pump, args=(proc.stderr, session.send_stderr), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+        while proc.poll() is None and not session.cancelled:
+            data = session.read_stdin(timeout=0.1)
+            if data is None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+                break
+            if data:
+                with contextlib.suppress(OSError):
+                    proc.stdin.write(data)
+                    proc.stdin.flush()
+        if session.cancelled and proc.poll() is None:
+            proc.kill()
+        code = proc.wait()
+        for t in readers:
+            t.join(timeout=5)
+        return ExitResult(exit_code=code if code >= 0 else 128 - code, signal=-code if code < 0 else 0)
+
+    def task_stats(self, task_id: str) -> TaskStats | None:
+        record = self._tasks.get(task_id)
+        if record.done.is_set():
+            return None
+        stats, record.last_sample = task_stats(record.cgroup, record.last_sample)
+        return stats
+
+    # --- networking --------------------------------------------------------------------------
+
+    def create_network(self, alloc_id: str, hostname: str) -> tuple[NetworkIsolationSpec, bool]:
+        return self.networks.create(alloc_id, hostname)
+
+    def destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
+        self.networks.destroy(alloc_id)
+
+
+def _remove_tree(path: str) -> None:
+    """rm -r of a task dir, refusing to descend into anything still mounted below it."""
+    if not os.path.exists(path):
+        return
+    prefix = path.rstrip("/") + "/"
+    mounted = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(prefix) or e.mount_point == path]
+    if mounted:
+        raise DriverError(
+            f"refusing to remove task dir {path!r}: {', '.join(sorted(mounted))} still mounted below it; "
+            "unmount them and destroy the task again"
+        )
+    shutil.rmtree(path)

@@ -1,0 +1,24 @@
+"""Health of the exec driver: runc answers and the plugin runs as root."""
+
+from __future__ import annotations
+
+import os
+
+from drivers.exec.cgroups import unified_only
+from drivers.exec.runc import Runc, RuncError
+from driversdk.model import Fingerprint, HealthState
+
+
+def fingerprint(runc: Runc) -> Fingerprint:
+    if os.geteuid() != 0:
+        return Fingerprint(HealthState.UNDETECTED, "exec driver must run as root")
+    try:
+        version = runc.version()
+    except RuncError:
+        return Fingerprint(HealthState.UNDETECTED, f"runc runtime {runc.path!r} is not available")
+    attrs: dict[str, str | bool] = {
+        "driver.exec.runtime": "runc",
+        "driver.exec.runtime.version": version,
+        "driver.exec.cgroup.version": "v2" if unified_only() else "v1",
+    }
+    return Fingerprint(HealthState.HEALTHY, "Healthy", dict(attrs))

@@ -1,0 +1,220 @@
+"""Per-allocation network namespaces via pyroute2: loopback, a veth into a host bridge, an address.
+
+Layout for allocation A on bridge B with subnet N:
+- a named netns ``dsx-<alloc id prefix>`` (/var/run/netns/...), loopback up;
+- a veth pair: ``dsv<hash>`` on the host, enslaved to B; its peer is ``eth0`` inside the netns;
+- eth0 gets the lowest free address of N, the default route goes via B's address (N's first host).
+Which address each allocation holds is recorded in ``<state_dir>/networks/<alloc id>.json`` so a
+relaunched plugin neither hands it out twice nor forgets to free it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute, NetlinkError, NetNS, netns
+
+from driversdk.errors import DriverError
+from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
+
+NETNS_DIR = "/var/run/netns"
+LABEL_ALLOC = "driversdk.exec.alloc_id"
+
+
+def netns_name(alloc_id: str) -> str:
+    return "dsx-" + alloc_id.replace("-", "")[:16]
+
+
+def veth_name(alloc_id: str) -> str:
+    return "dsv" + hashlib.sha256(alloc_id.encode()).hexdigest()[:11]
+
+
+@dataclass(frozen=True)
+class AllocNetwork:
+    alloc_id: str
+    netns: str
+    veth: str
+    address: str
+    prefixlen: int
+    gateway: str
+    hostname: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> AllocNetwork:
+        return cls(**json.loads(text))
+
+    @property
+    def spec(self) -> NetworkIsolationSpec:
+        return NetworkIsolationSpec(
+            mode=NetworkIsolationMode.GROUP,
+            path=os.path.join(NETNS_DIR, self.netns),
+            labels={LABEL_ALLOC: self.alloc_id, "address": self.address},
+            hosts=HostsConfig(hostname=self.hostname, address=self.address),
+        )
+
+
+class NetworkManager:
+    def __init__(self, state_dir: str, bridge: str, subnet: str) -> None:
+        self.dir = os.path.join(state_dir, "networks")
+        self.bridge = bridge
+        self.subnet = ipaddress.IPv4Network(subnet)
+        hosts = list(self.subnet.hosts())
+        self.gateway = hosts[0]
+        self.pool = hosts[1:]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _record_path(self, alloc_id: str) -> str:
+        return os.path.join(self.dir, f"{alloc_id}.json")
+
+    def records(self) -> list[AllocNetwork]:
+        out = []
+        if os.path.isdir(self.dir):
+            for name in sorted(os.listdir(self.dir)):
+                if name.endswith(".json"):
+                    with open(os.path.join(self.dir, name)) as fh:
+                        out.append(AllocNetwork.from_json(fh.read()))
+        return out
+
+    def find(self, alloc_id: str) -> AllocNetwork | None:
+        path = self._record_path(alloc_id)
+        if not os.path.exists(path):
+            return None
+        with open(path) as fh:
+            return AllocNetwork.from_json(fh.read())
+
+    def create(self, alloc_id: str, hostname: str) -> tuple[NetworkIsolationSpec, bool]:
+        with self._locked():
+            existing = self.find(alloc_id)
+            if existing is not None and os.path.exists(os.path.join(NETNS_DIR, existing.netns)):
+                return existing.spec, False
+            used = {r.address for r in self.records() if r.alloc_id != alloc_id}
+            free = next((a for a in self.pool if str(a) not in used), None)
+            if free is None:
+                raise DriverError(
+                    f"allocation {alloc_id!r}: no free address left in bridge subnet {self.subnet}; "
+                    "widen the plugin's bridge_subnet or stop other allocations",
+                    recoverable=True,
+                )
+            net = AllocNetwork(
+                alloc_id=alloc_id,
+                netns=netns_name(alloc_id),
+                veth=veth_name(alloc_id),
+                address=str(free),
+                prefixlen=self.subnet.prefixlen,
+                gateway=str(self.gateway),
+                hostname=hostname,
+            )
+            try:
+                self._ensure_bridge()
+                self._build(net)
+            except Exception as err:
+                self._teardown(net)
+                self._remove_bridge_if_unused(exclude=alloc_id)
+                reason = err.message if isinstance(err, DriverError) else str(err)
+                raise DriverError(
+                    f"allocation {alloc_id!r}: failed to create its network namespace: {reason}",
+                    recoverable=True,
+                ) from None
+            with open(self._record_path(alloc_id), "w") as fh:
+                fh.write(net.to_json())
+            return net.spec, True
+
+    def destroy(self, alloc_id: str) -> None:
+        with self._locked():
+            net = self.find(alloc_id)
+            if net is None:
+                net = AllocNetwork(alloc_id, netns_name(alloc_id), veth_name(alloc_id), "", 0, "")
+            self._teardown(net)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._record_path(alloc_id))
+            self._remove_bridge_if_unused(exclude=alloc_id)
+
+    # --- kernel objects -----------------------------------------------------------------------
+
+    def _ensure_bridge(self) -> None:
+        with IPRoute() as ipr:
+            found = ipr.link_lookup(ifname=self.bridge)
+            if not found:
+                ipr.link("add", ifname=self.bridge, kind="bridge")
+                found = ipr.link_lookup(ifname=self.bridge)
+            idx = found[0]
+            have = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=idx, family=2)}
+            if str(self.gateway) not in have:
+                ipr.addr("add", index=idx, address=str(self.gateway), prefixlen=self.subnet.prefixlen)
+            ipr.link("set", index=idx, state="up")
+        self._allow_forwarding()
+
+    def _iptables_rule(self) -> list[str]:
+        return ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
+
+    def _allow_forwarding(self) -> None:
+        # With br_netfilter loaded (Docker loads it) bridged frames traverse iptables' FORWARD
+        # chain, whose policy Docker sets to DROP: allow traffic between our own namespaces.
+        if not os.path.exists("/proc/sys/net/bridge/bridge-nf-call-iptables"):
+            return
+        rule = self._iptables_rule()
+        with contextlib.suppress(FileNotFoundError):
+            if subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
+                subprocess.run(["iptables", "-I", *rule], capture_output=True, check=True)
+
+    def _build(self, net: AllocNetwork) -> None:
+        netns.create(net.netns)
+        peer_tmp = "dsp" + net.veth[3:]
+        with IPRoute() as ipr:
+            ipr.link("add", ifname=net.veth, kind="veth", peer=peer_tmp)
+            host_idx = ipr.link_lookup(ifname=net.veth)[0]
+            peer_idx = ipr.link_lookup(ifname=peer_tmp)[0]
+            bridge_idx = ipr.link_lookup(ifname=self.bridge)[0]
+            ipr.link("set", index=peer_idx, net_ns_fd=net.netns)
+            ipr.link("set", index=host_idx, master=bridge_idx, state="up")
+        with NetNS(net.netns) as ns:
+            lo = ns.link_lookup(ifname="lo")[0]
+            ns.link("set", index=lo, state="up")
+            idx = ns.link_lookup(ifname=peer_tmp)[0]
+            ns.link("set", index=idx, ifname="eth0")
+            ns.addr("add", index=idx, address=net.address, prefixlen=net.prefixlen)
+            ns.link("set", index=idx, state="up")
+            ns.route("add", dst="0.0.0.0/0", gateway=net.gateway)
+
+    def _teardown(self, net: AllocNetwork) -> None:
+        with IPRoute() as ipr:
+            for idx in ipr.link_lookup(ifname=net.veth):
+                with contextlib.suppress(NetlinkError):
+                    ipr.link("del", index=idx)
+            for idx in ipr.link_lookup(ifname="dsp" + net.veth[3:]):
+                with contextlib.suppress(NetlinkError):
+                    ipr.link("del", index=idx)
+        if net.netns in netns.listnetns():
+            netns.remove(net.netns)
+
+    def _remove_bridge_if_unused(self, *, exclude: str) -> None:
+        if any(r.alloc_id != exclude for r in self.records()):
+            return
+        with IPRoute() as ipr:
+            for idx in ipr.link_lookup(ifname=self.bridge):
+                with contextlib.suppress(NetlinkError):
+                    ipr.link("del", index=idx)
+        with contextlib.suppress(FileNotFoundError):
+            rule = self._iptables_rule()
+            while subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode == 0:
+                subprocess.run(["iptables", "-D", *rule], capture_output=True)

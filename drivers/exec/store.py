@@ -1,0 +1,105 @@
+"""One task as the exec driver tracks it, the versioned state saved to recover it, and the store."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from drivers.exec.cgroups import CgroupSample, TaskCgroup
+from driversdk.errors import ConfigError, TaskNotFoundError
+from driversdk.model import ExitResult, TaskConfig
+
+# Version of the driver_state layout below; bump it and keep reading older ones.
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DriverState:
+    """Everything a relaunched plugin needs to find the task again (TaskHandle.driver_state)."""
+
+    container_id: str
+    task_dir: str
+    """The task's state dir: bundle (config.json, rootfs) and the supervisor's status file."""
+    supervisor_pid: int
+    cgroup_v2: bool
+    started_at: float
+    runc_path: str
+    runc_root: str = ""
+    host_pid_mode: bool = False
+
+    @property
+    def status_file(self) -> str:
+        return f"{self.task_dir}/exit_status"
+
+    def encode(self) -> bytes:
+        return json.dumps({"version": STATE_VERSION, **asdict(self)}, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, version: int) -> DriverState:
+        try:
+            raw = json.loads(data)
+            if version != STATE_VERSION or raw.get("version") != STATE_VERSION:
+                raise ValueError(f"unknown state version {raw.get('version')} (handle version {version})")
+            return cls(
+                container_id=str(raw["container_id"]),
+                task_dir=str(raw["task_dir"]),
+                supervisor_pid=int(raw["supervisor_pid"]),
+                cgroup_v2=bool(raw["cgroup_v2"]),
+                started_at=float(raw["started_at"]),
+                runc_path=str(raw["runc_path"]),
+                runc_root=str(raw.get("runc_root", "")),
+                host_pid_mode=bool(raw.get("host_pid_mode", False)),
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"failed to decode the exec driver's task state: {err}") from None
+
+
+@dataclass
+class ExecTask:
+    task: TaskConfig
+    state: DriverState
+    started_at: datetime
+    own_child: bool
+    """True when this plugin process spawned the supervisor (and so must reap it)."""
+    done: threading.Event = field(default_factory=threading.Event)
+    result: ExitResult | None = None
+    completed_at: datetime | None = None
+    last_sample: CgroupSample | None = None
+
+    @property
+    def cgroup(self) -> TaskCgroup:
+        return TaskCgroup(self.state.container_id, self.state.cgroup_v2)
+
+    def finish(self, result: ExitResult, completed_at: datetime) -> None:
+        self.result = result
+        self.completed_at = completed_at
+        self.done.set()
+
+
+class TaskStore:
+    """Thread-safe map of task id -> ExecTask."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, ExecTask] = {}
+        self._lock = threading.Lock()
+
+    def get(self, task_id: str) -> ExecTask:
+        with self._lock:
+            task = self._tasks.get(task_id)
+        if task is None:
+            raise TaskNotFoundError(task_id)
+        return task
+
+    def has(self, task_id: str) -> bool:
+        with self._lock:
+            return task_id in self._tasks
+
+    def put(self, task: ExecTask) -> None:
+        with self._lock:
+            self._tasks[task.task.id] = task
+
+    def remove(self, task_id: str) -> None:
+        with self._lock:
+            self._tasks.pop(task_id, None)
