@@ -20,6 +20,7 @@ from driversdk.model import Resources
 from driversdk.mountinfo import read_mountinfo
 
 CGROUP_PARENT = "driversdk-exec"
+RUNC_CHILD = "task"
 MIB = 1024 * 1024
 
 
@@ -122,7 +123,7 @@ class TaskCgroup:
     @property
     def runc_path(self) -> str:
         """The cgroupsPath for runc's config.json: a child of ours, which runc creates and deletes."""
-        return f"/{self.relative}/task"
+        return f"/{self.relative}/{RUNC_CHILD}"
 
     def _dir(self, controller: str) -> str | None:
         mounts = cgroup_mounts()
@@ -196,14 +197,18 @@ class TaskCgroup:
         if self.v2:
             path = self._dir("")
             return bool(path) and _keyed(f"{path}/memory.events").get("oom_kill", 0) > 0
-        path = self._dir("memory")
-        if not path:
+        parent = self._dir("memory")
+        if not parent:
             return False
-        control = _keyed(f"{path}/memory.oom_control")
-        if "oom_kill" in control:
-            return control["oom_kill"] > 0
+        # v1 counts a kill only in the victim's own cgroup (runc's child), not in its parents.
+        for path in (parent, os.path.join(parent, RUNC_CHILD)):
+            control = _keyed(f"{path}/memory.oom_control")
+            if control.get("oom_kill", 0) > 0:
+                return True
+        if "oom_kill" in _keyed(f"{parent}/memory.oom_control"):
+            return False
         # Kernels before 4.13 lack the counter; hitting the limit is the best sign left.
-        return _read_int(f"{path}/memory.failcnt") > 0 and _read_int(f"{path}/memory.memsw.failcnt") > 0
+        return _read_int(f"{parent}/memory.failcnt") > 0 and _read_int(f"{parent}/memory.memsw.failcnt") > 0
 
     def sample(self) -> CgroupSample:
         if self.v2:

@@ -23,8 +23,9 @@ from driversdk.errors import DriverError
 
 SHELL = "/bin/sh"
 # $0 runc, $1 bundle dir, $2 container id, $3 status file; the status file appears only once
-# runc has returned, so its presence alone means "exited".
-SCRIPT = '"$0" run --bundle "$1" "$2" </dev/null; echo $? >"$3.tmp" && mv -f "$3.tmp" "$3"'
+# runc has returned, so its presence alone means "exited". --keep leaves the stopped container
+# (and its cgroup, where cgroup v1 counts OOM kills) for DestroyTask to delete.
+SCRIPT = '"$0" run --keep --bundle "$1" "$2" </dev/null; echo $? >"$3.tmp" && mv -f "$3.tmp" "$3"'
 SIGNAL_OFFSET = 128  # runc reports a signalled container as 128 + signal number
 
 
@@ -40,7 +41,7 @@ def spawn(
     if len(runc_argv) > 1:
         # Global flags (--root) go before the subcommand: bake them into the script.
         flags = " ".join(f"'{a}'" for a in runc_argv[1:])
-        script = SCRIPT.replace('"$0" run', f'"$0" {flags} run')
+        script = SCRIPT.replace('"$0" run', f'"$0" {flags} run', 1)
     else:
         script = SCRIPT
     file_actions: list[tuple[Any, ...]] = [

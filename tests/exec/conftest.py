@@ -43,15 +43,20 @@ def _require_root_and_runc() -> None:
 def leftovers(base: Path) -> dict[str, list[str]]:
     """Everything of ours that should be gone after a test: containers, mounts, cgroups, links, netns."""
     containers = [c for c in Runc().containers() if c.startswith("dsx-")]
-    mounts = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(base))]
+    ours = (str(base / "state") + "/", str(base / "allocs") + "/")
+    mounts = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(ours)]
     cgroups = []
     for root in set(cgroup_mounts().values()):
         parent = os.path.join(root, CGROUP_PARENT)
         if os.path.isdir(parent):
             cgroups += [os.path.join(parent, d) for d in os.listdir(parent) if d.startswith("dsx-")]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    veths = [line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ": dsv" in line or ": dsp" in line]
-    netns = [n for n in (os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else []) if n.startswith("dsx-")]
+    veths = [
+        line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ": dsv" in line or ": dsp" in line
+    ]
+    netns = [
+        n for n in (os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else []) if n.startswith("dsx-")
+    ]
     tasks_dir = base / "state" / "tasks"
     task_dirs = sorted(os.listdir(tasks_dir)) if tasks_dir.is_dir() else []
     found = {
