@@ -42,16 +42,25 @@ def engine() -> docker.DockerClient:
     return client
 
 
-def our_containers(engine: docker.DockerClient) -> list[str]:
-    return [c.name for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})]
+def our_containers(engine: docker.DockerClient, under: Path | None = None) -> list[str]:
+    """Containers our driver made; with ``under``, only those whose alloc dir is below it."""
+    names = []
+    for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID}):
+        binds = c.attrs.get("HostConfig", {}).get("Binds") or []
+        if under is None or any(b.startswith(str(under)) for b in binds):
+            names.append(c.name)
+    return names
 
 
 @pytest.fixture
-def no_leaks(engine: docker.DockerClient) -> Iterator[None]:
-    """Fails the test if it leaves any container of ours behind, running or not."""
-    before = set(our_containers(engine))
+def no_leaks(engine: docker.DockerClient, tmp_path: Path) -> Iterator[None]:
+    """Fails the test if it leaves any container of its own behind, running or not.
+
+    Only containers of allocations under this test's tmp_path count, so other test runs on
+    the same engine do not interfere.
+    """
     yield
-    left = set(our_containers(engine)) - before
+    left = set(our_containers(engine, tmp_path))
     for name in left:
         engine.containers.get(name).remove(force=True)
     assert not left, f"containers left behind: {sorted(left)}"
