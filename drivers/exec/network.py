@@ -11,22 +11,102 @@ relaunched plugin neither hands it out twice nor forgets to free it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import ipaddress
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from pyroute2 import IPRoute, NetlinkError, NetNS, netns
+from pyroute2 import IPRoute, NetlinkError
 
 from driversdk.errors import DriverError
 from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
 
 NETNS_DIR = "/var/run/netns"
 LABEL_ALLOC = "driversdk.exec.alloc_id"
+CLONE_NEWNET = 0x40000000
+MS_BIND = 4096
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+# --- namespaces without fork ------------------------------------------------------------------
+# pyroute2's netns.create and NetNS fork helper processes, which is unsafe (and crashes) in a
+# multi-threaded gRPC server. A namespace only binds the calling *thread*, so each operation
+# runs in a short-lived thread of its own: unshare or setns there, then talk netlink.
+
+
+def _in_thread(fn: Callable[[], Any]) -> Any:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name="netns")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _os_error(what: str) -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def netns_path(name: str) -> str:
+    return os.path.join(NETNS_DIR, name)
+
+
+def create_netns(name: str) -> None:
+    """A named network namespace, bind-mounted at /var/run/netns/<name> as `ip netns add` does."""
+    path = netns_path(name)
+    os.makedirs(NETNS_DIR, exist_ok=True)
+
+    def make() -> None:
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            raise _os_error("unshare(CLONE_NEWNET)")
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
+        if _libc.mount(b"/proc/thread-self/ns/net", path.encode(), b"none", MS_BIND, None) != 0:
+            raise _os_error(f"bind-mounting the namespace at {path}")
+
+    _in_thread(make)
+
+
+def remove_netns(name: str) -> None:
+    path = netns_path(name)
+    if not os.path.exists(path):
+        return
+    if _libc.umount2(path.encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (22,):  # EINVAL: not mounted
+        raise _os_error(f"unmounting {path}")
+    os.unlink(path)
+
+
+def in_netns(name: str, fn: Callable[[IPRoute], Any]) -> Any:
+    """Run ``fn`` with an IPRoute bound to the named namespace."""
+
+    def enter() -> Any:
+        fd = os.open(netns_path(name), os.O_RDONLY)
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                raise _os_error(f"entering namespace {name}")
+        finally:
+            os.close(fd)
+        with IPRoute() as ipr:
+            return fn(ipr)
+
+    return _in_thread(enter)
 
 
 def netns_name(alloc_id: str) -> str:
@@ -58,7 +138,7 @@ class AllocNetwork:
     def spec(self) -> NetworkIsolationSpec:
         return NetworkIsolationSpec(
             mode=NetworkIsolationMode.GROUP,
-            path=os.path.join(NETNS_DIR, self.netns),
+            path=netns_path(self.netns),
             labels={LABEL_ALLOC: self.alloc_id, "address": self.address},
             hosts=HostsConfig(hostname=self.hostname, address=self.address),
         )
@@ -105,7 +185,7 @@ class NetworkManager:
     def create(self, alloc_id: str, hostname: str) -> tuple[NetworkIsolationSpec, bool]:
         with self._locked():
             existing = self.find(alloc_id)
-            if existing is not None and os.path.exists(os.path.join(NETNS_DIR, existing.netns)):
+            if existing is not None and os.path.exists(netns_path(existing.netns)):
                 return existing.spec, False
             used = {r.address for r in self.records() if r.alloc_id != alloc_id}
             free = next((a for a in self.pool if str(a) not in used), None)
@@ -178,16 +258,21 @@ class NetworkManager:
                 subprocess.run(["iptables", "-I", *rule], capture_output=True, check=True)
 
     def _build(self, net: AllocNetwork) -> None:
-        netns.create(net.netns)
+        create_netns(net.netns)
         peer_tmp = "dsp" + net.veth[3:]
-        with IPRoute() as ipr:
-            ipr.link("add", ifname=net.veth, kind="veth", peer=peer_tmp)
-            host_idx = ipr.link_lookup(ifname=net.veth)[0]
-            peer_idx = ipr.link_lookup(ifname=peer_tmp)[0]
-            bridge_idx = ipr.link_lookup(ifname=self.bridge)[0]
-            ipr.link("set", index=peer_idx, net_ns_fd=net.netns)
-            ipr.link("set", index=host_idx, master=bridge_idx, state="up")
-        with NetNS(net.netns) as ns:
+        ns_fd = os.open(netns_path(net.netns), os.O_RDONLY)
+        try:
+            with IPRoute() as ipr:
+                ipr.link("add", ifname=net.veth, kind="veth", peer=peer_tmp)
+                host_idx = ipr.link_lookup(ifname=net.veth)[0]
+                peer_idx = ipr.link_lookup(ifname=peer_tmp)[0]
+                bridge_idx = ipr.link_lookup(ifname=self.bridge)[0]
+                ipr.link("set", index=peer_idx, net_ns_fd=ns_fd)
+                ipr.link("set", index=host_idx, master=bridge_idx, state="up")
+        finally:
+            os.close(ns_fd)
+
+        def configure(ns: IPRoute) -> None:
             lo = ns.link_lookup(ifname="lo")[0]
             ns.link("set", index=lo, state="up")
             idx = ns.link_lookup(ifname=peer_tmp)[0]
@@ -195,6 +280,8 @@ class NetworkManager:
             ns.addr("add", index=idx, address=net.address, prefixlen=net.prefixlen)
             ns.link("set", index=idx, state="up")
             ns.route("add", dst="0.0.0.0/0", gateway=net.gateway)
+
+        in_netns(net.netns, configure)
 
     def _teardown(self, net: AllocNetwork) -> None:
         with IPRoute() as ipr:
@@ -204,8 +291,7 @@ class NetworkManager:
             for idx in ipr.link_lookup(ifname="dsp" + net.veth[3:]):
                 with contextlib.suppress(NetlinkError):
                     ipr.link("del", index=idx)
-        if net.netns in netns.listnetns():
-            netns.remove(net.netns)
+        remove_netns(net.netns)
 
     def _remove_bridge_if_unused(self, *, exclude: str) -> None:
         if any(r.alloc_id != exclude for r in self.records()):
