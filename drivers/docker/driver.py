@@ -198,7 +198,7 @@ class DockerDriver(DriverPlugin):
                 ) from None
             raise
         if self.config.gc_image:
-            self._images.acquire(image_id, task.id)
+            self._images.acquire(image_id, cfg.image, task.id)
         self._track(handle)
         self._event(task, f"Started container {container_id[:12]}", image=cfg.image)
         return TaskHandle(config=task, driver_state=state.encode(), version=STATE_VERSION, state=TaskState.RUNNING)
@@ -297,7 +297,7 @@ class DockerDriver(DriverPlugin):
             )
             recovered.logs.start()
         if self.config.gc_image:
-            self._images.acquire(state.image_id, task.id)
+            self._images.acquire(state.image_id, state.image, task.id)
         self._track(recovered)
 
     # --- lifecycle ---------------------------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
+import time
 from typing import Any
 
 from docker.errors import APIError, ImageNotFound, NotFound
@@ -54,11 +56,12 @@ def ensure_image(api: Any, task: TaskConfig, cfg: TaskDockerConfig, plugin: Plug
             raise DriverError(
                 f"task {task.name!r}: image archive {cfg.load!r} does not contain image {reference!r}"
             ) from None
+    timeout = cfg.image_pull_timeout or plugin.image_pull_timeout
     try:
-        for event in api.pull(repo, tag=tag or None, stream=True, decode=True, auth_config=cfg.auth):
-            if "error" in event:
-                raise APIError(event["error"])
+        _pull(api, repo, tag, cfg.auth, reference, timeout, plugin.pull_activity_timeout)
         return str(api.inspect_image(reference)["Id"])
+    except PullStalled as err:
+        raise DriverError(f"task {task.name!r}: Failed to pull `{reference}`: {err}", recoverable=True) from None
     except (APIError, NotFound) as err:
         cause = getattr(err, "explanation", None) or str(err)
         not_found = "not found" in cause or "does not exist" in cause
@@ -69,17 +72,62 @@ def ensure_image(api: Any, task: TaskConfig, cfg: TaskDockerConfig, plugin: Plug
         ) from None
 
 
+class PullStalled(Exception):
+    pass
+
+
+def _pull(
+    api: Any, repo: str, tag: str, auth: dict[str, str] | None, reference: str, timeout: float, activity: float
+) -> None:
+    """Pull with both limits Nomad applies: the whole pull, and the time between progress events."""
+    events: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
+
+    def run() -> None:
+        try:
+            for event in api.pull(repo, tag=tag or None, stream=True, decode=True, auth_config=auth):
+                events.put(event)
+            events.put(None)
+        except BaseException as err:
+            events.put(err)
+
+    # A stalled pull cannot be interrupted from here; the daemon thread ends with its connection.
+    threading.Thread(target=run, daemon=True, name=f"pull-{reference}").start()
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise PullStalled(f"the pull did not finish within image_pull_timeout ({timeout:.0f}s)")
+        try:
+            event = events.get(timeout=min(activity, remaining))
+        except queue.Empty:
+            if time.monotonic() >= deadline:
+                continue
+            raise PullStalled(f"the pull made no progress for pull_activity_timeout ({activity:.0f}s)") from None
+        if event is None:
+            return
+        if isinstance(event, BaseException):
+            raise event
+        if "error" in event:
+            raise APIError(str(event["error"]))
+
+
 class ImageGC:
-    """Reference counts of image ids by task; an unused image is removed after a delay."""
+    """Reference counts of image ids by task; an unused image is removed after a delay.
+
+    Removal untags the references our tasks used, without force: unlike a forced removal by
+    id, it never deletes other tags of the same image an operator relies on.
+    """
 
     def __init__(self) -> None:
         self._refs: dict[str, set[str]] = {}
+        self._names: dict[str, set[str]] = {}
         self._timers: dict[str, threading.Timer] = {}
         self._lock = threading.Lock()
 
-    def acquire(self, image_id: str, owner: str) -> None:
+    def acquire(self, image_id: str, reference: str, owner: str) -> None:
         with self._lock:
             self._refs.setdefault(image_id, set()).add(owner)
+            self._names.setdefault(image_id, set()).add(reference)
             timer = self._timers.pop(image_id, None)
         if timer is not None:
             timer.cancel()
@@ -103,8 +151,10 @@ class ImageGC:
             self._timers.pop(image_id, None)
             if image_id in self._refs:
                 return
-        try:
-            api.remove_image(image_id, force=True)
-            log.info("removed unused image", extra={"image_id": image_id})
-        except (APIError, NotFound) as err:
-            log.debug("image not removed", extra={"image_id": image_id, "error": str(err)})
+            names = self._names.pop(image_id, set())
+        for name in sorted(names):
+            try:
+                api.remove_image(name)
+                log.info("removed unused image", extra={"image": name, "image_id": image_id})
+            except (APIError, NotFound) as err:
+                log.debug("image not removed", extra={"image": name, "error": str(err)})

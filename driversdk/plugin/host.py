@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,6 +165,17 @@ class PluginProcess:
                     os.kill(self.pid, signal.SIGKILL)
                 self._wait_exit(5.0)
         self.channel.close()
+        self._remove_orphaned_socket()
+
+    def _remove_orphaned_socket(self) -> None:
+        """A plugin that was SIGKILLed could not remove its private socket dir; do it for it."""
+        if self.alive() or self.reattach_config.network != "unix":
+            return
+        directory = os.path.dirname(self.address)
+        if os.path.basename(directory).startswith("plugin-") and set(
+            os.listdir(directory) if os.path.isdir(directory) else []
+        ) <= {os.path.basename(self.address)}:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def __enter__(self) -> PluginProcess:
         return self

@@ -373,3 +373,49 @@ def test_docker_group_network_pause_container(
     finally:
         harness.client.destroy_network(alloc.alloc_id, spec)
     assert not engine.containers.list(all=True, filters={"name": f"nomad_init_{alloc.alloc_id}"})
+
+
+def test_docker_start_failure_leaves_no_created_container(
+    harness: DriverHarness, alloc: AllocDir, engine: docker.DockerClient
+) -> None:
+    # The engine creates the container, then cannot start it: it must not stay behind.
+    task = alloc.task_config("web", driver_config=busybox("/no/such/binary"))
+    with pytest.raises(PluginCallError) as info:
+        harness.start(task)
+    assert "task 'web': failed to start container" in str(info.value)
+    assert info.value.recoverable
+    assert not engine.containers.list(all=True, filters={"name": f"web-{alloc.alloc_id}"})
+
+
+def test_docker_extra_labels_and_image_gc(engine: docker.DockerClient, no_leaks: None, tmp_path: Path) -> None:
+    tag = "driversdk-test/gc-probe:1"
+    engine.images.get(IMAGE).tag(tag)  # a second tag of the shared test image: GC must only untag it
+    config = {**PLUGIN_CONFIG, "extra_labels": ["job_*", "task_name"], "gc": {"image": True, "image_delay": "1s"}}
+    try:
+        with DriverHarness(PLUGIN, plugin_config=config) as h:
+            alloc = AllocDir.create(tmp_path, tasks=["web"])
+            task = alloc.task_config("web", driver_config=busybox("sleep", "30", image=tag), job="shop")
+            h.start(task)
+            labels = engine.containers.get(f"web-{alloc.alloc_id}").labels
+            assert labels["com.hashicorp.nomad.job_name"] == "shop"
+            assert labels["com.hashicorp.nomad.job_id"] == "shop"
+            assert labels["com.hashicorp.nomad.task_name"] == "web"
+            assert "com.hashicorp.nomad.node_id" not in labels
+            h.client.destroy_task(task.id)
+            h.forget(task.id)
+            # The last user is gone: after image_delay the image is removed.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    engine.images.get(tag)
+                except docker.errors.ImageNotFound:
+                    break
+                time.sleep(0.2)
+            else:
+                pytest.fail("gc.image did not remove the unused image")
+            assert engine.images.get(IMAGE), "GC must not delete other tags of the same image"
+    finally:
+        try:
+            engine.images.remove(tag, force=True)
+        except docker.errors.ImageNotFound:
+            pass
