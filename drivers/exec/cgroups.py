@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ RUNC_CHILD = "task"
 MIB = 1024 * 1024
 
 
+@functools.cache
 def cgroup_mounts() -> dict[str, str]:
     """Controller name -> mount point of its hierarchy; key "" is the unified (v2) hierarchy."""
     mounts: dict[str, str] = {}

@@ -127,13 +127,19 @@ class ExecDriver(DriverPlugin):
         cgroup = TaskCgroup.for_container(cid)
         spec, links = build_spec(task, cfg, self.config, cgroups_path=cgroup.runc_path)
         runc = self.runc
-        if runc.state(cid) is not None:
-            raise DriverError(f"task {task.name!r}: a runc container {cid!r} already exists; destroy it first")
 
         fds: tuple[int, int] | None = None
         created_dir = False
         try:
-            os.makedirs(task_dir, mode=0o700)
+            # The container id derives from the (unique per start) task id: an existing dir means a
+            # task with this id was started before and not destroyed.
+            try:
+                os.makedirs(task_dir, mode=0o700)
+            except FileExistsError:
+                raise DriverError(
+                    f"task {task.name!r}: state dir {task_dir!r} of task id {task.id!r} already exists; "
+                    "destroy the earlier task with this id first"
+                ) from None
             created_dir = True
             Bundle(task_dir).write(spec, links)
             cgroup.create(task.resources)

@@ -23,9 +23,10 @@ from driversdk.errors import DriverError
 
 SHELL = "/bin/sh"
 # $0 runc, $1 bundle dir, $2 container id, $3 status file; the status file appears only once
-# runc has returned, so its presence alone means "exited". --keep leaves the stopped container
-# (and its cgroup, where cgroup v1 counts OOM kills) for DestroyTask to delete.
-SCRIPT = '"$0" run --keep --bundle "$1" "$2" </dev/null; echo $? >"$3.tmp" && mv -f "$3.tmp" "$3"'
+# runc has returned, and echo writes "<code>\n" in one write, so a complete line means "exited".
+# --keep leaves the stopped container (and its cgroup, where cgroup v1 counts OOM kills) for
+# DestroyTask to delete.
+SCRIPT = '"$0" run --keep --bundle "$1" "$2" </dev/null; echo $? >"$3"'
 SIGNAL_OFFSET = 128  # runc reports a signalled container as 128 + signal number
 
 
@@ -75,10 +76,13 @@ class Status:
 def read_status(status_file: str) -> Status | None:
     try:
         with open(status_file) as fh:
-            text = fh.read().strip()
+            raw = fh.read()
         finished = os.stat(status_file).st_mtime
     except FileNotFoundError:
         return None
+    if not raw.endswith("\n"):
+        return None  # the shell created the file but has not written the line yet
+    text = raw.strip()
     code = int(text) if text.lstrip("-").isdigit() else -1
     sig = code - SIGNAL_OFFSET if SIGNAL_OFFSET < code <= SIGNAL_OFFSET + 64 else 0
     return Status(exit_code=code, signal=sig, finished_at=finished)
