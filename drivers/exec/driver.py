@@ -34,6 +34,7 @@ from driversdk.model import (
     ExitResult,
     Fingerprint,
     FSIsolation,
+    HealthState,
     MountConfigSupport,
     NetworkIsolationMode,
     NetworkIsolationSpec,
@@ -75,6 +76,7 @@ class ExecDriver(DriverPlugin):
         super().__init__()
         self.config = PluginConfig()
         self._tasks = TaskStore()
+        self._detected = False
 
     # --- configuration ---------------------------------------------------------------------
 
@@ -107,7 +109,9 @@ class ExecDriver(DriverPlugin):
         return NetworkManager(self.config.state_dir, self.config.bridge_name, self.config.bridge_subnet)
 
     def fingerprint(self) -> Fingerprint:
-        return read_fingerprint(self.runc)
+        fp = read_fingerprint(self.runc, detected_before=self._detected)
+        self._detected = self._detected or fp.health is HealthState.HEALTHY
+        return fp
 
     # --- start -----------------------------------------------------------------------------
 
@@ -341,18 +345,19 @@ class ExecDriver(DriverPlugin):
         ]
         for t in readers:
             t.start()
-        while proc.poll() is None and not session.cancelled:
+        # The SDK reports the end of the client's request stream both as stdin EOF and as
+        # "cancelled", so a normal half-close looks like a cancel: once stdin ended the command
+        # runs to completion (its output still streams back).
+        while proc.poll() is None:
             data = session.read_stdin(timeout=0.1)
             if data is None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
                 break
             if data:
                 with contextlib.suppress(OSError):
                     proc.stdin.write(data)
                     proc.stdin.flush()
-        if session.cancelled and proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
         code = proc.wait()
         for t in readers:
             t.join(timeout=5)

@@ -9,13 +9,15 @@ from drivers.exec.runc import Runc, RuncError
 from driversdk.model import Fingerprint, HealthState
 
 
-def fingerprint(runc: Runc) -> Fingerprint:
+def fingerprint(runc: Runc, *, detected_before: bool = False) -> Fingerprint:
+    """Undetected until runc was seen once; after that a runc that stops answering is unhealthy."""
     if os.geteuid() != 0:
         return Fingerprint(HealthState.UNDETECTED, "exec driver must run as root")
     try:
         version = runc.version()
     except RuncError:
-        return Fingerprint(HealthState.UNDETECTED, f"runc runtime {runc.path!r} is not available")
+        health = HealthState.UNHEALTHY if detected_before else HealthState.UNDETECTED
+        return Fingerprint(health, f"runc runtime {runc.path!r} is not available")
     attrs: dict[str, str | bool] = {
         "driver.exec.runtime": "runc",
         "driver.exec.runtime.version": version,

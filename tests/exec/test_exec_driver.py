@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from drivers.exec.driver import container_id_for
+from drivers.exec.runc import Runc
+from drivers.exec.store import DriverState
 from driversdk.errors import PluginCallError
 from driversdk.model import (
     FSIsolation,
@@ -272,3 +274,86 @@ def test_exec_user_runs_with_that_uid(harness: DriverHarness, alloc: AllocDir) -
     assert harness.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
     out = alloc.wait_for_output("web", b"\n65534\n", timeout=10)
     assert out.startswith(b"65534\n")
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def test_exec_supervisor_and_task_have_clean_stdio_and_signals(harness: DriverHarness, alloc: AllocDir) -> None:
+    # The program itself (not a shell, which ignores some signals on its own) is the task.
+    task = alloc.task_config("web", driver_config={"command": "/bin/sleep", "args": ["120"]})
+    handle = harness.start(task)
+    state = DriverState.decode(handle.driver_state, handle.version)
+    deadline = time.monotonic() + TIMEOUT
+    while (runc_state := Runc().state(state.container_id)) is None or runc_state["status"] != "running":
+        assert time.monotonic() < deadline, "the container never reached running"
+        time.sleep(0.05)
+    task_pid = int(runc_state["pid"])
+    # The supervisor (and so runc, which relays the task's output) has stdin /dev/null and
+    # stdout/stderr on the task's fifos: never the plugin's handshake pipe or stderr.
+    sup = state.supervisor_pid
+    assert os.readlink(f"/proc/{sup}/fd/0") == "/dev/null"
+    assert os.readlink(f"/proc/{sup}/fd/1") == task.stdout_path
+    assert os.readlink(f"/proc/{sup}/fd/2") == task.stderr_path
+    plugin_pid = harness.client.process.pid
+    plugin_stdio = {os.readlink(f"/proc/{plugin_pid}/fd/{fd}") for fd in (0, 1, 2)}
+    task_stdio = {os.readlink(f"/proc/{task_pid}/fd/{fd}") for fd in (0, 1, 2)}
+    assert not plugin_stdio & task_stdio
+    for pid in (sup, task_pid):
+        status = _proc_status(pid)
+        # Nothing ignored or blocked is inherited from the plugin (a SIG_IGN'd SIGINT would make
+        # the task unstoppable by the default stop signal).
+        assert int(status["SigBlk"], 16) == 0
+        # Bits for signals 1-31 only: glibc's posix_spawn leaves its two reserved internal signals
+        # (32, 33; never used by programs, SIGRTMIN is 34) ignored in the child.
+        assert int(status["SigIgn"], 16) & 0x7FFFFFFF == 0, status["SigIgn"]
+    # The supervisor leads its own session, so the host's terminal signals never reach it.
+    assert os.getsid(state.supervisor_pid) == state.supervisor_pid
+
+
+def test_exec_pid_mode_host_shares_the_host_pid_namespace(harness: DriverHarness, alloc: AllocDir) -> None:
+    task = alloc.task_config("web", driver_config=sh("echo pid=$$", pid_mode="host", ipc_mode="host"))
+    harness.start(task)
+    assert harness.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
+    out = alloc.wait_for_output("web", b"pid=", timeout=10)
+    assert b"pid=1\n" not in out
+
+
+def test_exec_missing_command_fails_the_task_and_destroy_cleans_up(
+    harness: DriverHarness, alloc: AllocDir, tmp_path: Path
+) -> None:
+    task = alloc.task_config("web", driver_config={"command": "/no/such/program"})
+    harness.start(task)
+    result = harness.client.wait_task(task.id, timeout=TIMEOUT)
+    assert result.exit_code != 0 and not result.oom_killed
+    assert b"/no/such/program" in alloc.wait_for_output("web", b"/no/such/program", timeout=10, stderr=True)
+    harness.client.destroy_task(task.id)
+    harness.forget(task.id)
+    assert not leftovers(tmp_path)
+
+
+def test_exec_streaming_exec_with_stdin(harness: DriverHarness, alloc: AllocDir) -> None:
+    task = alloc.task_config("web", driver_config=sh("echo ready; sleep 120"))
+    harness.start(task)
+    alloc.wait_for_output("web", b"ready\n", timeout=TIMEOUT)
+    stream = harness.client.exec_task_streaming(
+        task.id, ["/bin/busybox", "sh", "-c", "read line; echo got:$line; echo err >&2; exit 3"], stdin=[b"hi\n"]
+    )
+    stdout, stderr, result = stream.collect()
+    assert stdout == b"got:hi\n" and stderr == b"err\n" and result.exit_code == 3
+
+
+def test_exec_destroy_running_task_needs_force(harness: DriverHarness, alloc: AllocDir) -> None:
+    task = alloc.task_config("web", driver_config=sh("echo ready; sleep 120"))
+    harness.start(task)
+    alloc.wait_for_output("web", b"ready\n", timeout=TIMEOUT)
+    with pytest.raises(PluginCallError) as err:
+        harness.client.destroy_task(task.id, force=False)
+    assert "is still running" in err.value.message
+    harness.client.destroy_task(task.id, force=True)
+    harness.forget(task.id)
+    with pytest.raises(PluginCallError) as gone:
+        harness.client.inspect_task(task.id)
+    assert gone.value.code == "NOT_FOUND"
