@@ -1,0 +1,326 @@
+"""A CSI client for one plugin socket: identity, controller and node calls with Python types.
+
+Connecting is eager and blocking so an unusable socket fails at once with a sentence naming it;
+every call goes through the retry table of :mod:`driversdk.csi.retry`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+
+from driversdk.csi.errors import CSIConnectError, CSIError, unpack
+from driversdk.csi.model import AttachmentMode, Volume, VolumeCapability
+from driversdk.csi.retry import policy_for
+from driversdk.pb import csi_pb2, csi_pb2_grpc
+
+log = logging.getLogger("driversdk.csi")
+T = TypeVar("T")
+
+_STAGE = csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME
+_PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    name: str
+    vendor_version: str
+    manifest: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    max_volumes: int
+    topology: dict[str, str] = field(default_factory=dict)
+
+
+def open_channel(socket_path: str, timeout: float = 1.0) -> grpc.Channel:
+    """Dial a plugin's unix socket now, failing with the likely cause when it cannot be used."""
+    try:
+        mode = os.stat(socket_path).st_mode
+    except FileNotFoundError:
+        raise CSIConnectError(
+            f"failed to open CSI plugin socket {socket_path}: it does not exist; is the plugin running and "
+            "listening there?",
+            code="UNAVAILABLE",
+            call="connect",
+        ) from None
+    if not stat.S_ISSOCK(mode):
+        raise CSIConnectError(
+            f"failed to open CSI plugin socket {socket_path}: it is not a unix socket",
+            code="UNAVAILABLE",
+            call="connect",
+        )
+    if not os.access(socket_path, os.R_OK | os.W_OK):
+        raise CSIConnectError(
+            f"failed to open CSI plugin socket {socket_path}: permission denied; run as a user that may "
+            "read and write the socket",
+            code="PERMISSION_DENIED",
+            call="connect",
+        )
+    # Strict HTTP/2 servers reject a socket path as :authority.
+    channel = grpc.insecure_channel(f"unix:{socket_path}", options=[("grpc.default_authority", "localhost")])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise CSIConnectError(
+            f"failed to open grpc connection to CSI plugin socket {socket_path}: nothing accepted the connection "
+            f"within {timeout:g}s (a stale socket left by a plugin that died?)",
+            code="UNAVAILABLE",
+            call="connect",
+        ) from None
+    return channel
+
+
+class CSIClient:
+    def __init__(self, socket_path: str, *, plugin: str = "", connect_timeout: float = 1.0) -> None:
+        self.socket_path = socket_path
+        self.plugin = plugin or os.path.basename(os.path.dirname(socket_path)) or socket_path
+        self.channel = open_channel(socket_path, connect_timeout)
+        self.identity = csi_pb2_grpc.IdentityStub(self.channel)
+        self.controller = csi_pb2_grpc.ControllerStub(self.channel)
+        self.node = csi_pb2_grpc.NodeStub(self.channel)
+        self.attempts: dict[str, int] = {}
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(
+        self, call: str, fn: Callable[..., T], request: Any, *, volume: str = "", node: str = "", path: str = ""
+    ) -> T:
+        policy = policy_for(call)
+        for attempt in range(1, policy.attempts + 1):
+            self.attempts[call] = self.attempts.get(call, 0) + 1
+            try:
+                return fn(request, timeout=policy.attempt_timeout)
+            except grpc.RpcError as err:
+                code = err.code() if isinstance(err, grpc.Call) else None
+                if attempt < policy.attempts and code in policy.codes:
+                    wait = policy.backoff(attempt)
+                    log.debug("retrying CSI call", extra={"call": call, "code": str(code), "wait": wait})
+                    time.sleep(wait)
+                    continue
+                raise unpack(err, call, plugin=self.plugin, volume=volume, node=node, path=path) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- identity ------------------------------------------------------------------------------
+
+    def plugin_info(self) -> PluginInfo:
+        resp = self._call("GetPluginInfo", self.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest())
+        if not resp.name:
+            raise CSIError("plugin returned empty name field", code="OK", call="GetPluginInfo")
+        return PluginInfo(resp.name, resp.vendor_version, dict(resp.manifest))
+
+    def plugin_capabilities(self) -> set[int]:
+        resp = self._call(
+            "GetPluginCapabilities", self.identity.GetPluginCapabilities, csi_pb2.GetPluginCapabilitiesRequest()
+        )
+        return {c.service.type for c in resp.capabilities if c.HasField("service")}
+
+    def probe(self) -> bool:
+        resp = self._call("Probe", self.identity.Probe, csi_pb2.ProbeRequest())
+        # A missing `ready` means ready; only a present false means "still starting".
+        return not resp.HasField("ready") or resp.ready.value
+
+    # --- capabilities --------------------------------------------------------------------------
+
+    def controller_capabilities(self) -> set[int]:
+        resp = self._call(
+            "ControllerGetCapabilities",
+            self.controller.ControllerGetCapabilities,
+            csi_pb2.ControllerGetCapabilitiesRequest(),
+        )
+        return {c.rpc.type for c in resp.capabilities if c.HasField("rpc")}
+
+    def node_capabilities(self) -> set[int]:
+        resp = self._call("NodeGetCapabilities", self.node.NodeGetCapabilities, csi_pb2.NodeGetCapabilitiesRequest())
+        return {c.rpc.type for c in resp.capabilities if c.HasField("rpc")}
+
+    def node_info(self) -> NodeInfo:
+        resp = self._call("NodeGetInfo", self.node.NodeGetInfo, csi_pb2.NodeGetInfoRequest())
+        if not resp.node_id:
+            raise CSIError("plugin failed to return nodeid", code="OK", call="NodeGetInfo")
+        max_volumes = resp.max_volumes_per_node or 2**63 - 1
+        return NodeInfo(resp.node_id, max_volumes, dict(resp.accessible_topology.segments))
+
+    # --- controller ----------------------------------------------------------------------------
+
+    def validate_volume_capabilities(self, volume: Volume) -> None:
+        """Raise CSIError when the plugin confirms capabilities that differ from the volume's."""
+        # Nomad sends no mount options here: a plugin echoing fs_type would otherwise fail the match.
+        caps = [VolumeCapability(c.access_mode, c.attachment_mode).to_proto() for c in volume.capabilities]
+        req = csi_pb2.ValidateVolumeCapabilitiesRequest(
+            volume_id=volume.remote_id,
+            volume_context=volume.context,
+            volume_capabilities=caps,
+            parameters=volume.parameters,
+            secrets=dict(volume.secrets),
+        )
+        resp = self._call(
+            "ValidateVolumeCapabilities", self.controller.ValidateVolumeCapabilities, req, volume=volume.remote_id
+        )
+        problems = capability_mismatches(caps, resp)
+        if problems:
+            listing = "; ".join(problems)
+            raise CSIError(
+                f'volume "{volume.id}": volume capability validation failed: {listing}',
+                code="OK",
+                call="ValidateVolumeCapabilities",
+                volume=volume.id,
+                plugin_message=resp.message,
+            )
+
+    def controller_publish(
+        self, volume: Volume, node_id: str, capability: VolumeCapability, readonly: bool
+    ) -> dict[str, str]:
+        if not node_id:
+            raise CSIError("missing NodeID", code="OK", call="ControllerPublishVolume", volume=volume.id)
+        req = csi_pb2.ControllerPublishVolumeRequest(
+            volume_id=volume.remote_id,
+            node_id=node_id,
+            volume_capability=capability.to_proto(),
+            readonly=readonly,
+            secrets=dict(volume.secrets),
+            volume_context=volume.context,
+        )
+        resp = self._call(
+            "ControllerPublishVolume",
+            self.controller.ControllerPublishVolume,
+            req,
+            volume=volume.remote_id,
+            node=node_id,
+        )
+        return dict(resp.publish_context)
+
+    def controller_unpublish(self, volume: Volume, node_id: str) -> None:
+        if not node_id:
+            raise CSIError("missing NodeID", code="OK", call="ControllerUnpublishVolume", volume=volume.id)
+        req = csi_pb2.ControllerUnpublishVolumeRequest(volume_id=volume.remote_id, node_id=node_id)
+        try:
+            self._call(
+                "ControllerUnpublishVolume",
+                self.controller.ControllerUnpublishVolume,
+                req,
+                volume=volume.remote_id,
+                node=node_id,
+            )
+        except CSIError as err:
+            if not err.ignorable:
+                raise
+
+    # --- node ----------------------------------------------------------------------------------
+
+    def node_stage(
+        self,
+        volume: Volume,
+        staging_path: str,
+        capability: VolumeCapability,
+        publish_context: Mapping[str, str],
+    ) -> None:
+        req = csi_pb2.NodeStageVolumeRequest(
+            volume_id=volume.remote_id,
+            publish_context=dict(publish_context),
+            staging_target_path=staging_path,
+            volume_capability=capability.to_proto(),
+            secrets=dict(volume.secrets),
+            volume_context=volume.context,
+        )
+        self._call("NodeStageVolume", self.node.NodeStageVolume, req, volume=volume.remote_id, path=staging_path)
+
+    def node_unstage(self, volume: Volume, staging_path: str) -> None:
+        req = csi_pb2.NodeUnstageVolumeRequest(volume_id=volume.remote_id, staging_target_path=staging_path)
+        try:
+            self._call("NodeUnstageVolume", self.node.NodeUnstageVolume, req, volume=volume.remote_id)
+        except CSIError as err:
+            if not err.ignorable:
+                raise
+
+    def node_publish(
+        self,
+        volume: Volume,
+        staging_path: str,
+        target_path: str,
+        capability: VolumeCapability,
+        readonly: bool,
+        publish_context: Mapping[str, str],
+    ) -> None:
+        if not os.path.isabs(target_path) or (staging_path and not os.path.isabs(staging_path)):
+            raise CSIError(
+                f'volume "{volume.id}": refusing to send a relative path to the plugin ({target_path!r})',
+                code="OK",
+                call="NodePublishVolume",
+                volume=volume.id,
+            )
+        req = csi_pb2.NodePublishVolumeRequest(
+            volume_id=volume.remote_id,
+            publish_context=dict(publish_context),
+            staging_target_path=staging_path,
+            target_path=target_path,
+            volume_capability=capability.to_proto(),
+            readonly=readonly,
+            secrets=dict(volume.secrets),
+            volume_context=volume.context,
+        )
+        self._call("NodePublishVolume", self.node.NodePublishVolume, req, volume=volume.remote_id, path=target_path)
+
+    def node_unpublish(self, volume: Volume, target_path: str) -> None:
+        req = csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume.remote_id, target_path=target_path)
+        try:
+            self._call("NodeUnpublishVolume", self.node.NodeUnpublishVolume, req, volume=volume.remote_id)
+        except CSIError as err:
+            if not err.ignorable:
+                raise
+
+
+def capability_mismatches(
+    requested: list[csi_pb2.VolumeCapability], resp: csi_pb2.ValidateVolumeCapabilitiesResponse
+) -> list[str]:
+    """Nomad's rule: absent `confirmed` is success; one matching confirmed entry per requested
+    capability suffices; values are compared, never object identity."""
+    if resp.message:
+        log.debug("plugin validation message", extra={"message": resp.message})
+    if not resp.HasField("confirmed"):
+        return []
+    problems: list[str] = []
+    for req in requested:
+        reasons: list[str] = []
+        for conf in resp.confirmed.volume_capabilities:
+            reason = _mismatch(req, conf)
+            if reason is None:
+                break
+            if reason:
+                reasons.append(reason)
+        else:
+            problems.extend(reasons)
+    return problems
+
+
+def _mismatch(req: csi_pb2.VolumeCapability, conf: csi_pb2.VolumeCapability) -> str | None:
+    """None: a match. "": not a match, but nothing wrong either. Otherwise: what differs."""
+    mode_name = csi_pb2.VolumeCapability.AccessMode.Mode.Name
+    if conf.access_mode.mode != req.access_mode.mode and conf.access_mode.mode != 0:
+        return f"requested access mode {mode_name(req.access_mode.mode)}, got {mode_name(conf.access_mode.mode)}"
+    if conf.HasField("block") and not req.HasField("block"):
+        return "'block-device' access type was not requested but was validated by the controller"
+    if not conf.HasField("mount"):
+        return ""
+    if not req.HasField("mount"):
+        return "'file-system' access type was not requested but was validated by the controller"
+    if conf.mount.fs_type != req.mount.fs_type:
+        return f"requested filesystem type {req.mount.fs_type}, got {conf.mount.fs_type}"
+    if not set(req.mount.mount_flags) <= set(conf.mount.mount_flags):
+        # Flags may hold secrets: never print them.
+        return "requested mount flags did not match available capabilities"
+    return None
+
+
+__all__ = ["AttachmentMode", "CSIClient", "NodeInfo", "PluginInfo", "capability_mismatches", "open_channel"]

@@ -1,0 +1,109 @@
+"""CSI failures as operator sentences that keep the gRPC code, the call, the volume and the
+plugin's own words (first line, cleaned), as Nomad's client does."""
+
+from __future__ import annotations
+
+import re
+
+import grpc
+
+from driversdk.errors import DriverSDKError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+IGNORABLE = "CSI client error (ignorable)"
+
+
+class CSIError(DriverSDKError):
+    """A CSI RPC failed. ``code`` is the gRPC code name; ``ignorable`` marks "already gone"."""
+
+    def __init__(self, message: str, *, code: str, call: str, volume: str = "", plugin_message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.call = call
+        self.volume = volume
+        self.plugin_message = plugin_message
+
+    @property
+    def ignorable(self) -> bool:
+        return self.message.startswith(IGNORABLE)
+
+
+class CSIConnectError(CSIError):
+    """The plugin's socket could not be opened."""
+
+
+def clean_detail(detail: str, limit: int = 300) -> str:
+    """First line of a plugin message, without colour codes, trimmed (stack traces are common)."""
+    lines = [line.strip() for line in _ANSI.sub("", detail or "").splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def _camel(code: grpc.StatusCode) -> str:
+    return "".join(part.capitalize() for part in code.name.split("_"))
+
+
+# (call, code) -> sentence template; {v} volume, {n} node, {p} path.
+_MESSAGES: dict[tuple[str, grpc.StatusCode], str] = {
+    ("ControllerPublishVolume", grpc.StatusCode.NOT_FOUND): 'volume "{v}" or node "{n}" could not be found',
+    ("ControllerPublishVolume", grpc.StatusCode.ALREADY_EXISTS): (
+        'volume "{v}" is already published at node "{n}" but with capabilities or a read_only setting '
+        "incompatible with this request"
+    ),
+    ("ControllerPublishVolume", grpc.StatusCode.RESOURCE_EXHAUSTED): (
+        'node "{n}" has reached the maximum allowable number of attached volumes'
+    ),
+    ("ControllerPublishVolume", grpc.StatusCode.FAILED_PRECONDITION): (
+        'volume "{v}" is already published on another node and does not have MULTI_NODE volume capability'
+    ),
+    ("ControllerUnpublishVolume", grpc.StatusCode.NOT_FOUND): (
+        IGNORABLE + ': volume "{v}" or node "{n}" could not be found'
+    ),
+    ("ValidateVolumeCapabilities", grpc.StatusCode.NOT_FOUND): 'volume "{v}" could not be found',
+    ("DeleteVolume", grpc.StatusCode.FAILED_PRECONDITION): 'volume "{v}" is in use',
+    ("NodeStageVolume", grpc.StatusCode.NOT_FOUND): 'volume "{v}" could not be found',
+    ("NodeStageVolume", grpc.StatusCode.ALREADY_EXISTS): (
+        'volume "{v}" is already staged to "{p}" but with incompatible capabilities for this request'
+    ),
+    ("NodeStageVolume", grpc.StatusCode.FAILED_PRECONDITION): (
+        'volume "{v}" does not have MULTI_NODE volume capability'
+    ),
+    ("NodePublishVolume", grpc.StatusCode.NOT_FOUND): 'volume "{v}" could not be found',
+    ("NodePublishVolume", grpc.StatusCode.ALREADY_EXISTS): (
+        'volume "{v}" is already published at target path "{p}" but with capabilities or a read_only setting '
+        "incompatible with this request"
+    ),
+    ("NodePublishVolume", grpc.StatusCode.FAILED_PRECONDITION): (
+        'volume "{v}" does not have MULTI_NODE volume capability'
+    ),
+    ("NodeUnstageVolume", grpc.StatusCode.NOT_FOUND): IGNORABLE + ': volume "{v}" could not be found',
+    ("NodeUnpublishVolume", grpc.StatusCode.NOT_FOUND): IGNORABLE + ': volume "{v}" could not be found',
+}
+
+_CONTROLLER_CALLS = {
+    "CreateVolume",
+    "DeleteVolume",
+    "ControllerPublishVolume",
+    "ControllerUnpublishVolume",
+    "ValidateVolumeCapabilities",
+    "ListVolumes",
+    "ControllerExpandVolume",
+}
+
+
+def unpack(err: grpc.RpcError, call: str, *, plugin: str, volume: str = "", node: str = "", path: str = "") -> CSIError:
+    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+    detail = clean_detail(err.details() if isinstance(err, grpc.Call) else str(err))
+    raw = f"rpc error: code = {_camel(code)} desc = {detail}"
+    template = _MESSAGES.get((call, code))
+    if template is not None:
+        head = template.format(v=volume, n=node, p=path)
+    elif code == grpc.StatusCode.INTERNAL:
+        role = "controller" if call in _CONTROLLER_CALLS else "node"
+        head = f"{role} plugin returned an internal error, check the plugin allocation logs for more information"
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        head = f"CSI plugin {plugin!r} is not answering {call}; check that the plugin is running"
+    else:
+        head = f"CSI plugin {plugin!r} failed {call}" + (f' for volume "{volume}"' if volume else "")
+    return CSIError(f"{head}: {raw}", code=code.name, call=call, volume=volume, plugin_message=detail)

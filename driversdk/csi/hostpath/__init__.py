@@ -1,0 +1,1 @@
+"""A small reference CSI plugin: volumes are directories, staging and publishing are bind mounts."""

@@ -1,0 +1,3 @@
+from driversdk.csi.hostpath.main import main
+
+main()

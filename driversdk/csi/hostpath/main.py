@@ -1,0 +1,66 @@
+"""``driversdk-csi-hostpath``: run the reference CSI plugin on a unix socket."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+from driversdk.csi.hostpath.faults import Faults
+from driversdk.csi.hostpath.plugin import Controller, HostPathState, Identity, Node
+from driversdk.pb import csi_pb2_grpc
+
+log = logging.getLogger("driversdk.csi.hostpath")
+
+
+def _socket_path(endpoint: str) -> str:
+    path = endpoint.removeprefix("unix://") if endpoint.startswith("unix://") else endpoint
+    if not os.path.isabs(path):
+        raise SystemExit(f"CSI endpoint {endpoint!r} must be an absolute unix socket path (unix:///path/csi.sock)")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="driversdk-csi-hostpath", description=__doc__)
+    parser.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", ""), help="unix:///path/csi.sock")
+    parser.add_argument("--root", default=os.environ.get("CSI_HOSTPATH_ROOT", "/var/lib/driversdk-csi-hostpath"))
+    parser.add_argument("--node-id", default=os.environ.get("CSI_NODE_ID", socket.gethostname()))
+    parser.add_argument("--fault", default=os.environ.get("CSI_HOSTPATH_FAULTS", ""), help="e.g. Probe=UNAVAILABLE:2")
+    args = parser.parse_args(argv)
+    if not args.endpoint:
+        raise SystemExit("set --endpoint or CSI_ENDPOINT to unix:///path/to/csi.sock")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    path = _socket_path(args.endpoint)
+    # A plugin killed hard leaves its socket behind; a restart must clear it before listening.
+    if os.path.exists(path):
+        os.unlink(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    state = HostPathState(args.root, args.node_id, Faults(args.fault))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    csi_pb2_grpc.add_IdentityServicer_to_server(Identity(state), server)
+    # RPCs the plugin does not advertise keep grpc's default answer, UNIMPLEMENTED; the stubs
+    # declare them abstract, hence the ignores.
+    csi_pb2_grpc.add_ControllerServicer_to_server(Controller(state), server)  # type: ignore[abstract]
+    csi_pb2_grpc.add_NodeServicer_to_server(Node(state), server)  # type: ignore[abstract]
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    os.chmod(path, 0o600)
+    log.info("hostpath CSI plugin listening on %s (node %s)", path, args.node_id)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(1).wait()
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+if __name__ == "__main__":
+    main()
