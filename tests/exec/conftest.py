@@ -22,8 +22,6 @@ PLUGIN = [sys.executable, "-m", "drivers.exec"]
 BRIDGE = "dsxtest0"
 SUBNET = "10.231.77.0/24"
 
-pytestmark = pytest.mark.root
-
 
 def _usable() -> str | None:
     if os.geteuid() != 0:

@@ -27,6 +27,8 @@ from driversdk.mounts import Mount, Propagation
 from driversdk.testing import AllocDir, DriverHarness
 from tests.exec.conftest import PLUGIN, leftovers, sh
 
+pytestmark = pytest.mark.root
+
 TIMEOUT = 60
 
 

@@ -14,6 +14,8 @@ from driversdk.mounts import Mount, Propagation
 from driversdk.testing import AllocDir, DriverHarness
 from tests.exec.conftest import PLUGIN, sh
 
+pytestmark = pytest.mark.root
+
 TIMEOUT = 60
 READY = sh("echo ready; sleep 120")
 

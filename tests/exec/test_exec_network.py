@@ -18,6 +18,8 @@ from driversdk.model import NetworkIsolationMode, NetworkIsolationSpec
 from driversdk.testing import AllocDir, DriverHarness
 from tests.exec.conftest import BRIDGE, PLUGIN, leftovers, sh
 
+pytestmark = pytest.mark.root
+
 TIMEOUT = 60
 
 

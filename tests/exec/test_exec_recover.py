@@ -15,6 +15,8 @@ from driversdk.model import TaskState
 from driversdk.testing import AllocDir, DriverHarness
 from tests.exec.conftest import leftovers, sh
 
+pytestmark = pytest.mark.root
+
 TIMEOUT = 60
 WAIT_FOR_GO = sh("echo ready; while [ ! -e /local/go ]; do sleep 0.05; done; echo after-go; exit 42")
 
