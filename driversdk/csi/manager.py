@@ -1,0 +1,241 @@
+"""The node volume manager: stage once per volume and usage, publish per allocation, tear down
+idempotently, and remember enough in SQLite to finish a teardown after a restart.
+
+Paths follow Nomad's layout. ``host_root`` is ``<state>/csi/<type>/<plugin id>`` on the host;
+the plugin sees the same tree at ``plugin_root`` (its ``stage_publish_base_dir``):
+
+    staging  <root>/staging/<namespace>/<volume id>/<usage>
+    publish  <root>/per-alloc/<alloc id>/<volume id>/<usage>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from driversdk.csi.client import CSIClient
+from driversdk.csi.errors import CSIError
+from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
+from driversdk.csi.state import StateStore, UsageRow
+from driversdk.mountinfo import read_mountinfo
+from driversdk.pb import csi_pb2
+
+_PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
+
+
+@dataclass(frozen=True)
+class UsageOptions:
+    """How one allocation uses a volume; together they form the ``<usage>`` path element."""
+
+    access_mode: AccessMode
+    attachment_mode: AttachmentMode
+    read_only: bool = False
+    mount_options: MountOptions | None = None
+
+    @property
+    def key(self) -> str:
+        return VolumeCapability(self.access_mode, self.attachment_mode).usage(self.read_only)
+
+    def capability(self, volume: Volume) -> VolumeCapability:
+        base = volume.mount_options or MountOptions()
+        return VolumeCapability(self.access_mode, self.attachment_mode, base.merged(self.mount_options))
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    source: str
+    """The published target on the host: what a task mounts."""
+
+
+def _is_mount_point(path: str) -> bool:
+    real = os.path.realpath(path)
+    return any(e.mount_point == real for e in read_mountinfo())
+
+
+def _volume_json(volume: Volume, usage: UsageOptions) -> str:
+    return json.dumps(
+        {
+            "id": volume.id,
+            "plugin_id": volume.plugin_id,
+            "namespace": volume.namespace,
+            "external_id": volume.external_id,
+            "access_mode": usage.access_mode.value,
+            "attachment_mode": usage.attachment_mode.value,
+            "read_only": usage.read_only,
+        },
+        sort_keys=True,
+    )
+
+
+class NodeVolumeManager:
+    def __init__(
+        self,
+        client: CSIClient,
+        *,
+        plugin_id: str,
+        host_root: str,
+        store: StateStore,
+        requires_staging: bool,
+        plugin_root: str | None = None,
+    ) -> None:
+        self.client = client
+        self.plugin_id = plugin_id
+        self.host_root = host_root
+        self.plugin_root = plugin_root or host_root
+        self.store = store
+        self.requires_staging = requires_staging
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, volume: Volume) -> threading.Lock:
+        # One operation at a time per (namespace, volume), as the spec asks of a CO.
+        with self._guard:
+            return self._locks.setdefault((volume.namespace, volume.id), threading.Lock())
+
+    def staging_paths(self, volume: Volume, usage: UsageOptions) -> tuple[str, str]:
+        rel = os.path.join("staging", volume.namespace, volume.id, usage.key)
+        return os.path.join(self.host_root, rel), os.path.join(self.plugin_root, rel)
+
+    def publish_paths(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> tuple[str, str]:
+        rel = os.path.join("per-alloc", alloc_id, volume.id, usage.key)
+        return os.path.join(self.host_root, rel), os.path.join(self.plugin_root, rel)
+
+    # --- mount ---------------------------------------------------------------------------------
+
+    def mount(
+        self,
+        volume: Volume,
+        alloc_id: str,
+        usage: UsageOptions,
+        publish_context: Mapping[str, str] | None = None,
+    ) -> MountInfo:
+        context = dict(publish_context or {})
+        capability = usage.capability(volume)
+        with self._lock(volume):
+            row = UsageRow(
+                self.plugin_id,
+                volume.namespace,
+                volume.id,
+                usage.key,
+                alloc_id,
+                "mounting",
+                _volume_json(volume, usage),
+            )
+            self.store.set_usage(row)
+            staged_here = False
+            host_stage, plugin_stage = self.staging_paths(volume, usage)
+            try:
+                if self.requires_staging and not self.store.staged(
+                    self.plugin_id, volume.namespace, volume.id, usage.key
+                ):
+                    os.makedirs(host_stage, mode=0o700, exist_ok=True)
+                    self.client.node_stage(volume, plugin_stage, capability, context)
+                    self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, True)
+                    staged_here = True
+                host_target, plugin_target = self.publish_paths(volume, alloc_id, usage)
+                os.makedirs(os.path.dirname(host_target), mode=0o700, exist_ok=True)
+                if not _is_mount_point(host_target):
+                    self.client.node_publish(
+                        volume,
+                        plugin_stage if self.requires_staging else "",
+                        plugin_target,
+                        capability,
+                        usage.read_only,
+                        context,
+                    )
+            except BaseException:
+                # Leave nothing behind: this alloc's use is gone, and a stage made for it alone too.
+                left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
+                if staged_here and left == 0:
+                    self._unstage(volume, usage)
+                self._remove_empty_dirs(volume, alloc_id, usage)
+                raise
+            self.store.set_usage(replace(row, phase="mounted"))
+            return MountInfo(source=host_target)
+
+    # --- unmount -------------------------------------------------------------------------------
+
+    def unmount(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
+        """Unpublish (and unstage when last); succeeds when the mounts are already gone."""
+        with self._lock(volume):
+            row = UsageRow(
+                self.plugin_id,
+                volume.namespace,
+                volume.id,
+                usage.key,
+                alloc_id,
+                "unmounting",
+                _volume_json(volume, usage),
+            )
+            # Persist the intent first: a restart in the middle finishes it (resume_teardowns).
+            self.store.set_usage(row)
+            host_target, plugin_target = self.publish_paths(volume, alloc_id, usage)
+            if os.path.exists(host_target) or _is_mount_point(host_target):
+                try:
+                    self.client.node_unpublish(volume, plugin_target)
+                except CSIError:
+                    if _is_mount_point(host_target):
+                        raise
+                # Some plugins leave the target behind; the CO owns cleaning the tree.
+                if os.path.isdir(host_target) and not _is_mount_point(host_target):
+                    os.rmdir(host_target)
+            left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
+            if self.requires_staging and left == 0:
+                self._unstage(volume, usage)
+            self._remove_empty_dirs(volume, alloc_id, usage)
+
+    def _unstage(self, volume: Volume, usage: UsageOptions) -> None:
+        host_stage, plugin_stage = self.staging_paths(volume, usage)
+        self.client.node_unstage(volume, plugin_stage)
+        self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, False)
+        if os.path.isdir(host_stage) and not _is_mount_point(host_stage):
+            os.rmdir(host_stage)
+
+    def _remove_empty_dirs(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
+        host_target, _ = self.publish_paths(volume, alloc_id, usage)
+        host_stage, _ = self.staging_paths(volume, usage)
+        for leaf in (host_target, host_stage):
+            path = leaf
+            while path.startswith(self.host_root.rstrip("/") + "/"):
+                try:
+                    if os.path.isdir(path) and not _is_mount_point(path):
+                        os.rmdir(path)
+                except OSError:
+                    break  # not empty: something else still lives there
+                path = os.path.dirname(path)
+
+    def resume_teardowns(self) -> list[str]:
+        """Finish every unmount a previous process started; returns the allocs finished."""
+        finished = []
+        for row in self.store.usages(self.plugin_id, phase="unmounting"):
+            data = json.loads(row.volume_json)
+            volume = Volume(
+                id=data["id"],
+                plugin_id=data["plugin_id"],
+                namespace=data["namespace"],
+                external_id=data["external_id"],
+                secrets=Secrets(),
+            )
+            usage = UsageOptions(
+                AccessMode.parse(data["access_mode"]), AttachmentMode.parse(data["attachment_mode"]), data["read_only"]
+            )
+            self.unmount(volume, row.alloc_id, usage)
+            finished.append(row.alloc_id)
+        return finished
+
+
+def controller_publish(controller: CSIClient, volume: Volume, csi_node_id: str, usage: UsageOptions) -> dict[str, str]:
+    """ControllerPublishVolume when the plugin needs it, with the plugin's CSI node id (never ours)."""
+    if _PUBLISH not in controller.controller_capabilities():
+        return {}
+    capability = VolumeCapability(usage.access_mode, usage.attachment_mode, volume.mount_options)
+    # Nomad sends readonly for read claims even without PUBLISH_READONLY.
+    return controller.controller_publish(volume, csi_node_id, capability, readonly=usage.read_only)
+
+
+def controller_unpublish(controller: CSIClient, volume: Volume, csi_node_id: str) -> None:
+    if _PUBLISH in controller.controller_capabilities():
+        controller.controller_unpublish(volume, csi_node_id)

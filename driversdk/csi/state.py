@@ -1,0 +1,130 @@
+"""SQLite state of the node's CSI work: who uses which published volume, what is staged, and
+which plugins are registered, so a restarted process can finish what it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS csi_usage (
+    plugin_id TEXT NOT NULL, namespace TEXT NOT NULL, volume_id TEXT NOT NULL, usage TEXT NOT NULL,
+    alloc_id TEXT NOT NULL, phase TEXT NOT NULL, volume_json TEXT NOT NULL,
+    PRIMARY KEY (plugin_id, namespace, volume_id, usage, alloc_id)
+);
+CREATE TABLE IF NOT EXISTS csi_staged (
+    plugin_id TEXT NOT NULL, namespace TEXT NOT NULL, volume_id TEXT NOT NULL, usage TEXT NOT NULL,
+    PRIMARY KEY (plugin_id, namespace, volume_id, usage)
+);
+CREATE TABLE IF NOT EXISTS csi_plugins (
+    type TEXT NOT NULL, name TEXT NOT NULL, alloc_id TEXT NOT NULL, position INTEGER NOT NULL,
+    record TEXT NOT NULL, PRIMARY KEY (type, name, alloc_id)
+);
+"""
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    plugin_id: str
+    namespace: str
+    volume_id: str
+    usage: str
+    alloc_id: str
+    phase: str
+    volume_json: str
+
+
+class StateStore:
+    """One SQLite file; safe to share between threads of one process."""
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- usage ---------------------------------------------------------------------------------
+
+    def set_usage(self, row: UsageRow) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO csi_usage VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (row.plugin_id, row.namespace, row.volume_id, row.usage, row.alloc_id, row.phase, row.volume_json),
+            )
+
+    def drop_usage(self, plugin_id: str, namespace: str, volume_id: str, usage: str, alloc_id: str) -> int:
+        """Remove one alloc's use; returns how many allocs still use (volume, usage)."""
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM csi_usage WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=? AND alloc_id=?",
+                (plugin_id, namespace, volume_id, usage, alloc_id),
+            )
+            (left,) = db.execute(
+                "SELECT COUNT(*) FROM csi_usage WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=?",
+                (plugin_id, namespace, volume_id, usage),
+            ).fetchone()
+        return int(left)
+
+    def usages(self, plugin_id: str, phase: str | None = None) -> list[UsageRow]:
+        with self._lock:
+            query = "SELECT * FROM csi_usage WHERE plugin_id=?" + (" AND phase=?" if phase else "")
+            rows = self._db.execute(query, (plugin_id, phase) if phase else (plugin_id,)).fetchall()
+        return [UsageRow(*r) for r in rows]
+
+    # --- staging -------------------------------------------------------------------------------
+
+    def staged(self, plugin_id: str, namespace: str, volume_id: str, usage: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM csi_staged WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=?",
+                (plugin_id, namespace, volume_id, usage),
+            ).fetchone()
+        return row is not None
+
+    def set_staged(self, plugin_id: str, namespace: str, volume_id: str, usage: str, staged: bool) -> None:
+        with self._tx() as db:
+            if staged:
+                db.execute(
+                    "INSERT OR REPLACE INTO csi_staged VALUES (?, ?, ?, ?)", (plugin_id, namespace, volume_id, usage)
+                )
+            else:
+                db.execute(
+                    "DELETE FROM csi_staged WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=?",
+                    (plugin_id, namespace, volume_id, usage),
+                )
+
+    # --- plugin registry -----------------------------------------------------------------------
+
+    def save_plugins(self, entries: list[tuple[str, str, str, int, dict[str, object]]]) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM csi_plugins")
+            db.executemany(
+                "INSERT INTO csi_plugins VALUES (?, ?, ?, ?, ?)",
+                [(t, n, a, pos, json.dumps(rec, sort_keys=True)) for t, n, a, pos, rec in entries],
+            )
+
+    def load_plugins(self) -> list[dict[str, object]]:
+        with self._lock:
+            rows = self._db.execute("SELECT record FROM csi_plugins ORDER BY type, name, position").fetchall()
+        return [json.loads(r[0]) for r in rows]
