@@ -66,7 +66,7 @@ class PluginRegistry:
             for name, regs in by_name.items()
             for position, reg in enumerate(regs)
         ]
-        self._store.save_plugins(entries)  # type: ignore[arg-type]
+        self._store.save_plugins(entries)
 
     def _emit(self, event: RegistryEvent) -> None:
         for sub in list(self._subscribers):
