@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from drivers.exec import rootfs as task_root
 from drivers.exec import supervisor
 from drivers.exec.bundle import Bundle, build_spec
 from drivers.exec.cgroups import TaskCgroup
@@ -145,7 +146,10 @@ class ExecDriver(DriverPlugin):
                     "destroy the earlier task with this id first"
                 ) from None
             created_dir = True
-            Bundle(task_dir).write(spec, links)
+            bundle = Bundle(task_dir)
+            bundle.write(spec, links)
+            if spec["linux"]["rootfsPropagation"] == "rshared":
+                task_root.bind_self(bundle.rootfs)
             cgroup.create(task.resources)
             fds = open_logs(
                 task.stdout_path, task.stderr_path, task=task.name, disabled=self.config.disable_log_collection
@@ -165,6 +169,7 @@ class ExecDriver(DriverPlugin):
             if created_dir:
                 with contextlib.suppress(DriverError):
                     cgroup.remove()
+                task_root.unmount(Bundle(task_dir).rootfs)
                 _remove_tree(task_dir)
             raise
         finally:
@@ -277,6 +282,7 @@ class ExecDriver(DriverPlugin):
         runc = Runc(state.runc_path, state.runc_root)
         runc.delete_force(state.container_id)
         TaskCgroup(state.container_id, state.cgroup_v2).remove()
+        task_root.unmount(Bundle(state.task_dir).rootfs)
         _remove_tree(state.task_dir)
 
     # --- inspect / signal / exec / stats ----------------------------------------------------

@@ -89,3 +89,23 @@ def test_exec_mount_bidirectional_task_mount_reaches_host(
     assert (inner / "f").read_text() == "from-task\n"
     # And the other way round: a host mount made later shows up in the task.
     assert _host_mount_after_start(admin_harness, task_id, shared_dir) == b"from-host\n"
+
+
+def test_exec_mount_bidirectional_when_state_dir_shares_the_source_mount(
+    plugin_config: dict[str, Any], alloc: AllocDir, shared_dir: Path, no_leaks: None
+) -> None:
+    # As on a systemd host where "/" is shared and holds both the plugin's state dir and the
+    # volume: runc privatises the mount holding the bundle's root, which must not cut the volume off.
+    config = {**plugin_config, "state_dir": str(shared_dir / "state"), "allow_caps": ["sys_admin"]}
+    volume = shared_dir / "vol"
+    volume.mkdir()
+    with DriverHarness(PLUGIN, plugin_config=config) as h:
+        mount = Mount("/data", str(volume), propagation=Propagation.BIDIRECTIONAL, request_name="vol")
+        task_id = _run(h, alloc, mount, cap_add=["sys_admin"])
+        script = "mkdir -p /data/inner && mount -t tmpfs tmpfs /data/inner && echo from-task > /data/inner/f"
+        res = h.client.exec_task(task_id, ["/bin/busybox", "sh", "-c", script], timeout=30)
+        assert res.result.exit_code == 0, res.stderr
+        assert (volume / "inner" / "f").read_text() == "from-task\n"
+        h.client.destroy_task(task_id)
+        h.forget(task_id)
+    assert not [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(shared_dir / "state"))]
