@@ -46,6 +46,8 @@ def open_channel(socket_path: str, timeout: float = 1.0) -> grpc.Channel:
     """Dial a plugin's unix socket now, failing with the likely cause when it cannot be used."""
     try:
         mode = os.stat(socket_path).st_mode
+    except PermissionError:
+        mode = None
     except FileNotFoundError:
         raise CSIConnectError(
             f"failed to open CSI plugin socket {socket_path}: it does not exist; is the plugin running and "
@@ -53,13 +55,13 @@ def open_channel(socket_path: str, timeout: float = 1.0) -> grpc.Channel:
             code="UNAVAILABLE",
             call="connect",
         ) from None
-    if not stat.S_ISSOCK(mode):
+    if mode is not None and not stat.S_ISSOCK(mode):
         raise CSIConnectError(
             f"failed to open CSI plugin socket {socket_path}: it is not a unix socket",
             code="UNAVAILABLE",
             call="connect",
         )
-    if not os.access(socket_path, os.R_OK | os.W_OK):
+    if mode is None or not os.access(socket_path, os.R_OK | os.W_OK):
         raise CSIConnectError(
             f"failed to open CSI plugin socket {socket_path}: permission denied; run as a user that may "
             "read and write the socket",
@@ -154,8 +156,12 @@ class CSIClient:
 
     # --- controller ----------------------------------------------------------------------------
 
-    def validate_volume_capabilities(self, volume: Volume) -> None:
-        """Raise CSIError when the plugin confirms capabilities that differ from the volume's."""
+    def validate_volume_capabilities(self, volume: Volume) -> str:
+        """Raise CSIError when the plugin confirms capabilities that differ from the volume's.
+
+        An answer without ``confirmed`` is not a failure (the spec lets a CO conclude only
+        "confirmed"), but its ``message`` is returned so the operator sees why.
+        """
         # Nomad sends no mount options here: a plugin echoing fs_type would otherwise fail the match.
         caps = [VolumeCapability(c.access_mode, c.attachment_mode).to_proto() for c in volume.capabilities]
         req = csi_pb2.ValidateVolumeCapabilitiesRequest(
@@ -178,6 +184,7 @@ class CSIClient:
                 volume=volume.id,
                 plugin_message=resp.message,
             )
+        return "" if resp.HasField("confirmed") else resp.message
 
     def controller_publish(
         self, volume: Volume, node_id: str, capability: VolumeCapability, readonly: bool

@@ -150,7 +150,10 @@ class NodeVolumeManager:
                 # Leave nothing behind: this alloc's use is gone, and a stage made for it alone too.
                 left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
                 if staged_here and left == 0:
-                    self._unstage(volume, usage)
+                    try:
+                        self._unstage(volume, usage)
+                    except CSIError:
+                        pass  # still recorded as staged: the next mount reuses it, teardown retries it
                 self._remove_empty_dirs(volume, alloc_id, usage)
                 raise
             self.store.set_usage(replace(row, phase="mounted"))
