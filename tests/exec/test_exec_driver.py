@@ -359,3 +359,16 @@ def test_exec_destroy_running_task_needs_force(harness: DriverHarness, alloc: Al
     with pytest.raises(PluginCallError) as gone:
         harness.client.inspect_task(task.id)
     assert gone.value.code == "NOT_FOUND"
+
+
+def test_exec_bad_plugin_config_is_refused(plugin_config: dict[str, Any], no_leaks: None) -> None:
+    with pytest.raises(PluginCallError) as err:
+        DriverHarness(PLUGIN, plugin_config={**plugin_config, "bridge_subnet": "10.0.0.0/31"})
+    assert "bridge_subnet '10.0.0.0/31' is too small" in err.value.message
+
+
+def test_exec_stats_stream_ends_after_exit(harness: DriverHarness, alloc: AllocDir) -> None:
+    task = alloc.task_config("web", driver_config=sh("exit 0"))
+    harness.start(task)
+    harness.client.wait_task(task.id, timeout=TIMEOUT)
+    assert list(harness.client.task_stats(task.id, interval=0.1)) == []

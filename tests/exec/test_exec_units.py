@@ -1,0 +1,120 @@
+"""Pure parts of the exec driver: config, capability gates, OCI spec, state and status parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from drivers.exec.bundle import build_spec, chroot_entries, root_propagation
+from drivers.exec.cgroups import MIB, memory_limit_bytes
+from drivers.exec.config import DEFAULT_ALLOW_CAPS, PluginConfig, TaskExecConfig, task_capabilities
+from drivers.exec.store import DriverState
+from drivers.exec.supervisor import read_status
+from driversdk.errors import ConfigError
+from driversdk.model import LinuxResources, NetworkIsolationMode, NetworkIsolationSpec, Resources, TaskConfig
+from driversdk.mounts import Mount, Propagation
+
+
+def _task(tmp_path: Path, **kw: object) -> TaskConfig:
+    return TaskConfig(id="a/web/1", name="web", alloc_dir=str(tmp_path), **kw)  # type: ignore[arg-type]
+
+
+def test_exec_config_defaults_and_mode_checks() -> None:
+    plugin = PluginConfig.from_decoded({})
+    assert plugin.runtime_path == "runc" and plugin.default_pid_mode == "private"
+    cfg = TaskExecConfig.from_decoded({"command": "/bin/true"}, plugin, task="web")
+    assert (cfg.pid_mode, cfg.ipc_mode, cfg.work_dir) == ("private", "private", "/")
+    assert cfg.capabilities == tuple(sorted(DEFAULT_ALLOW_CAPS))
+    with pytest.raises(ConfigError, match="plugin config default_ipc_mode 'shared' is not valid"):
+        PluginConfig.from_decoded({"default_ipc_mode": "shared"})
+    with pytest.raises(ConfigError, match="bridge_subnet 'nope' is not an IPv4 network"):
+        PluginConfig.from_decoded({"bridge_subnet": "nope"})
+    with pytest.raises(ConfigError, match="chroot_env entry 'usr' must be an absolute host directory"):
+        PluginConfig.from_decoded({"chroot_env": ["usr"]})
+    with pytest.raises(ConfigError, match="command ' sh' must be a non-empty program path"):
+        TaskExecConfig.from_decoded({"command": " sh"}, plugin, task="web")
+    with pytest.raises(ConfigError, match="work_dir 'local' must be an absolute path"):
+        TaskExecConfig.from_decoded({"command": "sh", "work_dir": "local"}, plugin, task="web")
+
+
+def test_exec_capabilities_gate_and_delta() -> None:
+    caps = task_capabilities(["CAP_NET_RAW"], ["chown"], ("net_raw", "chown", "kill"), task="web")
+    assert caps == ("kill", "net_raw")
+    assert "sys_admin" in task_capabilities(["sys_admin"], [], ("all",), task="web")
+    assert task_capabilities([], ["all"], DEFAULT_ALLOW_CAPS, task="web") == ()
+    with pytest.raises(ConfigError, match="driver does not allow the following capabilities: all"):
+        task_capabilities(["all"], [], DEFAULT_ALLOW_CAPS, task="web")
+    with pytest.raises(ConfigError, match="unknown capabilities bogus"):
+        task_capabilities(["bogus"], [], ("all",), task="web")
+
+
+def test_exec_spec_namespaces_mounts_and_propagation(tmp_path: Path) -> None:
+    plugin = PluginConfig.from_decoded({"chroot_env": ["/usr", "/bin", "/does/not/exist"]})
+    mounts = [
+        Mount("/a", "/srv/a", propagation=Propagation.HOST_TO_TASK),
+        Mount("/b", "/srv/b", readonly=True),
+    ]
+    net = NetworkIsolationSpec(mode=NetworkIsolationMode.GROUP, path="/var/run/netns/x")
+    task = _task(tmp_path, mounts=mounts, network_isolation_spec=net, env={"A": "1"})
+    decoded = {"command": "/bin/sh", "args": ["-c", "true"], "pid_mode": "host"}
+    cfg = TaskExecConfig.from_decoded(decoded, plugin, task="web")
+    spec, links = build_spec(task, cfg, plugin, cgroups_path="/x/task")
+    kinds = [n["type"] for n in spec["linux"]["namespaces"]]
+    assert kinds == ["mount", "uts", "ipc", "network"]  # pid_mode host: no pid namespace
+    assert spec["linux"]["namespaces"][-1]["path"] == "/var/run/netns/x"
+    assert spec["linux"]["rootfsPropagation"] == "rslave"
+    assert spec["root"] == {"path": "rootfs", "readonly": True}
+    assert spec["process"]["args"] == ["/bin/sh", "-c", "true"]
+    assert "A=1" in spec["process"]["env"] and any(e.startswith("PATH=") for e in spec["process"]["env"])
+    by_dest = {m["destination"]: m for m in spec["mounts"]}
+    assert by_dest["/a"]["options"] == ["rbind", "rw", "rslave"]
+    assert by_dest["/b"]["options"] == ["rbind", "ro", "rprivate"]
+    assert by_dest["/usr"]["options"][:2] == ["rbind", "ro"]
+    assert by_dest["/alloc"]["source"] == str(tmp_path / "alloc")
+    assert "/does/not/exist" not in by_dest
+    # merged-/usr hosts: /bin is a symlink, recreated as one instead of bound.
+    assert ("/bin" in links) == Path("/bin").is_symlink()
+
+
+def test_exec_root_propagation_follows_the_strongest_mount(tmp_path: Path) -> None:
+    assert root_propagation(_task(tmp_path)) == "rprivate"
+    both = [
+        Mount("/a", "/a", propagation=Propagation.HOST_TO_TASK),
+        Mount("/b", "/b", propagation=Propagation.BIDIRECTIONAL),
+    ]
+    assert root_propagation(_task(tmp_path, mounts=both)) == "rshared"
+
+
+def test_exec_chroot_entries_skip_missing_dirs() -> None:
+    mounts, _ = chroot_entries(("/definitely/missing",))
+    assert mounts == []
+
+
+def test_exec_memory_limit_from_resources() -> None:
+    assert memory_limit_bytes(Resources(memory_mb=64)) == 64 * MIB
+    assert memory_limit_bytes(Resources(memory_mb=64, memory_max_mb=128)) == 128 * MIB
+    assert memory_limit_bytes(Resources(memory_mb=64, memory_max_mb=-1)) == 0
+    assert memory_limit_bytes(Resources(memory_mb=64, linux=LinuxResources(memory_limit_bytes=5 * MIB))) == 5 * MIB
+
+
+def test_exec_state_round_trip_and_version_gate() -> None:
+    state = DriverState("dsx-1", "/s/tasks/dsx-1", 42, False, 1.5, "runc")
+    assert DriverState.decode(state.encode(), 1) == state
+    with pytest.raises(ConfigError, match="unknown state version"):
+        DriverState.decode(state.encode(), 2)
+    with pytest.raises(ConfigError, match="failed to decode the exec driver's task state"):
+        DriverState.decode(b"{}", 1)
+
+
+def test_exec_status_file_parsing(tmp_path: Path) -> None:
+    path = tmp_path / "exit_status"
+    assert read_status(str(path)) is None
+    path.write_text("")
+    assert read_status(str(path)) is None  # created by the shell, not written yet
+    path.write_text("3\n")
+    status = read_status(str(path))
+    assert status is not None and (status.exit_code, status.signal) == (3, 0)
+    path.write_text("137\n")
+    status = read_status(str(path))
+    assert status is not None and (status.exit_code, status.signal) == (137, 9)
