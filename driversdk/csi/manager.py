@@ -50,9 +50,12 @@ class MountInfo:
     """The published target on the host: what a task mounts."""
 
 
-def _is_mount_point(path: str) -> bool:
-    real = os.path.realpath(path)
-    return any(e.mount_point == real for e in read_mountinfo())
+def _mount_points() -> set[str]:
+    return {e.mount_point for e in read_mountinfo()}
+
+
+def _is_mount_point(path: str, points: set[str] | None = None) -> bool:
+    return os.path.realpath(path) in (points if points is not None else _mount_points())
 
 
 def _volume_json(volume: Volume, usage: UsageOptions) -> str:
@@ -200,11 +203,12 @@ class NodeVolumeManager:
     def _remove_empty_dirs(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
         host_target, _ = self.publish_paths(volume, alloc_id, usage)
         host_stage, _ = self.staging_paths(volume, usage)
+        points = _mount_points()
         for leaf in (host_target, host_stage):
             path = leaf
             while path.startswith(self.host_root.rstrip("/") + "/"):
                 try:
-                    if os.path.isdir(path) and not _is_mount_point(path):
+                    if os.path.isdir(path) and not _is_mount_point(path, points):
                         os.rmdir(path)
                 except OSError:
                     break  # not empty: something else still lives there

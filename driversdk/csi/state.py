@@ -47,6 +47,9 @@ class StateStore:
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL survives a process crash (what restart recovery needs) without an fsync
+        # per transaction; only a power loss can drop the last commits.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
 
