@@ -11,6 +11,7 @@ import signal as signals
 import subprocess
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -314,17 +315,29 @@ class ExecDriver(DriverPlugin):
             raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
         if record.done.is_set():
             raise DriverError(f"exec in task {record.task.name!r}: the task has exited")
-        argv = self.runc.exec_command(record.state.container_id, command)
-        try:
-            proc = subprocess.run(
-                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, start_new_session=True
-            )
-        except subprocess.TimeoutExpired as err:
-            return ExecResult(stdout=err.stdout or b"", stderr=err.stderr or b"", result=ExitResult(exit_code=124))
-        sig = -proc.returncode if proc.returncode < 0 else 0
-        return ExecResult(
-            stdout=proc.stdout, stderr=proc.stderr, result=ExitResult(exit_code=proc.returncode, signal=sig)
+        pid_file = os.path.join(record.state.task_dir, f"exec-{uuid.uuid4().hex}.pid")
+        argv = self.runc.exec_command(record.state.container_id, command, pid_file=pid_file)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
+        try:
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                # Killing `runc exec` would orphan the process inside the task: kill that process.
+                with contextlib.suppress(OSError, ValueError), open(pid_file) as fh:
+                    os.kill(int(fh.read().strip()), signals.SIGKILL)
+                try:
+                    stdout, stderr = proc.communicate(timeout=KILL_WAIT)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    stdout, stderr = proc.communicate()
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(pid_file)
+        code = proc.returncode
+        sig = code - 128 if 128 < code <= 192 else (-code if code < 0 else 0)
+        return ExecResult(stdout=stdout, stderr=stderr, result=ExitResult(exit_code=code, signal=sig))
 
     def exec_task_streaming(self, session: ExecSession) -> ExitResult:
         record = self._tasks.get(session.task_id)

@@ -77,5 +77,7 @@ class Runc:
         if proc.returncode != 0 and self.state(container_id) is not None:
             raise RuncError(f"`runc delete --force {container_id}` failed: {proc.stderr.strip()}")
 
-    def exec_command(self, container_id: str, argv: list[str]) -> list[str]:
-        return self.command("exec", container_id, *argv)
+    def exec_command(self, container_id: str, argv: list[str], *, pid_file: str = "") -> list[str]:
+        """`runc exec` argv; with pid_file runc records the exec'd process's host pid there."""
+        flags = ["--pid-file", pid_file] if pid_file else []
+        return self.command("exec", *flags, container_id, *argv)

@@ -372,3 +372,29 @@ def test_exec_stats_stream_ends_after_exit(harness: DriverHarness, alloc: AllocD
     harness.start(task)
     harness.client.wait_task(task.id, timeout=TIMEOUT)
     assert list(harness.client.task_stats(task.id, interval=0.1)) == []
+
+
+def test_exec_exec_timeout_kills_the_command_inside_the_task(harness: DriverHarness, alloc: AllocDir) -> None:
+    task = alloc.task_config("web", driver_config=sh("echo ready; sleep 120"))
+    harness.start(task)
+    alloc.wait_for_output("web", b"ready\n", timeout=TIMEOUT)
+    started = time.monotonic()
+    res = harness.client.exec_task(task.id, ["/bin/busybox", "sh", "-c", "echo begun; exec sleep 300"], timeout=1)
+    assert time.monotonic() - started < 30
+    assert res.stdout == b"begun\n"
+    assert res.result.signal == signal.SIGKILL
+    # Nothing of the exec is left running in the task: only its own shell and sleep.
+    ps = harness.client.exec_task(task.id, ["/bin/busybox", "ps", "-o", "args"], timeout=30)
+    assert b"sleep 300" not in ps.stdout, ps.stdout
+
+
+def test_exec_many_tasks_at_once(harness: DriverHarness, alloc: AllocDir) -> None:
+    # Each task holds a WaitTask call in the plugin: a small gRPC pool would deadlock here.
+    from concurrent.futures import ThreadPoolExecutor
+
+    tasks = [alloc.task_config(f"t{i}", driver_config=sh(f"sleep 1; exit {i}")) for i in range(6)]
+    for task in tasks:
+        harness.start(task)
+    with ThreadPoolExecutor(len(tasks)) as pool:
+        codes = list(pool.map(lambda t: harness.client.wait_task(t.id, timeout=TIMEOUT).exit_code, tasks))
+    assert codes == list(range(6))

@@ -89,3 +89,17 @@ def test_exec_recover_rejects_unknown_state_version(harness: DriverHarness, allo
     assert "unknown state version" in err.value.message
     handle.version = 1
     client.recover_task(handle)
+
+
+def test_exec_recovered_task_can_be_stopped_signalled_and_exec_into(harness: DriverHarness, alloc: AllocDir) -> None:
+    script = "trap 'echo got-usr1' USR1; echo ready; while :; do sleep 0.1; done"
+    task = alloc.task_config("web", driver_config=sh(script))
+    handle = harness.start(task)
+    alloc.wait_for_output("web", b"ready\n", timeout=TIMEOUT)
+    client = harness.restart_plugin()
+    client.recover_task(handle)
+    client.signal_task(task.id, "SIGUSR1")
+    alloc.wait_for_output("web", b"got-usr1\n", timeout=TIMEOUT)
+    assert client.exec_task(task.id, ["/bin/busybox", "true"], timeout=30).result.exit_code == 0
+    client.stop_task(task.id, timeout=0.5, signal="SIGTERM")
+    assert client.wait_task(task.id, timeout=TIMEOUT).signal == signal.SIGKILL
