@@ -11,12 +11,13 @@ import json
 import os
 import pwd
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any
 
 from drivers.exec.config import PluginConfig, TaskExecConfig
 from driversdk.errors import ConfigError
-from driversdk.model import NetworkIsolationMode, TaskConfig
+from driversdk.model import Device, NetworkIsolationMode, TaskConfig
 from driversdk.mounts import Propagation
 
 OCI_VERSION = "1.0.2"
@@ -91,6 +92,43 @@ def resolve_user(user: str, *, task: str) -> dict[str, Any]:
     return with_names
 
 
+def device_entries(devices: list[Device], *, task: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """OCI linux.devices nodes and the cgroup rules allowing them, from the task's device list."""
+    nodes: list[dict[str, Any]] = []
+    rules: list[dict[str, Any]] = []
+    for dev in devices:
+        access = dev.cgroup_permissions or "rwm"
+        if not access or set(access) - set("rwm"):
+            raise ConfigError(
+                f"task {task!r}: device {dev.host_path!r} has invalid cgroup permissions {access!r}; "
+                "use a combination of r, w and m"
+            )
+        try:
+            info = os.stat(dev.host_path)
+        except OSError:
+            raise ConfigError(f"task {task!r}: device {dev.host_path!r} does not exist on this host") from None
+        if stat.S_ISCHR(info.st_mode):
+            kind = "c"
+        elif stat.S_ISBLK(info.st_mode):
+            kind = "b"
+        else:
+            raise ConfigError(f"task {task!r}: {dev.host_path!r} is not a character or block device")
+        major, minor = os.major(info.st_rdev), os.minor(info.st_rdev)
+        nodes.append(
+            {
+                "path": dev.task_path or dev.host_path,
+                "type": kind,
+                "major": major,
+                "minor": minor,
+                "fileMode": stat.S_IMODE(info.st_mode),
+                "uid": info.st_uid,
+                "gid": info.st_gid,
+            }
+        )
+        rules.append({"allow": True, "type": kind, "major": major, "minor": minor, "access": access})
+    return nodes, rules
+
+
 def _hostname(task: TaskConfig) -> str:
     spec = task.network_isolation_spec
     if spec is not None and spec.hosts is not None and spec.hosts.hostname:
@@ -162,6 +200,7 @@ def build_spec(
     if net is not None and net.mode == NetworkIsolationMode.GROUP and net.path:
         namespaces.append({"type": "network", "path": net.path})
 
+    device_nodes, device_rules = device_entries(task.devices, task=task.name)
     env = dict(task.env)
     env.setdefault("PATH", DEFAULT_PATH)
     caps = [f"CAP_{c.upper()}" for c in cfg.capabilities]
@@ -183,7 +222,8 @@ def build_spec(
             "namespaces": namespaces,
             "cgroupsPath": cgroups_path,
             "rootfsPropagation": root_propagation(task),
-            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "devices": device_nodes,
+            "resources": {"devices": [{"allow": False, "access": "rwm"}, *device_rules]},
             "maskedPaths": MASKED_PATHS,
             "readonlyPaths": READONLY_PATHS,
         },

@@ -15,6 +15,7 @@ from drivers.exec.runc import Runc
 from drivers.exec.store import DriverState
 from driversdk.errors import PluginCallError
 from driversdk.model import (
+    Device,
     FSIsolation,
     HealthState,
     LinuxResources,
@@ -398,3 +399,25 @@ def test_exec_many_tasks_at_once(harness: DriverHarness, alloc: AllocDir) -> Non
     with ThreadPoolExecutor(len(tasks)) as pool:
         codes = list(pool.map(lambda t: harness.client.wait_task(t.id, timeout=TIMEOUT).exit_code, tasks))
     assert codes == list(range(6))
+
+
+def test_exec_devices_with_cgroup_permissions(harness: DriverHarness, alloc: AllocDir) -> None:
+    # cpu_dma_latency: inert, and not among runc's always-allowed devices (null, zero, tty, ...),
+    # so the "r" permission alone decides what the task may do with it.
+    script = "head -c 4 /dev/lat | wc -c; echo x > /dev/lat 2>/dev/null && echo writable || echo denied; echo end"
+    task = alloc.task_config("web", driver_config=sh(script))
+    task.devices = [Device(task_path="/dev/lat", host_path="/dev/cpu_dma_latency", cgroup_permissions="r")]
+    harness.start(task)
+    assert harness.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
+    out = alloc.wait_for_output("web", b"end\n", timeout=10)
+    assert out.split() == [b"4", b"denied", b"end"]
+
+
+def test_exec_refuses_device_that_is_not_a_device(harness: DriverHarness, alloc: AllocDir, tmp_path: Path) -> None:
+    task = alloc.task_config("web", driver_config=sh("true"))
+    task.devices = [Device(task_path="/dev/x", host_path="/etc/hostname")]
+    with pytest.raises(PluginCallError) as err:
+        harness.start(task)
+    harness.forget(task.id)
+    assert "'/etc/hostname' is not a character or block device" in err.value.message
+    assert not leftovers(tmp_path)
