@@ -61,6 +61,35 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check a job file against the client config, its drivers and this host before any start."""
+    from driversdk.runner.clientconfig import load_client
+    from driversdk.runner.problems import ValidationFailed
+    from driversdk.runner.validate import Report, validate_job
+
+    try:
+        client = load_client(args.client)
+        report = validate_job(args.job, client)
+    except ValidationFailed as err:
+        report = Report(job="", problems=err.problems)
+    except DriverSDKError as err:  # e.g. a file that is not HCL
+        if args.json:
+            print(json.dumps({"job": "", "valid": False, "problems": [{"text": str(err)}], "checked": []}, indent=2))
+        else:
+            print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        for line in report.checked:
+            print(f"ok    {line}")
+        for problem in report.problems:
+            print(f"error {problem}")
+        verdict = "valid" if report.valid else f"{len(report.problems)} problem(s)"
+        print(f"job {report.job or args.job!r}: {verdict}")
+    return 0 if report.valid else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="driversdk", description="Nomad-compatible task-driver plugins in Python.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -72,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--json", action="store_true")
     probe.add_argument("command", nargs="+", help="the plugin command line")
     probe.set_defaults(func=cmd_plugin_probe)
+    validate = sub.add_parser("validate", help="check a job before any task starts")
+    validate.add_argument("job", help="the job file (HCL)")
+    validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
+    validate.add_argument("--json", action="store_true", help="machine-readable output")
+    validate.set_defaults(func=cmd_validate)
     return parser
 
 

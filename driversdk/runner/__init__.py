@@ -1,0 +1,1 @@
+"""From job files to checked task mounts: jobspec, client config, validation."""

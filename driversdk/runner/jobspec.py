@@ -1,0 +1,374 @@
+"""Job files: job / group / task, driver config, resources, volumes, volume mounts, csi_plugin.
+
+Parsing turns HCL into dataclasses and collects every structural problem; :func:`static_problems`
+then applies the submit-time rules Nomad applies (drivers-and-mounts reference §3.6).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from driversdk.mounts import Propagation, UnknownPropagationError
+from driversdk.runner.hclload import labelled, load_hcl, single
+from driversdk.runner.problems import Problem, ValidationFailed
+
+HOST_ACCESS_MODES = ("", "single-node-reader-only", "single-node-writer", "single-node-single-writer",
+                     "single-node-multi-writer")  # fmt: skip
+CSI_ACCESS_MODES = ("single-node-reader-only", "single-node-writer", "multi-node-reader-only",
+                    "multi-node-single-writer", "multi-node-multi-writer")  # fmt: skip
+
+
+@dataclass
+class VolumeRequest:
+    name: str
+    type: str
+    source: str
+    read_only: bool = False
+    per_alloc: bool = False
+    sticky: bool = False
+    access_mode: str = ""
+    attachment_mode: str = ""
+    fs_type: str = ""
+    mount_flags: tuple[str, ...] = ()
+    has_mount_options: bool = False
+
+
+@dataclass
+class VolumeMount:
+    volume: str
+    destination: str
+    read_only: bool = False
+    propagation_mode: str = "private"
+    selinux_label: str = ""
+
+
+@dataclass
+class CSIPluginConfig:
+    id: str
+    type: str
+    mount_dir: str = "/csi"
+    stage_publish_base_dir: str = "/local/csi"
+    health_timeout: str = "30s"
+
+
+@dataclass
+class Task:
+    name: str
+    driver: str
+    config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    cpu: int = 100
+    memory: int = 300
+    memory_max: int = 0
+    volume_mounts: list[VolumeMount] = field(default_factory=list)
+    csi_plugin: CSIPluginConfig | None = None
+    kill_timeout: str = "5s"
+    kill_signal: str = ""
+    user: str = ""
+    logs_disabled: bool = False
+    logs_max_files: int = 10
+    logs_max_file_size: int = 10
+
+
+@dataclass
+class Group:
+    name: str
+    count: int = 1
+    volumes: dict[str, VolumeRequest] = field(default_factory=dict)
+    tasks: list[Task] = field(default_factory=list)
+    network_mode: str = "host"
+
+
+@dataclass
+class Job:
+    file: str
+    name: str
+    type: str = "service"
+    namespace: str = "default"
+    groups: list[Group] = field(default_factory=list)
+
+
+_JOB_KEYS = {"group", "type", "namespace", "datacenters", "region", "meta", "id", "name", "priority"}
+_GROUP_KEYS = {"task", "volume", "count", "network", "meta", "restart"}
+_TASK_KEYS = {"driver", "config", "env", "resources", "volume_mount", "csi_plugin", "kill_timeout", "kill_signal",
+              "user", "logs", "meta", "lifecycle", "restart"}  # fmt: skip
+_VOLUME_KEYS = {"type", "source", "read_only", "per_alloc", "sticky", "access_mode", "attachment_mode",
+                "mount_options"}  # fmt: skip
+_MOUNT_KEYS = {"volume", "destination", "read_only", "propagation_mode", "selinux_label"}
+_CSI_KEYS = {"id", "type", "mount_dir", "stage_publish_base_dir", "health_timeout"}
+
+
+class _Parser:
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.problems: list[Problem] = []
+
+    def unknown(self, body: dict[str, Any], allowed: set[str], **where: str) -> None:
+        for key in sorted(set(body) - allowed):
+            self.problems.append(
+                Problem(self.file, f"unsupported argument or block {key!r}; remove it or check its spelling", **where)
+            )
+
+    def text(self, value: Any, what: str, **where: str) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, bool | int | float):
+            return str(value).lower() if isinstance(value, bool) else str(value)
+        if not isinstance(value, str):
+            self.problems.append(Problem(self.file, f"{what} must be a string", **where))
+            return ""
+        return value
+
+    def flag(self, value: Any, what: str, **where: str) -> bool:
+        if value is None:
+            return False
+        if isinstance(value, bool):
+            return value
+        self.problems.append(Problem(self.file, f"{what} must be true or false, got {value!r}", **where))
+        return False
+
+    def number(self, value: Any, default: int, what: str, **where: str) -> int:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.problems.append(Problem(self.file, f"{what} must be a number, got {value!r}", **where))
+            return default
+        return int(value)
+
+    def job(self, data: dict[str, Any]) -> Job:
+        jobs = labelled(data.get("job"))
+        if len(jobs) != 1:
+            self.problems.append(Problem(self.file, f"a job file needs exactly one job block, found {len(jobs)}"))
+            return Job(self.file, "")
+        name, body = jobs[0]
+        job = Job(self.file, name)
+        self.unknown(body, _JOB_KEYS, job=name)
+        job.type = self.text(body.get("type"), "type", job=name) or "service"
+        job.namespace = self.text(body.get("namespace"), "namespace", job=name) or "default"
+        for gname, gbody in labelled(body.get("group")):
+            job.groups.append(self.group(job, gname, gbody))
+        if not job.groups:
+            self.problems.append(Problem(self.file, "the job has no group; add a group with a task", job=name))
+        return job
+
+    def group(self, job: Job, name: str, body: dict[str, Any]) -> Group:
+        where = {"job": job.name, "group": name}
+        self.unknown(body, _GROUP_KEYS, **where)
+        group = Group(name, count=self.number(body.get("count"), 1, "count", **where))
+        network = single(body.get("network"))
+        group.network_mode = self.text(network.get("mode"), "network.mode", **where) or "host"
+        for vname, vbody in labelled(body.get("volume")):
+            vwhere = {**where, "field": f'volume "{vname}"'}
+            self.unknown(vbody, _VOLUME_KEYS, **vwhere)
+            opts = single(vbody.get("mount_options"))
+            group.volumes[vname] = VolumeRequest(
+                name=vname,
+                type=self.text(vbody.get("type"), "type", **vwhere),
+                source=self.text(vbody.get("source"), "source", **vwhere),
+                read_only=self.flag(vbody.get("read_only"), "read_only", **vwhere),
+                per_alloc=self.flag(vbody.get("per_alloc"), "per_alloc", **vwhere),
+                sticky=self.flag(vbody.get("sticky"), "sticky", **vwhere),
+                access_mode=self.text(vbody.get("access_mode"), "access_mode", **vwhere),
+                attachment_mode=self.text(vbody.get("attachment_mode"), "attachment_mode", **vwhere),
+                fs_type=self.text(opts.get("fs_type"), "fs_type", **vwhere),
+                mount_flags=tuple(str(f) for f in opts.get("mount_flags") or ()),
+                has_mount_options="mount_options" in vbody,
+            )
+        for tname, tbody in labelled(body.get("task")):
+            group.tasks.append(self.task(job, group, tname, tbody))
+        if not group.tasks:
+            self.problems.append(Problem(self.file, "the group has no task", **where))
+        return group
+
+    def task(self, job: Job, group: Group, name: str, body: dict[str, Any]) -> Task:
+        where = {"job": job.name, "group": group.name, "task": name}
+        self.unknown(body, _TASK_KEYS, **where)
+        driver = self.text(body.get("driver"), "driver", **where)
+        if not driver:
+            self.problems.append(Problem(self.file, 'missing driver; set driver = "docker" or another', **where))
+        resources = single(body.get("resources"))
+        logs = single(body.get("logs"))
+        task = Task(
+            name=name,
+            driver=driver,
+            config=single(body.get("config")),
+            env={str(k): self.text(v, f"env.{k}", **where) for k, v in single(body.get("env")).items()},
+            cpu=self.number(resources.get("cpu"), 100, "resources.cpu", **where),
+            memory=self.number(resources.get("memory"), 300, "resources.memory", **where),
+            memory_max=self.number(resources.get("memory_max"), 0, "resources.memory_max", **where),
+            kill_timeout=self.text(body.get("kill_timeout"), "kill_timeout", **where) or "5s",
+            kill_signal=self.text(body.get("kill_signal"), "kill_signal", **where),
+            user=self.text(body.get("user"), "user", **where),
+            logs_disabled=self.flag(logs.get("disabled"), "logs.disabled", **where),
+            logs_max_files=self.number(logs.get("max_files"), 10, "logs.max_files", **where),
+            logs_max_file_size=self.number(logs.get("max_file_size"), 10, "logs.max_file_size", **where),
+        )
+        for i, mbody in enumerate(body.get("volume_mount") or []):
+            mwhere = {**where, "field": f"volume_mount[{i}]"}
+            self.unknown(mbody, _MOUNT_KEYS, **mwhere)
+            task.volume_mounts.append(
+                VolumeMount(
+                    volume=self.text(mbody.get("volume"), "volume", **mwhere),
+                    destination=self.text(mbody.get("destination"), "destination", **mwhere),
+                    read_only=self.flag(mbody.get("read_only"), "read_only", **mwhere),
+                    propagation_mode=self.text(mbody.get("propagation_mode"), "propagation_mode", **mwhere)
+                    or "private",
+                    selinux_label=self.text(mbody.get("selinux_label"), "selinux_label", **mwhere),
+                )
+            )
+        if "csi_plugin" in body:
+            cbody = single(body.get("csi_plugin"))
+            cwhere = {**where, "field": "csi_plugin"}
+            self.unknown(cbody, _CSI_KEYS, **cwhere)
+            task.csi_plugin = CSIPluginConfig(
+                id=self.text(cbody.get("id"), "id", **cwhere),
+                type=self.text(cbody.get("type"), "type", **cwhere),
+                mount_dir=self.text(cbody.get("mount_dir"), "mount_dir", **cwhere) or "/csi",
+                stage_publish_base_dir=self.text(
+                    cbody.get("stage_publish_base_dir"), "stage_publish_base_dir", **cwhere
+                )
+                or "/local/csi",
+                health_timeout=self.text(cbody.get("health_timeout"), "health_timeout", **cwhere) or "30s",
+            )
+        return task
+
+
+def parse_job(path: str | Path) -> tuple[Job, list[Problem]]:
+    """Parse a job file; HCL syntax errors raise, structural problems are returned."""
+    parser = _Parser(str(path))
+    job = parser.job(load_hcl(path))
+    return job, parser.problems
+
+
+def static_problems(job: Job) -> list[Problem]:
+    """Nomad's submit-time rules for volume requests, volume mounts and csi_plugin, all at once."""
+    out: list[Problem] = []
+    f = job.file
+    for group in job.groups:
+        for req in group.volumes.values():
+            where = {"job": job.name, "group": group.name, "field": f'volume "{req.name}"'}
+            out.extend(Problem(f, m, **where) for m in _volume_problems(job, group, req))
+        for task in group.tasks:
+            for i, mount in enumerate(task.volume_mounts):
+                where = {"job": job.name, "group": group.name, "task": task.name, "field": f"volume_mount[{i}]"}
+                if not mount.volume:
+                    out.append(Problem(f, 'volume mount references an empty volume; set volume = "<name>"', **where))
+                elif mount.volume not in group.volumes:
+                    known = ", ".join(sorted(group.volumes)) or "none"
+                    out.append(
+                        Problem(
+                            f,
+                            f"references undefined volume {mount.volume!r}; declare a group volume of that name "
+                            f"(group volumes: {known})",
+                            **where,
+                        )
+                    )
+                try:
+                    Propagation.parse(mount.propagation_mode)
+                except UnknownPropagationError:
+                    out.append(
+                        Problem(
+                            f,
+                            f'volume mount has an invalid propagation mode: "{mount.propagation_mode}"; use '
+                            '"private", "host-to-task" or "bidirectional"',
+                            **where,
+                        )
+                    )
+                if mount.selinux_label not in ("", "z", "Z"):
+                    out.append(
+                        Problem(f, f'volume mount has an invalid SELinux label: "{mount.selinux_label}"', **where)
+                    )
+                if not mount.destination.startswith("/"):
+                    out.append(
+                        Problem(
+                            f,
+                            f'destination "{mount.destination}" must be an absolute path inside the task, such as '
+                            '"/data"',
+                            **where,
+                        )
+                    )
+            if task.csi_plugin is not None:
+                out.extend(_csi_plugin_problems(job, group, task, task.csi_plugin))
+    return out
+
+
+def _volume_problems(job: Job, group: Group, req: VolumeRequest) -> list[str]:
+    if req.type not in ("host", "csi"):
+        return [f'volume has unrecognized type {req.type!r}; use "host" or "csi"']
+    out = []
+    if not req.source:
+        out.append("volume has an empty source; set source to the host volume or CSI volume id")
+    if req.per_alloc and job.type in ("system", "sysbatch"):
+        out.append("volume cannot be per_alloc for system or sysbatch jobs")
+    if req.per_alloc and req.sticky:
+        out.append("volume cannot be per_alloc and sticky at the same time")
+    if req.type == "host":
+        if req.has_mount_options:
+            out.append("host volumes cannot have mount options")
+        if req.access_mode == "single-node-reader-only" and not req.read_only:
+            out.append("single-node-reader-only volumes must be read-only; set read_only = true")
+        if req.access_mode not in HOST_ACCESS_MODES:
+            out.append(f"host volumes cannot be mounted with {req.access_mode} access mode")
+        return out
+    if not req.attachment_mode:
+        out.append('CSI volumes must have an attachment mode; set attachment_mode = "file-system"')
+    elif req.attachment_mode not in ("file-system", "block-device"):
+        out.append(f"unknown volume attachment mode: {req.attachment_mode!r}; use file-system or block-device")
+    if req.attachment_mode == "block-device" and req.has_mount_options:
+        out.append("block devices cannot have mount options")
+    if not req.access_mode:
+        out.append('CSI volumes must have an access mode; set access_mode, e.g. "single-node-writer"')
+    elif req.access_mode not in CSI_ACCESS_MODES:
+        out.append(f"unknown volume access mode: {req.access_mode!r}; use one of {', '.join(CSI_ACCESS_MODES)}")
+    many = group.count > 1 and not req.per_alloc
+    if req.access_mode == "single-node-reader-only":
+        if not req.read_only:
+            out.append("single-node-reader-only volumes must be read-only; set read_only = true")
+        if many:
+            out.append("volume with single-node-reader-only access mode allows only one reader; use per_alloc")
+    if req.access_mode == "single-node-writer" and many:
+        out.append("volume with single-node-writer access mode allows only one reader or writer; use per_alloc")
+    if req.access_mode == "multi-node-reader-only" and not req.read_only:
+        out.append("multi-node-reader-only volumes must be read-only; set read_only = true")
+    if req.access_mode == "multi-node-single-writer" and not req.read_only and many:
+        out.append("volume with multi-node-single-writer access mode allows only one writer; use per_alloc")
+    return out
+
+
+def _csi_plugin_problems(job: Job, group: Group, task: Task, cfg: CSIPluginConfig) -> list[Problem]:
+    where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
+    out = []
+    if not cfg.id:
+        out.append(Problem(job.file, "CSIPluginConfig must have a non-empty PluginID; set id", **where))
+    if cfg.type not in ("node", "controller", "monolith"):
+        out.append(
+            Problem(
+                job.file,
+                f"CSIPluginConfig PluginType must be one of 'node', 'controller', or 'monolith', got: \"{cfg.type}\"",
+                **where,
+            )
+        )
+    mount_dir = os.path.normpath(cfg.mount_dir)
+    base = os.path.normpath(cfg.stage_publish_base_dir)
+    if base == mount_dir or base.startswith(mount_dir.rstrip("/") + "/"):
+        out.append(
+            Problem(
+                job.file,
+                "CSIPluginConfig StagePublishBaseDir must not be a subdirectory of MountDir, got: "
+                f'StagePublishBaseDir="{cfg.stage_publish_base_dir}" MountDir="{cfg.mount_dir}"',
+                **where,
+            )
+        )
+    return out
+
+
+def load_job(path: str | Path) -> Job:
+    """Parse and statically validate; raises ValidationFailed listing every problem."""
+    job, problems = parse_job(path)
+    problems += static_problems(job)
+    if problems:
+        raise ValidationFailed(problems)
+    return job

@@ -1,0 +1,161 @@
+"""Everything that can be known before a task starts, checked at once.
+
+Nomad finds most of these only when the task starts on a client; we launch each driver plugin
+the job uses (as a client would), read its capabilities and task schema, and check the job's
+volumes and mounts against them and against this host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from driversdk.client import DriverClient, launch
+from driversdk.errors import ConfigError, DriverSDKError
+from driversdk.hclspec import Spec, encode
+from driversdk.model import Capabilities
+from driversdk.mounts import MountRequest, MountValidationError, check_mounts
+from driversdk.runner.clientconfig import ClientConfig
+from driversdk.runner.jobspec import Group, Job, Task, parse_job, static_problems
+from driversdk.runner.problems import Problem
+
+
+@dataclass
+class DriverFacts:
+    capabilities: Capabilities
+    task_schema: Spec
+
+
+@dataclass
+class Report:
+    job: str
+    problems: list[Problem] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "valid": self.valid, "problems": [p.as_dict() for p in self.problems],
+                "checked": self.checked}  # fmt: skip
+
+
+def _driver_facts(
+    driver: str, client: ClientConfig, job: Job, cache: dict[str, DriverFacts | Problem]
+) -> DriverFacts | Problem:
+    if driver in cache:
+        return cache[driver]
+    command = client.driver_command(driver)
+    result: DriverFacts | Problem
+    if command is None:
+        result = Problem(
+            job.file,
+            f'no plugin is configured for driver "{driver}"; add plugin "{driver}" {{ command = [...] }} to the '
+            "client config or use docker or exec",
+            job=job.name,
+        )
+    else:
+        plugin: DriverClient | None = None
+        try:
+            plugin = launch(command, timeout=60, name=driver)
+            plugin.set_config(client.plugin_config(driver))
+            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema())
+        except DriverSDKError as err:
+            result = Problem(client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name)
+        finally:
+            if plugin is not None:
+                plugin.kill()
+    cache[driver] = result
+    return result
+
+
+def _mount_requests(
+    job: Job, group: Group, task: Task, client: ClientConfig, problems: list[Problem]
+) -> tuple[list[MountRequest], list[MountRequest]]:
+    host, csi = [], []
+    for i, mount in enumerate(task.volume_mounts):
+        req = group.volumes.get(mount.volume)
+        if req is None:
+            continue  # already reported by the static rules
+        where = {"job": job.name, "group": group.name, "task": task.name, "field": f"volume_mount[{i}]"}
+        if req.type == "host":
+            volume = client.host_volumes.get(req.source)
+            if volume is None:
+                known = ", ".join(sorted(client.host_volumes)) or "none"
+                problems.append(
+                    Problem(
+                        job.file,
+                        f'host volume "{req.source}" (volume "{req.name}") is not in the client config; add a '
+                        f'host_volume "{req.source}" block with its path (configured: {known})',
+                        **where,
+                    )
+                )
+                continue
+            host.append(
+                MountRequest(
+                    volume=req.name,
+                    destination=mount.destination,
+                    host_path=volume.path,
+                    kind="host",
+                    propagation=mount.propagation_mode,
+                    read_only=volume.read_only or req.read_only or mount.read_only,
+                    selinux_label=mount.selinux_label,
+                )
+            )
+        else:
+            csi.append(
+                MountRequest(
+                    volume=req.name,
+                    destination=mount.destination,
+                    host_path="",  # known once the volume is published
+                    kind="csi",
+                    propagation=mount.propagation_mode,
+                    read_only=req.read_only or mount.read_only,
+                    selinux_label=mount.selinux_label,
+                )
+            )
+    return host, csi
+
+
+def validate_job(path: str, client: ClientConfig) -> Report:
+    job, problems = parse_job(path)
+    report = Report(job.name, problems + static_problems(job))
+    cache: dict[str, DriverFacts | Problem] = {}
+    for group in job.groups:
+        for task in group.tasks:
+            if not task.driver:
+                continue
+            where = {"job": job.name, "group": group.name, "task": task.name}
+            facts = _driver_facts(task.driver, client, job, cache)
+            if isinstance(facts, Problem):
+                if facts not in report.problems:
+                    report.problems.append(facts)
+                continue
+            report.checked.append(f'task "{task.name}": driver "{task.driver}" loaded')
+            try:
+                encode(facts.task_schema, task.config, what="config")
+            except ConfigError as err:
+                report.problems.append(Problem(job.file, str(err), **where))
+            host, csi = _mount_requests(job, group, task, client, report.problems)
+            for requests, check_host in ((host, True), (csi, False)):
+                if not requests:
+                    continue
+                try:
+                    check_mounts(
+                        requests,
+                        task=task.name,
+                        driver=task.driver,
+                        mount_configs=int(facts.capabilities.mount_configs),
+                        check_host=check_host,
+                    )
+                except MountValidationError as err:
+                    for p in err.problems:
+                        # The location goes in the Problem; keep the sentence itself short.
+                        message = p.message.removeprefix(f'task "{task.name}" volume "{p.volume}": ')
+                        report.problems.append(
+                            Problem(job.file, message, **where, field=f'volume "{p.volume}" {p.field}')
+                        )
+            if host or csi:
+                report.checked.append(f'task "{task.name}": {len(host) + len(csi)} mount(s) checked')
+    return report
