@@ -362,3 +362,71 @@ def test_csi_registry(tmp_path: Path) -> None:
         reg.wait_for_plugin("csi-node", "other", 0.5)
     with pytest.raises(CSIError, match="unknown CSI plugin type 'node'"):
         reg.current("node", "hostpath")
+
+
+RETRYABLE = ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "ABORTED", "DEADLINE_EXCEEDED"]
+NOT_RETRYABLE = [
+    "INVALID_ARGUMENT",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "FAILED_PRECONDITION",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "INTERNAL",
+    "UNIMPLEMENTED",
+]
+
+
+@pytest.mark.parametrize("code", RETRYABLE + NOT_RETRYABLE)
+def test_csi_each_code_retried_only_when_the_table_says(
+    plugin_factory: Callable[..., HostPathPlugin], tmp_path: Path, code: str
+) -> None:
+    p = plugin_factory(f"NodeStageVolume={code}:1")
+    client = CSIClient(p.socket, plugin="hostpath")
+    volume = make_volume(client)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    capability = VolumeCapability(AccessMode.MULTI_NODE_MULTI_WRITER, AttachmentMode.FILE_SYSTEM)
+    if code in RETRYABLE:
+        client.node_stage(volume, str(stage), capability, {})
+        assert calls(client, "NodeStageVolume") == 2
+        client.node_unstage(volume, str(stage))
+    else:
+        with pytest.raises(CSIError) as info:
+            client.node_stage(volume, str(stage), capability, {})
+        assert info.value.code == code and info.value.call == "NodeStageVolume"
+        assert calls(client, "NodeStageVolume") == 1
+        assert "injected fault" in str(info.value)
+    assert mounts_under(tmp_path / "stage") == []
+
+
+def test_csi_paths_inside_the_plugin_differ_from_the_host(plugin: HostPathPlugin, tmp_path: Path) -> None:
+    client = CSIClient(plugin.socket)
+    manager = NodeVolumeManager(
+        client,
+        plugin_id="hostpath",
+        host_root="/var/lib/driversdk/client/csi/node/hostpath",
+        plugin_root="/local/csi",
+        store=StateStore(str(tmp_path / "state.db")),
+        requires_staging=True,
+    )
+    volume = Volume(id="vol", plugin_id="hostpath", namespace="prod")
+    assert manager.staging_paths(volume, MULTI) == (
+        "/var/lib/driversdk/client/csi/node/hostpath/staging/prod/vol/rw-file-system-multi-node-multi-writer",
+        "/local/csi/staging/prod/vol/rw-file-system-multi-node-multi-writer",
+    )
+    assert manager.publish_paths(volume, "alloc-1", MULTI) == (
+        "/var/lib/driversdk/client/csi/node/hostpath/per-alloc/alloc-1/vol/rw-file-system-multi-node-multi-writer",
+        "/local/csi/per-alloc/alloc-1/vol/rw-file-system-multi-node-multi-writer",
+    )
+
+
+def test_csi_final_fingerprint_on_shutdown_reports_unhealthy(plugin: HostPathPlugin) -> None:
+    from driversdk.csi.fingerprint import final_fingerprint
+
+    client = CSIClient(plugin.socket)
+    last = fingerprint(client, "hostpath")
+    client.close()
+    final = final_fingerprint(last)
+    assert last.healthy and not final.healthy
+    assert final.provider == last.provider and final.node == last.node
