@@ -17,7 +17,7 @@ from typing import Any
 
 from drivers.exec.config import PluginConfig, TaskExecConfig
 from driversdk.errors import ConfigError
-from driversdk.model import Device, NetworkIsolationMode, TaskConfig
+from driversdk.model import Device, DNSConfig, NetworkIsolationMode, TaskConfig
 from driversdk.mounts import Propagation
 
 OCI_VERSION = "1.0.2"
@@ -45,8 +45,15 @@ class Bundle:
     def config_path(self) -> str:
         return os.path.join(self.dir, "config.json")
 
-    def write(self, spec: dict[str, Any], chroot_links: dict[str, str]) -> None:
+    @property
+    def resolv_conf(self) -> str:
+        return os.path.join(self.dir, "resolv.conf")
+
+    def write(self, spec: dict[str, Any], chroot_links: dict[str, str], *, resolv_conf: str | None = None) -> None:
         os.makedirs(self.rootfs, mode=0o755, exist_ok=True)
+        if resolv_conf is not None:
+            with open(self.resolv_conf, "w") as fh:
+                fh.write(resolv_conf)
         # A chroot_env entry that is a symlink on the host (/bin -> usr/bin on merged-/usr
         # systems) is recreated as the same symlink rather than bound, so both names work.
         for path, target in chroot_links.items():
@@ -129,6 +136,18 @@ def device_entries(devices: list[Device], *, task: str) -> tuple[list[dict[str, 
     return nodes, rules
 
 
+def resolv_conf(dns: DNSConfig | None) -> str | None:
+    """The task's /etc/resolv.conf when the TaskConfig carries DNS settings, else None (host's)."""
+    if dns is None or not (dns.servers or dns.searches or dns.options):
+        return None
+    lines = [f"nameserver {server}" for server in dns.servers]
+    if dns.searches:
+        lines.append("search " + " ".join(dns.searches))
+    if dns.options:
+        lines.append("options " + " ".join(dns.options))
+    return "\n".join(lines) + "\n"
+
+
 def _hostname(task: TaskConfig) -> str:
     spec = task.network_isolation_spec
     if spec is not None and spec.hosts is not None and spec.hosts.hostname:
@@ -152,9 +171,13 @@ def root_propagation(task: TaskConfig) -> str:
 
 
 def build_spec(
-    task: TaskConfig, cfg: TaskExecConfig, plugin: PluginConfig, *, cgroups_path: str
+    task: TaskConfig, cfg: TaskExecConfig, plugin: PluginConfig, *, cgroups_path: str, bundle_dir: str = ""
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The runc config.json for the task, and the symlinks its root needs."""
+    """The runc config.json for the task, and the symlinks its root needs.
+
+    With ``bundle_dir`` and DNS settings in the task, the bundle's resolv.conf (written by
+    :meth:`Bundle.write`) is bound over /etc/resolv.conf.
+    """
     chroot_mounts, links = chroot_entries(plugin.chroot_env)
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -188,6 +211,8 @@ def build_spec(
     task_tmp = os.path.join(task.task_dir, "tmp")
     if os.path.isdir(task_tmp):
         mounts.append(_bind(task_tmp, "/tmp", "rw", "rprivate"))
+    if bundle_dir and resolv_conf(task.dns) is not None:
+        mounts.append(_bind(Bundle(bundle_dir).resolv_conf, "/etc/resolv.conf", "ro", "rprivate"))
     for m in task.mounts:
         mounts.append(_bind(m.host_path, m.task_path, "ro" if m.readonly else "rw", m.propagation.linux))
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from drivers.exec import rootfs as task_root
 from drivers.exec import supervisor
-from drivers.exec.bundle import Bundle, build_spec
+from drivers.exec.bundle import Bundle, build_spec, resolv_conf
 from drivers.exec.cgroups import TaskCgroup
 from drivers.exec.config import PluginConfig, TaskExecConfig, plugin_spec, task_spec
 from drivers.exec.fingerprint import fingerprint as read_fingerprint
@@ -131,7 +131,7 @@ class ExecDriver(DriverPlugin):
         cid = container_id_for(task.id)
         task_dir = os.path.join(self.config.state_dir, "tasks", cid)
         cgroup = TaskCgroup.for_container(cid)
-        spec, links = build_spec(task, cfg, self.config, cgroups_path=cgroup.runc_path)
+        spec, links = build_spec(task, cfg, self.config, cgroups_path=cgroup.runc_path, bundle_dir=task_dir)
         runc = self.runc
 
         fds: tuple[int, int] | None = None
@@ -148,7 +148,7 @@ class ExecDriver(DriverPlugin):
                 ) from None
             created_dir = True
             bundle = Bundle(task_dir)
-            bundle.write(spec, links)
+            bundle.write(spec, links, resolv_conf=resolv_conf(task.dns))
             if spec["linux"]["rootfsPropagation"] == "rshared":
                 task_root.bind_self(bundle.rootfs)
             cgroup.create(task.resources)

@@ -16,6 +16,7 @@ from drivers.exec.store import DriverState
 from driversdk.errors import PluginCallError
 from driversdk.model import (
     Device,
+    DNSConfig,
     FSIsolation,
     HealthState,
     LinuxResources,
@@ -421,3 +422,12 @@ def test_exec_refuses_device_that_is_not_a_device(harness: DriverHarness, alloc:
     harness.forget(task.id)
     assert "'/etc/hostname' is not a character or block device" in err.value.message
     assert not leftovers(tmp_path)
+
+
+def test_exec_dns_config_becomes_the_tasks_resolv_conf(harness: DriverHarness, alloc: AllocDir) -> None:
+    task = alloc.task_config("web", driver_config=sh("cat /etc/resolv.conf"))
+    task.dns = DNSConfig(servers=("10.231.77.53",), searches=("svc.example",), options=("ndots:2",))
+    harness.start(task)
+    assert harness.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
+    out = alloc.wait_for_output("web", b"ndots:2\n", timeout=10)
+    assert out == b"nameserver 10.231.77.53\nsearch svc.example\noptions ndots:2\n"
