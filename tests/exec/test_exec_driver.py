@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -431,3 +432,14 @@ def test_exec_dns_config_becomes_the_tasks_resolv_conf(harness: DriverHarness, a
     assert harness.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
     out = alloc.wait_for_output("web", b"ndots:2\n", timeout=10)
     assert out == b"nameserver 10.231.77.53\nsearch svc.example\noptions ndots:2\n"
+
+
+def test_exec_conformance_kit_finds_every_claim_true(harness: DriverHarness, tmp_path: Path) -> None:
+    from driversdk.testing.conformance import run_conformance
+
+    def exec_task(argv: Sequence[str]) -> Mapping[str, Any]:
+        return {"command": argv[0], "args": list(argv[1:])}
+
+    results = run_conformance(harness, exec_task, str(tmp_path / "conformance"), timeout=TIMEOUT)
+    failed = [str(r) for r in results if not r.passed]
+    assert not failed, "\n".join(failed)
