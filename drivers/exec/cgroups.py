@@ -113,14 +113,16 @@ class TaskCgroup:
 
     container_id: str
     v2: bool
+    parent: str = CGROUP_PARENT
+    """The cgroup (relative to each hierarchy's root) under which task cgroups are made."""
 
     @classmethod
-    def for_container(cls, container_id: str) -> TaskCgroup:
-        return cls(container_id, unified_only())
+    def for_container(cls, container_id: str, parent: str = CGROUP_PARENT) -> TaskCgroup:
+        return cls(container_id, unified_only(), parent)
 
     @property
     def relative(self) -> str:
-        return f"{CGROUP_PARENT}/{self.container_id}"
+        return f"{self.parent}/{self.container_id}"
 
     @property
     def runc_path(self) -> str:
@@ -174,7 +176,7 @@ class TaskCgroup:
 
     def _create_v2(self, limit: int, soft: int, shares: int, quota: int, period: int) -> None:
         root = cgroup_mounts().get("", "/sys/fs/cgroup")
-        parent = os.path.join(root, CGROUP_PARENT)
+        parent = os.path.join(root, self.parent)
         os.makedirs(parent, exist_ok=True)
         for path in (root, parent):
             with contextlib.suppress(OSError):

@@ -22,6 +22,7 @@ DEFAULT_CHROOT_ENV = ("/bin", "/etc", "/lib", "/lib32", "/lib64", "/run/resolvco
 DEFAULT_STATE_DIR = "/var/lib/driversdk-exec"
 DEFAULT_BRIDGE = "dsxbr0"
 DEFAULT_SUBNET = "10.231.0.0/24"
+DEFAULT_CGROUP_PARENT = "driversdk-exec"
 MODES = ("private", "host")
 
 
@@ -41,6 +42,7 @@ def plugin_spec() -> hs.Spec:
             "disable_log_collection": hs.default(hs.attr("bool"), hs.literal("false")),
             "bridge_name": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_BRIDGE}"')),
             "bridge_subnet": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_SUBNET}"')),
+            "cgroup_parent": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_CGROUP_PARENT}"')),
         }
     )
 
@@ -80,6 +82,7 @@ class PluginConfig:
     disable_log_collection: bool = False
     bridge_name: str = DEFAULT_BRIDGE
     bridge_subnet: str = DEFAULT_SUBNET
+    cgroup_parent: str = DEFAULT_CGROUP_PARENT
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
@@ -101,6 +104,12 @@ class PluginConfig:
             ) from None
         if net.num_addresses < 4:
             raise ConfigError(f"plugin config bridge_subnet {subnet!r} is too small; use a /30 or larger network")
+        cgroup_parent = (cfg.get("cgroup_parent") or DEFAULT_CGROUP_PARENT).strip("/")
+        if not cgroup_parent or ".." in cgroup_parent.split("/"):
+            raise ConfigError(
+                f"plugin config cgroup_parent {cfg.get('cgroup_parent')!r} must name a cgroup below the root, "
+                f'such as "{DEFAULT_CGROUP_PARENT}"'
+            )
         bridge = cfg.get("bridge_name") or DEFAULT_BRIDGE
         if len(bridge) > 15:
             raise ConfigError(f"plugin config bridge_name {bridge!r} is longer than 15 characters; use a shorter name")
@@ -114,6 +123,7 @@ class PluginConfig:
             disable_log_collection=bool(cfg.get("disable_log_collection")),
             bridge_name=bridge,
             bridge_subnet=str(net),
+            cgroup_parent=cgroup_parent,
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -130,7 +131,7 @@ class ExecDriver(DriverPlugin):
                 )
         cid = container_id_for(task.id)
         task_dir = os.path.join(self.config.state_dir, "tasks", cid)
-        cgroup = TaskCgroup.for_container(cid)
+        cgroup = TaskCgroup.for_container(cid, self.config.cgroup_parent)
         spec, links = build_spec(task, cfg, self.config, cgroups_path=cgroup.runc_path, bundle_dir=task_dir)
         runc = self.runc
 
@@ -164,6 +165,7 @@ class ExecDriver(DriverPlugin):
                 started_at=started,
                 runc_path=runc.path,
                 host_pid_mode=cfg.pid_mode == "host",
+                cgroup_parent=cgroup.parent,
             )
             pid = supervisor.spawn(runc.command(), task_dir, cid, state.status_file, fds[0], fds[1])
         except BaseException:
@@ -178,7 +180,7 @@ class ExecDriver(DriverPlugin):
                 for fd in fds:
                     os.close(fd)
 
-        state = DriverState(**{**state.__dict__, "supervisor_pid": pid})
+        state = dataclasses.replace(state, supervisor_pid=pid)
         record = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(started, UTC), own_child=True)
         self._tasks.put(record)
         self._watch(record)
@@ -282,7 +284,7 @@ class ExecDriver(DriverPlugin):
         """Remove the container, the task's cgroups and its bundle; safe to repeat."""
         runc = Runc(state.runc_path, state.runc_root)
         runc.delete_force(state.container_id)
-        TaskCgroup(state.container_id, state.cgroup_v2).remove()
+        TaskCgroup(state.container_id, state.cgroup_v2, state.cgroup_parent).remove()
         task_root.unmount(Bundle(state.task_dir).rootfs)
         _remove_tree(state.task_dir)
 

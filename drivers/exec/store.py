@@ -7,7 +7,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from drivers.exec.cgroups import CgroupSample, TaskCgroup
+from drivers.exec.cgroups import CGROUP_PARENT, CgroupSample, TaskCgroup
 from driversdk.errors import ConfigError, TaskNotFoundError
 from driversdk.model import ExitResult, TaskConfig
 
@@ -28,6 +28,7 @@ class DriverState:
     runc_path: str
     runc_root: str = ""
     host_pid_mode: bool = False
+    cgroup_parent: str = CGROUP_PARENT
 
     @property
     def status_file(self) -> str:
@@ -51,6 +52,7 @@ class DriverState:
                 runc_path=str(raw["runc_path"]),
                 runc_root=str(raw.get("runc_root", "")),
                 host_pid_mode=bool(raw.get("host_pid_mode", False)),
+                cgroup_parent=str(raw.get("cgroup_parent", CGROUP_PARENT)),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"failed to decode the exec driver's task state: {err}") from None
@@ -70,7 +72,7 @@ class ExecTask:
 
     @property
     def cgroup(self) -> TaskCgroup:
-        return TaskCgroup(self.state.container_id, self.state.cgroup_v2)
+        return TaskCgroup(self.state.container_id, self.state.cgroup_v2, self.state.cgroup_parent)
 
     def finish(self, result: ExitResult, completed_at: datetime) -> None:
         self.result = result

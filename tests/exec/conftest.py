@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from drivers.exec.cgroups import CGROUP_PARENT, cgroup_mounts
-from drivers.exec.runc import Runc
+from drivers.exec.cgroups import cgroup_mounts
+from drivers.exec.network import netns_name, netns_path, veth_name
 from driversdk.mountinfo import read_mountinfo
 from driversdk.testing import AllocDir, DriverHarness
 
 PLUGIN = [sys.executable, "-m", "drivers.exec"]
 # Test-only network: a bridge and subnet of our own; tests send traffic only between our namespaces.
-BRIDGE = "dsxtest0"
+# One bridge per test session: another run's DestroyNetwork must not take our bridge away.
+BRIDGE = f"dsxt{uuid.uuid4().hex[:8]}"
 SUBNET = "10.231.77.0/24"
 
 
@@ -39,45 +44,72 @@ def _require_root_and_runc(request: pytest.FixtureRequest) -> None:
         pytest.skip(reason)
 
 
-def leftovers(base: Path) -> dict[str, list[str]]:
-    """Everything of ours that should be gone after a test: containers, mounts, cgroups, links, netns."""
-    containers = [c for c in Runc().containers() if c.startswith("dsx-")]
-    ours = (str(base / "state") + "/", str(base / "allocs") + "/")
-    mounts = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(ours)]
-    cgroups = []
-    for root in set(cgroup_mounts().values()):
-        parent = os.path.join(root, CGROUP_PARENT)
-        if os.path.isdir(parent):
-            cgroups += [os.path.join(parent, d) for d in os.listdir(parent) if d.startswith("dsx-")]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    veths = [
-        line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ": dsv" in line or ": dsp" in line
-    ]
-    netns = [
-        n for n in (os.listdir("/var/run/netns") if os.path.isdir("/var/run/netns") else []) if n.startswith("dsx-")
-    ]
-    tasks_dir = base / "state" / "tasks"
-    task_dirs = sorted(os.listdir(tasks_dir)) if tasks_dir.is_dir() else []
-    found = {
-        "containers": containers,
-        "mounts": mounts,
-        "cgroups": cgroups,
-        "veths": veths,
-        "netns": netns,
-        "task dirs": task_dirs,
+@dataclass
+class Tracker:
+    """What one test may create, so leak checks see only its own objects.
+
+    Other test runs (another engineer's full suite, say) may run exec tasks on this machine at
+    the same time: containers are told apart by bundle path, cgroups by a per-test cgroup parent,
+    namespaces and veths by the allocation ids this test used.
+    """
+
+    base: Path
+    cgroup_parent: str = field(default_factory=lambda: f"driversdk-exec-test-{uuid.uuid4().hex[:10]}")
+    alloc_ids: set[str] = field(default_factory=set)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        state = str(self.base / "state") + "/"
+        runc = subprocess.run(["runc", "list", "--format", "json"], capture_output=True, text=True, check=True)
+        containers = [c["id"] for c in json.loads(runc.stdout or "null") or [] if c["bundle"].startswith(state)]
+        ours = (state, str(self.base / "allocs") + "/")
+        mounts = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(ours)]
+        cgroups = []
+        for root in set(cgroup_mounts().values()):
+            parent = os.path.join(root, self.cgroup_parent)
+            if os.path.isdir(parent):
+                cgroups += [os.path.join(parent, d) for d in os.listdir(parent) if d.startswith("dsx-")]
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}
+        veths = sorted(v for a in self.alloc_ids for v in (veth_name(a), "dsp" + veth_name(a)[3:]) if v in names)
+        netns = [netns_name(a) for a in sorted(self.alloc_ids) if os.path.exists(netns_path(netns_name(a)))]
+        tasks_dir = self.base / "state" / "tasks"
+        task_dirs = sorted(os.listdir(tasks_dir)) if tasks_dir.is_dir() else []
+        found = {
+            "containers": containers,
+            "mounts": mounts,
+            "cgroups": cgroups,
+            "veths": veths,
+            "netns": netns,
+            "task dirs": task_dirs,
+        }
+        return {k: v for k, v in found.items() if v}
+
+    def remove_cgroup_parent(self) -> None:
+        for root in set(cgroup_mounts().values()):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(os.path.join(root, self.cgroup_parent))
+
+
+@pytest.fixture
+def track(tmp_path: Path) -> Tracker:
+    return Tracker(tmp_path)
+
+
+@pytest.fixture
+def plugin_config(track: Tracker) -> dict[str, Any]:
+    return {
+        "state_dir": str(track.base / "state"),
+        "bridge_name": BRIDGE,
+        "bridge_subnet": SUBNET,
+        "cgroup_parent": track.cgroup_parent,
     }
-    return {k: v for k, v in found.items() if v}
 
 
 @pytest.fixture
-def plugin_config(tmp_path: Path) -> dict[str, Any]:
-    return {"state_dir": str(tmp_path / "state"), "bridge_name": BRIDGE, "bridge_subnet": SUBNET}
-
-
-@pytest.fixture
-def no_leaks(tmp_path: Path) -> Iterator[None]:
+def no_leaks(track: Tracker) -> Iterator[None]:
     yield
-    left = leftovers(tmp_path)
+    left = track.leftovers()
+    track.remove_cgroup_parent()
     assert not left, f"left behind: {left}"
 
 
@@ -88,8 +120,9 @@ def harness(plugin_config: dict[str, Any], no_leaks: None) -> Iterator[DriverHar
 
 
 @pytest.fixture
-def alloc(tmp_path: Path) -> Iterator[AllocDir]:
-    a = AllocDir.create(tmp_path / "allocs", tasks=["web"])
+def alloc(track: Tracker) -> Iterator[AllocDir]:
+    a = AllocDir.create(track.base / "allocs", tasks=["web"])
+    track.alloc_ids.add(a.alloc_id)
     yield a
     a.close()
 

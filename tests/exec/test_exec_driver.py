@@ -28,7 +28,7 @@ from driversdk.model import (
 )
 from driversdk.mounts import Mount, Propagation
 from driversdk.testing import AllocDir, DriverHarness
-from tests.exec.conftest import PLUGIN, leftovers, sh
+from tests.exec.conftest import PLUGIN, Tracker, sh
 
 pytestmark = pytest.mark.root
 
@@ -185,19 +185,19 @@ def test_exec_memory_limit_kills_allocator_with_oom(harness: DriverHarness, allo
     assert result.signal == signal.SIGKILL
 
 
-def test_exec_cpu_limits_reach_the_cgroup(harness: DriverHarness, alloc: AllocDir) -> None:
+def test_exec_cpu_limits_reach_the_cgroup(harness: DriverHarness, alloc: AllocDir, track: Tracker) -> None:
     resources = Resources(cpu_shares=300, memory_mb=32, linux=LinuxResources(cpu_quota=50000, cpu_period=100000))
-    task = alloc.task_config("web", driver_config=sh("cat /proc/self/cgroup; sleep 60"), resources=resources)
+    task = alloc.task_config("web", driver_config=sh("sleep 60"), resources=resources)
     harness.start(task)
-    cid = container_id_for(task.id)
+    rel = f"{track.cgroup_parent}/{container_id_for(task.id)}"
     base = Path("/sys/fs/cgroup")
     if (base / "cgroup.controllers").exists():
-        assert (base / "driversdk-exec" / cid / "cpu.max").read_text().split() == ["50000", "100000"]
-        assert int((base / "driversdk-exec" / cid / "memory.max").read_text()) == 32 * 1024 * 1024
+        assert (base / rel / "cpu.max").read_text().split() == ["50000", "100000"]
+        assert int((base / rel / "memory.max").read_text()) == 32 * 1024 * 1024
     else:
-        assert int((base / "cpu/driversdk-exec" / cid / "cpu.shares").read_text()) == 300
-        assert int((base / "cpu/driversdk-exec" / cid / "cpu.cfs_quota_us").read_text()) == 50000
-        assert int((base / "memory/driversdk-exec" / cid / "memory.limit_in_bytes").read_text()) == 32 * 1024 * 1024
+        assert int((base / "cpu" / rel / "cpu.shares").read_text()) == 300
+        assert int((base / "cpu" / rel / "cpu.cfs_quota_us").read_text()) == 50000
+        assert int((base / "memory" / rel / "memory.limit_in_bytes").read_text()) == 32 * 1024 * 1024
     harness.client.stop_task(task.id, timeout=1, signal="SIGKILL")
 
 
@@ -217,49 +217,51 @@ def test_exec_disable_log_collection_never_opens_fifos(
 # --- failure paths: each refused before anything is created, nothing left behind -------------
 
 
-def _refused(harness: DriverHarness, alloc: AllocDir, tmp_path: Path, **kwargs: Any) -> PluginCallError:
+def _refused(harness: DriverHarness, alloc: AllocDir, track: Tracker, **kwargs: Any) -> PluginCallError:
     task = alloc.task_config("web", **kwargs)
     with pytest.raises(PluginCallError) as err:
         harness.start(task)
     harness.forget(task.id)
-    assert not leftovers(tmp_path)
+    assert not track.leftovers()
     return err.value
 
 
-def test_exec_refuses_cap_add_outside_allow_caps(harness: DriverHarness, alloc: AllocDir, tmp_path: Path) -> None:
-    err = _refused(harness, alloc, tmp_path, driver_config=sh("true", cap_add=["sys_admin", "net_raw"]))
+def test_exec_refuses_cap_add_outside_allow_caps(harness: DriverHarness, alloc: AllocDir, track: Tracker) -> None:
+    err = _refused(harness, alloc, track, driver_config=sh("true", cap_add=["sys_admin", "net_raw"]))
     assert "driver does not allow the following capabilities: net_raw, sys_admin" in err.message
     assert err.code == "INVALID_ARGUMENT"
 
 
 def test_exec_refuses_bidirectional_read_only(
-    harness: DriverHarness, alloc: AllocDir, tmp_path: Path, shared_dir: Path
+    harness: DriverHarness, alloc: AllocDir, tmp_path: Path, shared_dir: Path, track: Tracker
 ) -> None:
     mount = Mount("/data", str(shared_dir), readonly=True, propagation=Propagation.BIDIRECTIONAL, request_name="vol")
-    err = _refused(harness, alloc, tmp_path, driver_config=sh("true"), mounts=[mount])
+    err = _refused(harness, alloc, track, driver_config=sh("true"), mounts=[mount])
     assert 'task "web" volume "vol": propagation_mode "bidirectional" needs a read-write mount' in err.message
 
 
-def test_exec_refuses_host_to_task_on_private_source(harness: DriverHarness, alloc: AllocDir, tmp_path: Path) -> None:
+def test_exec_refuses_host_to_task_on_private_source(
+    harness: DriverHarness, alloc: AllocDir, tmp_path: Path, track: Tracker
+) -> None:
     source = tmp_path / "private-src"
     source.mkdir()
     mount = Mount("/data", str(source), propagation=Propagation.HOST_TO_TASK, request_name="vol")
-    err = _refused(harness, alloc, tmp_path, driver_config=sh("true"), mounts=[mount])
+    err = _refused(harness, alloc, track, driver_config=sh("true"), mounts=[mount])
     assert "needs the host source" in err.message and "mount --make-rshared" in err.message
 
 
-def test_exec_refuses_unknown_user(harness: DriverHarness, alloc: AllocDir, tmp_path: Path) -> None:
-    err = _refused(harness, alloc, tmp_path, driver_config=sh("true"), user="no-such-user-here")
+def test_exec_refuses_unknown_user(harness: DriverHarness, alloc: AllocDir, track: Tracker) -> None:
+    err = _refused(harness, alloc, track, driver_config=sh("true"), user="no-such-user-here")
     assert "user 'no-such-user-here' does not exist on this host" in err.message
 
 
-def test_exec_refuses_bad_pid_mode(harness: DriverHarness, alloc: AllocDir, tmp_path: Path) -> None:
-    err = _refused(harness, alloc, tmp_path, driver_config=sh("true", pid_mode="container"))
+def test_exec_refuses_bad_pid_mode(harness: DriverHarness, alloc: AllocDir, track: Tracker) -> None:
+    err = _refused(harness, alloc, track, driver_config=sh("true", pid_mode="container"))
     assert "pid_mode 'container' is not valid" in err.message
 
 
 def test_exec_fifo_without_reader_fails_start_and_cleans_up(
-    harness: DriverHarness, tmp_path: Path, plugin_config: dict[str, Any]
+    harness: DriverHarness, tmp_path: Path, plugin_config: dict[str, Any], track: Tracker
 ) -> None:
     alloc = AllocDir.create(tmp_path / "allocs", tasks=[])
     alloc.add_task("web", log_collection=False)
@@ -270,7 +272,7 @@ def test_exec_fifo_without_reader_fails_start_and_cleans_up(
         harness.start(task)
     harness.forget(task.id)
     assert "has no reader" in err.value.message and err.value.recoverable
-    assert not leftovers(tmp_path)
+    assert not track.leftovers()
 
 
 def test_exec_user_runs_with_that_uid(harness: DriverHarness, alloc: AllocDir) -> None:
@@ -327,7 +329,7 @@ def test_exec_pid_mode_host_shares_the_host_pid_namespace(harness: DriverHarness
 
 
 def test_exec_missing_command_fails_the_task_and_destroy_cleans_up(
-    harness: DriverHarness, alloc: AllocDir, tmp_path: Path
+    harness: DriverHarness, alloc: AllocDir, tmp_path: Path, track: Tracker
 ) -> None:
     task = alloc.task_config("web", driver_config={"command": "/no/such/program"})
     harness.start(task)
@@ -336,7 +338,7 @@ def test_exec_missing_command_fails_the_task_and_destroy_cleans_up(
     assert b"/no/such/program" in alloc.wait_for_output("web", b"/no/such/program", timeout=10, stderr=True)
     harness.client.destroy_task(task.id)
     harness.forget(task.id)
-    assert not leftovers(tmp_path)
+    assert not track.leftovers()
 
 
 def test_exec_streaming_exec_with_stdin(harness: DriverHarness, alloc: AllocDir) -> None:
@@ -415,14 +417,14 @@ def test_exec_devices_with_cgroup_permissions(harness: DriverHarness, alloc: All
     assert out.split() == [b"4", b"denied", b"end"]
 
 
-def test_exec_refuses_device_that_is_not_a_device(harness: DriverHarness, alloc: AllocDir, tmp_path: Path) -> None:
+def test_exec_refuses_device_that_is_not_a_device(harness: DriverHarness, alloc: AllocDir, track: Tracker) -> None:
     task = alloc.task_config("web", driver_config=sh("true"))
     task.devices = [Device(task_path="/dev/x", host_path="/etc/hostname")]
     with pytest.raises(PluginCallError) as err:
         harness.start(task)
     harness.forget(task.id)
     assert "'/etc/hostname' is not a character or block device" in err.value.message
-    assert not leftovers(tmp_path)
+    assert not track.leftovers()
 
 
 def test_exec_dns_config_becomes_the_tasks_resolv_conf(harness: DriverHarness, alloc: AllocDir) -> None:

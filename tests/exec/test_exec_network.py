@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from driversdk.errors import PluginCallError
 from driversdk.model import NetworkIsolationMode, NetworkIsolationSpec
 from driversdk.testing import AllocDir, DriverHarness
-from tests.exec.conftest import BRIDGE, PLUGIN, leftovers, sh
+from tests.exec.conftest import BRIDGE, PLUGIN, Tracker, sh
 
 pytestmark = pytest.mark.root
 
@@ -34,10 +33,13 @@ def _bridge_exists() -> bool:
     return subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0
 
 
-def test_exec_group_network_isolated_and_reaches_peer(net_harness: DriverHarness, alloc: AllocDir) -> None:
+def test_exec_group_network_isolated_and_reaches_peer(
+    net_harness: DriverHarness, alloc: AllocDir, track: Tracker
+) -> None:
     client = net_harness.client
     spec, created = client.create_network(alloc.alloc_id, "web-host")
     peer_alloc = str(uuid.uuid4())
+    track.alloc_ids.add(peer_alloc)
     peer, _ = client.create_network(peer_alloc, "")
     try:
         assert created and spec.mode == NetworkIsolationMode.GROUP and spec.path.startswith("/var/run/netns/")
@@ -66,18 +68,19 @@ def test_exec_group_network_isolated_and_reaches_peer(net_harness: DriverHarness
 
 
 def test_exec_network_exhausted_subnet_leaves_nothing(
-    plugin_config: dict[str, Any], tmp_path: Path, no_leaks: None
+    plugin_config: dict[str, Any], track: Tracker, no_leaks: None
 ) -> None:
     # A /30 has two host addresses: the bridge's and one allocation's.
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    track.alloc_ids.update((first, second))
     with DriverHarness(PLUGIN, plugin_config={**plugin_config, "bridge_subnet": "10.231.78.0/30"}) as h:
-        first = str(uuid.uuid4())
         spec, _ = h.client.create_network(first, "")
         with pytest.raises(PluginCallError) as err:
-            h.client.create_network(str(uuid.uuid4()), "")
+            h.client.create_network(second, "")
         assert "no free address left in bridge subnet 10.231.78.0/30" in err.value.message
         h.client.destroy_network(first, spec)
         h.client.destroy_network(first, spec)  # idempotent
-    assert not leftovers(tmp_path) and not _bridge_exists()
+    assert not track.leftovers() and not _bridge_exists()
 
 
 def test_exec_host_network_task_sees_host_interfaces(harness: DriverHarness, alloc: AllocDir) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +12,7 @@ from drivers.exec.store import DriverState
 from driversdk.errors import PluginCallError
 from driversdk.model import TaskState
 from driversdk.testing import AllocDir, DriverHarness
-from tests.exec.conftest import leftovers, sh
+from tests.exec.conftest import Tracker, sh
 
 pytestmark = pytest.mark.root
 
@@ -62,7 +61,7 @@ def test_exec_recover_task_that_exited_while_plugin_was_down(harness: DriverHarn
 
 
 def test_exec_recover_fails_cleanly_when_supervisor_is_gone(
-    harness: DriverHarness, alloc: AllocDir, tmp_path: Path
+    harness: DriverHarness, alloc: AllocDir, track: Tracker
 ) -> None:
     task = alloc.task_config("web", driver_config=sh("echo ready; sleep 120"))
     handle = harness.start(task)
@@ -75,7 +74,7 @@ def test_exec_recover_fails_cleanly_when_supervisor_is_gone(
         client.recover_task(handle)
     harness.forget(task.id)
     assert "cannot be recovered: its supervisor" in err.value.message and err.value.recoverable
-    assert not leftovers(tmp_path)
+    assert not track.leftovers()
 
 
 def test_exec_recover_rejects_unknown_state_version(harness: DriverHarness, alloc: AllocDir) -> None:

@@ -30,6 +30,9 @@ def test_exec_config_defaults_and_mode_checks() -> None:
         PluginConfig.from_decoded({"default_ipc_mode": "shared"})
     with pytest.raises(ConfigError, match="bridge_subnet 'nope' is not an IPv4 network"):
         PluginConfig.from_decoded({"bridge_subnet": "nope"})
+    with pytest.raises(ConfigError, match="cgroup_parent '../x' must name a cgroup below the root"):
+        PluginConfig.from_decoded({"cgroup_parent": "../x"})
+    assert PluginConfig.from_decoded({"cgroup_parent": "/a/b/"}).cgroup_parent == "a/b"
     with pytest.raises(ConfigError, match="chroot_env entry 'usr' must be an absolute host directory"):
         PluginConfig.from_decoded({"chroot_env": ["usr"]})
     with pytest.raises(ConfigError, match="command ' sh' must be a non-empty program path"):
