@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_exec_config_defaults_and_mode_checks() -> None:
         PluginConfig.from_decoded({"default_ipc_mode": "shared"})
     with pytest.raises(ConfigError, match="bridge_subnet 'nope' is not an IPv4 network"):
         PluginConfig.from_decoded({"bridge_subnet": "nope"})
-    with pytest.raises(ConfigError, match="cgroup_parent '../x' must name a cgroup below the root"):
+    with pytest.raises(ConfigError, match=re.escape("cgroup_parent '../x' must name a cgroup below the root")):
         PluginConfig.from_decoded({"cgroup_parent": "../x"})
     assert PluginConfig.from_decoded({"cgroup_parent": "/a/b/"}).cgroup_parent == "a/b"
     with pytest.raises(ConfigError, match="chroot_env entry 'usr' must be an absolute host directory"):
