@@ -3,7 +3,9 @@
 # start dockerd in the background if nothing answers, and wait for its socket. Idempotent.
 set -euo pipefail
 
-if docker info >/dev/null 2>&1; then
+answers() { docker info >/dev/null 2>&1; }
+
+if answers; then
   exit 0
 fi
 if ! command -v dockerd >/dev/null 2>&1; then
@@ -11,12 +13,26 @@ if ! command -v dockerd >/dev/null 2>&1; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
 fi
+# A dockerd that is still starting (or still shutting down) must be waited for, not doubled.
+for _ in $(seq 1 120); do
+  pgrep -x dockerd >/dev/null 2>&1 || break
+  if answers; then
+    exit 0
+  fi
+  sleep 0.5
+done
+if pgrep -x dockerd >/dev/null 2>&1; then
+  echo "a dockerd process runs but does not answer after 60s; stop it and run this again" >&2
+  exit 1
+fi
+# No dockerd runs: a pid file left by one that was killed would stop the new one.
+rm -f /var/run/docker.pid
 log=/var/log/driversdk-dockerd.log
 echo "==> starting dockerd (log: $log)" >&2
 # Its own session so it outlives this script and the test run's process group.
 setsid dockerd >"$log" 2>&1 < /dev/null &
 for _ in $(seq 1 120); do
-  if docker info >/dev/null 2>&1; then
+  if answers; then
     exit 0
   fi
   sleep 0.5

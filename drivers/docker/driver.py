@@ -163,11 +163,11 @@ class DockerDriver(DriverPlugin):
         # Everything knowable on this host is checked before anything is created.
         ensure_mounts_usable(task.mounts, task=task.name)
         spec = containers.build(task, cfg, self.config)
-        api = self.api()
         try:
+            api = self.api()
             image_id = ensure_image(api, task, cfg, self.config)
             container_id, adopted = self._create(api, task, spec)
-        except requests.exceptions.ConnectionError as err:
+        except (requests.exceptions.ConnectionError, docker.errors.DockerException) as err:
             raise DriverError(
                 f"task {task.name!r}: cannot reach the docker daemon ({err}); check that dockerd is running",
                 recoverable=True,
