@@ -119,7 +119,9 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
 class _GrpcExecSession(ExecSession):
     """Bridges ExecTaskStreaming's request iterator and response queue to the driver."""
 
-    def __init__(self, setup: Any, requests: Iterator[Any], out: queue.Queue[Any]) -> None:
+    def __init__(
+        self, setup: Any, requests: Iterator[Any], out: queue.Queue[Any], context: grpc.ServicerContext
+    ) -> None:
         self.task_id = setup.task_id
         self.command = list(setup.command)
         self.tty = setup.tty
@@ -128,6 +130,8 @@ class _GrpcExecSession(ExecSession):
         self._size: TerminalSize | None = None
         self._resize_callbacks: list[Callable[[TerminalSize], None]] = []
         self._cancelled = threading.Event()
+        # Only the RPC ending early is a cancel; the client closing its input is not.
+        context.add_callback(self._cancelled.set)
         self._reader = threading.Thread(target=self._pump, args=(requests,), daemon=True)
         self._reader.start()
 
@@ -145,9 +149,8 @@ class _GrpcExecSession(ExecSession):
                         cb(self._size)
                 # anything else is a heartbeat
         except grpc.RpcError:
-            pass
-        finally:
             self._cancelled.set()
+        finally:
             self._stdin.put(None)
 
     def read_stdin(self, timeout: float | None = None) -> bytes | None:
@@ -351,7 +354,7 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         if not first.HasField("setup"):
             abort_with(context, ConfigError("the first ExecTaskStreaming message must carry setup"), "ExecTask")
         out: queue.Queue[Any] = queue.Queue()
-        session = _GrpcExecSession(first.setup, request_iterator, out)
+        session = _GrpcExecSession(first.setup, request_iterator, out, context)
         outcome: dict[str, Any] = {}
 
         def run() -> None:
