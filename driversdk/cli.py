@@ -90,6 +90,49 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.valid else 1
 
 
+def _volume_store(args: argparse.Namespace) -> Any:
+    from driversdk.runner.clientconfig import load_client
+    from driversdk.runner.volumes import VolumeStore
+
+    return VolumeStore.for_data_dir(args.data_dir or load_client(args.client).data_dir)
+
+
+def cmd_volume_register(args: argparse.Namespace) -> int:
+    from driversdk.runner.volumes import parse_volume_file
+
+    volume = parse_volume_file(args.file)
+    stored, created = _volume_store(args).register(volume)
+    print(f'{"registered" if created else "updated"} CSI volume "{stored.id}" (plugin "{stored.plugin_id}")')
+    return 0
+
+
+def cmd_volume_status(args: argparse.Namespace) -> int:
+    from driversdk.runner.volumes import VolumeError, public_view
+
+    store = _volume_store(args)
+    if args.id:
+        volume = store.get(args.id, args.namespace)
+        if volume is None:
+            raise VolumeError(f'volume "{args.id}" is not registered in namespace "{args.namespace}"')
+        print(json.dumps(public_view(volume), indent=2))
+        return 0
+    volumes = store.list()
+    if args.json:
+        print(json.dumps([public_view(v) for v in volumes], indent=2))
+    elif not volumes:
+        print("no CSI volumes registered")
+    for v in [] if args.json else volumes:
+        caps = ", ".join(f"{c.access_mode.value}/{c.attachment_mode.value}" for c in v.capabilities)
+        print(f"{v.namespace}/{v.id}  plugin={v.plugin_id}  external_id={v.remote_id}  capabilities={caps}")
+    return 0
+
+
+def cmd_volume_deregister(args: argparse.Namespace) -> int:
+    _volume_store(args).deregister(args.id, args.namespace)
+    print(f'deregistered CSI volume "{args.id}"')
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="driversdk", description="Nomad-compatible task-driver plugins in Python.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -106,6 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
     validate.set_defaults(func=cmd_validate)
+
+    volume = sub.add_parser("volume", help="register and inspect CSI volumes on this client")
+    volume.add_argument("--client", help="client config file (for its data_dir)")
+    volume.add_argument("--data-dir", help="state directory (default: the client config's data_dir)")
+    vsub = volume.add_subparsers(dest="volume_cmd", required=True)
+    register = vsub.add_parser("register", help="register a volume, or merge an update onto it")
+    register.add_argument("file", help="volume specification (HCL)")
+    register.set_defaults(func=cmd_volume_register)
+    status = vsub.add_parser("status", help="list volumes, or show one (secrets never shown)")
+    status.add_argument("id", nargs="?")
+    status.add_argument("--namespace", default="default")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_volume_status)
+    dereg = vsub.add_parser("deregister", help="forget a volume")
+    dereg.add_argument("id")
+    dereg.add_argument("--namespace", default="default")
+    dereg.set_defaults(func=cmd_volume_deregister)
     return parser
 
 

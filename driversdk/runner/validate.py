@@ -7,6 +7,7 @@ volumes and mounts against them and against this host.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,9 +119,64 @@ def _mount_requests(
     return host, csi
 
 
+def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
+    """CSI volumes must be registered with a capability matching the request, and their node
+    plugin must run here: registered by a running plugin, or provided by this job itself."""
+    from driversdk.csi.registry import PluginRegistry
+    from driversdk.csi.state import StateStore
+    from driversdk.runner.volumes import VolumeStore
+
+    requests = [(g, r) for g in job.groups for r in g.volumes.values() if r.type == "csi" and r.source]
+    if not requests:
+        return []
+    db = os.path.join(client.data_dir, "state.db")
+    volumes = VolumeStore(db)
+    registry = PluginRegistry(StateStore(db))
+    provided = {t.csi_plugin.id for g in job.groups for t in g.tasks if t.csi_plugin is not None}
+    out = []
+    for group, req in requests:
+        where = {"job": job.name, "group": group.name, "field": f'volume "{req.name}"'}
+        source = f"{req.source}[0]" if req.per_alloc else req.source
+        volume = volumes.get(source, job.namespace)
+        if volume is None:
+            out.append(
+                Problem(
+                    job.file,
+                    f'CSI volume "{source}" is not registered in namespace "{job.namespace}"; register it with '
+                    "`driversdk volume register <file>`",
+                    **where,
+                )
+            )
+            continue
+        wanted = (req.access_mode, req.attachment_mode)
+        offered = [(c.access_mode.value, c.attachment_mode.value) for c in volume.capabilities]
+        if wanted not in offered:
+            listing = ", ".join(f"{a}/{b}" for a, b in offered)
+            out.append(
+                Problem(
+                    job.file,
+                    f'CSI volume "{source}" has no capability {wanted[0]}/{wanted[1]} (it offers {listing}); '
+                    "change access_mode/attachment_mode or the volume's capability blocks",
+                    **where,
+                )
+            )
+        if volume.plugin_id not in provided and registry.current("csi-node", volume.plugin_id) is None:
+            out.append(
+                Problem(
+                    job.file,
+                    f'CSI plugin "{volume.plugin_id}" for volume "{source}" has no running node instance on this '
+                    "client; run the plugin's job first (a task with csi_plugin)",
+                    **where,
+                )
+            )
+    volumes.close()
+    return out
+
+
 def validate_job(path: str, client: ClientConfig) -> Report:
     job, problems = parse_job(path)
     report = Report(job.name, problems + static_problems(job))
+    report.problems += _csi_problems(job, client)
     cache: dict[str, DriverFacts | Problem] = {}
     for group in job.groups:
         for task in group.tasks:

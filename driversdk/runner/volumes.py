@@ -1,0 +1,211 @@
+"""The CSI volume store: volumes registered on this client, with Nomad's register/merge rules.
+
+Volume specification files follow Nomad's format (``id``, ``name``, ``type = "csi"``,
+``plugin_id``, ``external_id``, ``capability {}`` blocks, ``mount_options {}``, ``secrets {}``,
+``parameters {}``, ``context {}``). Secrets and mount flags never appear in ``status`` output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driversdk.csi.model import (
+    REDACTED,
+    AccessMode,
+    AttachmentMode,
+    MountOptions,
+    Secrets,
+    Volume,
+    VolumeCapability,
+)
+from driversdk.errors import ConfigError
+from driversdk.runner.hclload import load_hcl, single
+
+_KEYS = {"id", "name", "namespace", "type", "plugin_id", "external_id", "capability", "mount_options", "secrets",
+         "parameters", "context"}  # fmt: skip
+
+
+class VolumeError(ConfigError):
+    """A volume specification or registration that cannot be accepted."""
+
+
+def parse_volume_file(path: str | Path) -> Volume:
+    data = load_hcl(path)
+    problems = [f"unsupported argument or block {k!r}" for k in sorted(set(data) - _KEYS)]
+    if (data.get("type") or "csi") != "csi":
+        problems.append(f'type {data.get("type")!r} is not supported here; register CSI volumes (type = "csi")')
+    caps = []
+    for i, block in enumerate(data.get("capability") or []):
+        try:
+            caps.append(
+                VolumeCapability(
+                    AccessMode.parse(str(block.get("access_mode", ""))),
+                    AttachmentMode.parse(str(block.get("attachment_mode", ""))),
+                )
+            )
+        except ConfigError as err:
+            problems.append(f"capability[{i}]: {err}")
+    opts = single(data.get("mount_options"))
+    volume = Volume(
+        id=str(data.get("id") or ""),
+        plugin_id=str(data.get("plugin_id") or ""),
+        namespace=str(data.get("namespace") or "default"),
+        name=str(data.get("name") or ""),
+        external_id=str(data.get("external_id") or ""),
+        capabilities=caps,
+        mount_options=MountOptions(str(opts.get("fs_type") or ""), tuple(opts.get("mount_flags") or ()))
+        if opts
+        else None,
+        secrets=Secrets({str(k): str(v) for k, v in single(data.get("secrets")).items()}),
+        parameters={str(k): str(v) for k, v in single(data.get("parameters")).items()},
+        context={str(k): str(v) for k, v in single(data.get("context")).items()},
+    )
+    if not volume.id:
+        problems.append("missing id")
+    if not volume.plugin_id:
+        problems.append("missing plugin_id")
+    if not caps and not any(p.startswith("capability") for p in problems):
+        problems.append("at least one capability { access_mode, attachment_mode } block is required")
+    if problems:
+        raise VolumeError(f"{path}: validation: " + ", ".join(problems))
+    return volume
+
+
+def merge(existing: Volume, update: Volume) -> Volume:
+    """Nomad's CSIVolume.Merge for an unclaimed volume: identity fields are immutable."""
+    errors = []
+    for field, label in (("name", "name"), ("external_id", "external ID")):
+        new, old = getattr(update, field), getattr(existing, field)
+        if new and old and new != old:
+            errors.append(f"volume {label} cannot be updated ({old!r} -> {new!r})")
+    if update.plugin_id != existing.plugin_id:
+        errors.append(f"volume plugin ID cannot be updated ({existing.plugin_id!r} -> {update.plugin_id!r})")
+    if update.parameters and existing.parameters and update.parameters != existing.parameters:
+        errors.append("volume parameters cannot be updated")
+    if errors:
+        raise VolumeError(f'unable to update volume "{existing.id}": ' + "; ".join(errors))
+    return Volume(
+        id=existing.id,
+        plugin_id=existing.plugin_id,
+        namespace=existing.namespace,
+        name=existing.name or update.name,
+        external_id=existing.external_id or update.external_id,
+        capabilities=update.capabilities,
+        mount_options=update.mount_options,  # not in use: replaced, even by nothing
+        secrets=update.secrets,  # always replaced: an update without secrets erases them
+        parameters=existing.parameters or update.parameters,
+        context=update.context or existing.context,
+    )
+
+
+def _to_json(volume: Volume) -> str:
+    return json.dumps(
+        {
+            "id": volume.id,
+            "plugin_id": volume.plugin_id,
+            "namespace": volume.namespace,
+            "name": volume.name,
+            "external_id": volume.external_id,
+            "capabilities": [[c.access_mode.value, c.attachment_mode.value] for c in volume.capabilities],
+            "mount_options": None
+            if volume.mount_options is None
+            else [volume.mount_options.fs_type, list(volume.mount_options.mount_flags)],
+            "secrets": dict(volume.secrets),
+            "parameters": volume.parameters,
+            "context": volume.context,
+        },
+        sort_keys=True,
+    )
+
+
+def _from_json(text: str) -> Volume:
+    d = json.loads(text)
+    opts = d["mount_options"]
+    return Volume(
+        id=d["id"],
+        plugin_id=d["plugin_id"],
+        namespace=d["namespace"],
+        name=d["name"],
+        external_id=d["external_id"],
+        capabilities=[VolumeCapability(AccessMode.parse(a), AttachmentMode.parse(b)) for a, b in d["capabilities"]],
+        mount_options=None if opts is None else MountOptions(opts[0], tuple(opts[1])),
+        secrets=Secrets(d["secrets"]),
+        parameters=d["parameters"],
+        context=d["context"],
+    )
+
+
+def public_view(volume: Volume) -> dict[str, Any]:
+    """What status shows: secrets by key only, mount flags redacted."""
+    return {
+        "id": volume.id,
+        "namespace": volume.namespace,
+        "name": volume.name,
+        "plugin_id": volume.plugin_id,
+        "external_id": volume.external_id,
+        "capabilities": [f"{c.access_mode.value}/{c.attachment_mode.value}" for c in volume.capabilities],
+        "mount_options": None
+        if volume.mount_options is None
+        else {
+            "fs_type": volume.mount_options.fs_type,
+            "mount_flags": [REDACTED] if volume.mount_options.mount_flags else [],
+        },
+        "secrets": {k: REDACTED for k in sorted(volume.secrets)},
+        "parameters": volume.parameters,
+        "context": volume.context,
+    }
+
+
+@dataclass
+class VolumeStore:
+    path: str
+
+    def __post_init__(self) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS volumes (namespace TEXT NOT NULL, id TEXT NOT NULL, record TEXT NOT NULL, "
+            "PRIMARY KEY (namespace, id))"
+        )
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_data_dir(cls, data_dir: str) -> VolumeStore:
+        return cls(os.path.join(data_dir, "state.db"))
+
+    def get(self, volume_id: str, namespace: str = "default") -> Volume | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT record FROM volumes WHERE namespace=? AND id=?", (namespace, volume_id)
+            ).fetchone()
+        return _from_json(row[0]) if row else None
+
+    def list(self) -> list[Volume]:
+        with self._lock:
+            rows = self._db.execute("SELECT record FROM volumes ORDER BY namespace, id").fetchall()
+        return [_from_json(r[0]) for r in rows]
+
+    def register(self, volume: Volume) -> tuple[Volume, bool]:
+        """Insert, or merge onto an existing registration; returns (stored, created)."""
+        existing = self.get(volume.id, volume.namespace)
+        stored = volume if existing is None else merge(existing, volume)
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO volumes VALUES (?, ?, ?)", (stored.namespace, stored.id, _to_json(stored))
+            )
+        return stored, existing is None
+
+    def deregister(self, volume_id: str, namespace: str = "default") -> None:
+        if self.get(volume_id, namespace) is None:
+            raise VolumeError(f'volume "{volume_id}" is not registered in namespace "{namespace}"')
+        with self._lock:
+            self._db.execute("DELETE FROM volumes WHERE namespace=? AND id=?", (namespace, volume_id))
+
+    def close(self) -> None:
+        self._db.close()
