@@ -172,16 +172,20 @@ class DriverClient:
         resp = self._unary("Capabilities", self._driver.Capabilities, driver_pb2.CapabilitiesRequest(), 30)
         return convert.capabilities_from_proto(resp.capabilities)
 
-    def fingerprint(self) -> Iterator[Fingerprint]:
-        stream = self._driver.Fingerprint(driver_pb2.FingerprintRequest())
+    def _stream(self, call: str, stream: Any, convert_one: Callable[[Any], T]) -> Iterator[T]:
+        """Yield converted messages of a server stream; closing the iterator cancels the call."""
         try:
             for resp in stream:
-                yield convert.fingerprint_from_proto(resp)
+                yield convert_one(resp)
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.CANCELLED:
-                raise call_error(err, "Fingerprint", self.name) from None
+                raise call_error(err, call, self.name) from None
         finally:
             stream.cancel()
+
+    def fingerprint(self) -> Iterator[Fingerprint]:
+        stream = self._driver.Fingerprint(driver_pb2.FingerprintRequest())
+        return self._stream("Fingerprint", stream, convert.fingerprint_from_proto)
 
     def encode_task_config(self, task: TaskConfig) -> TaskConfig:
         """Return ``task`` with msgpack_driver_config filled from driver_config, as Nomad does."""
@@ -228,25 +232,11 @@ class DriverClient:
     def task_stats(self, task_id: str, interval: float = 1.0) -> Iterator[TaskStats]:
         req = driver_pb2.TaskStatsRequest(task_id=task_id, collection_interval=convert.duration_to_proto(interval))
         stream = self._driver.TaskStats(req)
-        try:
-            for resp in stream:
-                yield convert.task_stats_from_proto(resp.stats)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.CANCELLED:
-                raise call_error(err, "TaskStats", self.name) from None
-        finally:
-            stream.cancel()
+        return self._stream("TaskStats", stream, lambda resp: convert.task_stats_from_proto(resp.stats))
 
     def task_events(self) -> Iterator[TaskEvent]:
         stream = self._driver.TaskEvents(driver_pb2.TaskEventsRequest())
-        try:
-            for resp in stream:
-                yield convert.task_event_from_proto(resp)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.CANCELLED:
-                raise call_error(err, "TaskEvents", self.name) from None
-        finally:
-            stream.cancel()
+        return self._stream("TaskEvents", stream, convert.task_event_from_proto)
 
     def signal_task(self, task_id: str, signal: str) -> None:
         req = driver_pb2.SignalTaskRequest(task_id=task_id, signal=signal)

@@ -106,6 +106,11 @@ class NodeVolumeManager:
         rel = os.path.join("per-alloc", alloc_id, volume.id, usage.key)
         return os.path.join(self.host_root, rel), os.path.join(self.plugin_root, rel)
 
+    def _usage_row(self, volume: Volume, alloc_id: str, usage: UsageOptions, phase: str) -> UsageRow:
+        return UsageRow(
+            self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id, phase, _volume_json(volume, usage)
+        )
+
     # --- mount ---------------------------------------------------------------------------------
 
     def mount(
@@ -118,15 +123,7 @@ class NodeVolumeManager:
         context = dict(publish_context or {})
         capability = usage.capability(volume)
         with self._lock(volume):
-            row = UsageRow(
-                self.plugin_id,
-                volume.namespace,
-                volume.id,
-                usage.key,
-                alloc_id,
-                "mounting",
-                _volume_json(volume, usage),
-            )
+            row = self._usage_row(volume, alloc_id, usage, "mounting")
             self.store.set_usage(row)
             staged_here = False
             host_stage, plugin_stage = self.staging_paths(volume, usage)
@@ -167,15 +164,7 @@ class NodeVolumeManager:
     def unmount(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
         """Unpublish (and unstage when last); succeeds when the mounts are already gone."""
         with self._lock(volume):
-            row = UsageRow(
-                self.plugin_id,
-                volume.namespace,
-                volume.id,
-                usage.key,
-                alloc_id,
-                "unmounting",
-                _volume_json(volume, usage),
-            )
+            row = self._usage_row(volume, alloc_id, usage, "unmounting")
             # Persist the intent first: a restart in the middle finishes it (resume_teardowns).
             self.store.set_usage(row)
             host_target, plugin_target = self.publish_paths(volume, alloc_id, usage)
