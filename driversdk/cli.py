@@ -90,6 +90,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.valid else 1
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a job's tasks here through their driver plugins; Ctrl-C stops them cleanly."""
+    from driversdk.runner.clientconfig import load_client
+    from driversdk.runner.run import run_job
+
+    return run_job(args.job, load_client(args.client), say=lambda line: print(line, flush=True))
+
+
 def _volume_store(args: argparse.Namespace) -> Any:
     from driversdk.runner.clientconfig import load_client
     from driversdk.runner.volumes import VolumeStore
@@ -149,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
     validate.set_defaults(func=cmd_validate)
+
+    run = sub.add_parser("run", help="run a job's tasks on this machine")
+    run.add_argument("job", help="the job file (HCL)")
+    run.add_argument("--client", help="the client config file (HCL): data_dir, host volumes, plugins")
+    run.set_defaults(func=cmd_run)
 
     volume = sub.add_parser("volume", help="register and inspect CSI volumes on this client")
     volume.add_argument("--client", help="client config file (for its data_dir)")
