@@ -98,6 +98,64 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_job(args.job, load_client(args.client), say=lambda line: print(line, flush=True))
 
 
+def _data_dir(args: argparse.Namespace) -> str:
+    from driversdk.runner.clientconfig import load_client
+
+    return str(getattr(args, "data_dir", None) or load_client(args.client).data_dir)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Tasks that `driversdk run` started on this client, newest last."""
+    from driversdk.runner.runstate import RunState
+
+    records = RunState(_data_dir(args)).tasks()
+    if args.json:
+        print(json.dumps([r.__dict__ for r in records], indent=2))
+        return 0
+    if not records:
+        print("no tasks have been run with this data_dir")
+    for r in records:
+        result = "" if r.exit_code is None else f" exit={r.exit_code}" + (f" signal={r.signal}" if r.signal else "")
+        oom = " oom-killed" if r.oom else ""
+        print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print a task's collected log files in order; -f keeps following while the task runs."""
+    import time
+
+    from driversdk.runner.run import log_files
+    from driversdk.runner.runstate import RunState, RunStateError
+
+    state = RunState(_data_dir(args))
+    records = [
+        r for r in state.tasks() if r.task == args.task and (not args.alloc or r.alloc_id.startswith(args.alloc))
+    ]
+    if not records:
+        raise RunStateError(f"task {args.task!r} has not been run with this data_dir; `driversdk status` lists tasks")
+    record = records[-1]
+    kind = "stderr" if args.stderr else "stdout"
+    files = log_files(record.alloc_dir, record.task, kind)
+    if not files and record.state != "running":
+        raise RunStateError(f"log entry for task {args.task!r} and log type {kind!r} not found (were logs disabled?)")
+    offsets: dict[str, int] = {}
+    while True:
+        for path in log_files(record.alloc_dir, record.task, kind):
+            with open(path, "rb") as fh:
+                fh.seek(offsets.get(path, 0))
+                data = fh.read()
+                offsets[path] = fh.tell()
+            sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        if not args.follow:
+            return 0
+        current = [r for r in state.tasks() if r.alloc_id == record.alloc_id and r.task == record.task]
+        if current and current[0].state != "running":
+            return 0
+        time.sleep(0.5)
+
+
 def _volume_store(args: argparse.Namespace) -> Any:
     from driversdk.runner.clientconfig import load_client
     from driversdk.runner.volumes import VolumeStore
@@ -163,6 +221,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--client", help="the client config file (HCL): data_dir, host volumes, plugins")
     run.set_defaults(func=cmd_run)
 
+    status = sub.add_parser("status", help="tasks started by `driversdk run` on this client")
+    status.add_argument("--client", help="client config file (for its data_dir)")
+    status.add_argument("--data-dir")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+    logs = sub.add_parser("logs", help="print a task's collected stdout (or --stderr)")
+    logs.add_argument("task")
+    logs.add_argument("--alloc", help="allocation id (prefix); default: the newest run of the task")
+    logs.add_argument("--stderr", action="store_true")
+    logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("--client", help="client config file (for its data_dir)")
+    logs.add_argument("--data-dir")
+    logs.set_defaults(func=cmd_logs)
+
     volume = sub.add_parser("volume", help="register and inspect CSI volumes on this client")
     volume.add_argument("--client", help="client config file (for its data_dir)")
     volume.add_argument("--data-dir", help="state directory (default: the client config's data_dir)")
@@ -170,11 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     register = vsub.add_parser("register", help="register a volume, or merge an update onto it")
     register.add_argument("file", help="volume specification (HCL)")
     register.set_defaults(func=cmd_volume_register)
-    status = vsub.add_parser("status", help="list volumes, or show one (secrets never shown)")
-    status.add_argument("id", nargs="?")
-    status.add_argument("--namespace", default="default")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_volume_status)
+    vstatus = vsub.add_parser("status", help="list volumes, or show one (secrets never shown)")
+    vstatus.add_argument("id", nargs="?")
+    vstatus.add_argument("--namespace", default="default")
+    vstatus.add_argument("--json", action="store_true")
+    vstatus.set_defaults(func=cmd_volume_status)
     dereg = vsub.add_parser("deregister", help="forget a volume")
     dereg.add_argument("id")
     dereg.add_argument("--namespace", default="default")

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from driversdk import convert
 from driversdk.client import DriverClient, launch
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.model import AgentConfig, ExitResult, LinuxResources, Resources, TaskConfig
@@ -25,6 +26,7 @@ from driversdk.mounts import MountRequest, check_mounts
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.jobspec import Group, Job, Task, parse_job
 from driversdk.runner.logcollect import MIB, FifoCollector, RotatingFile
+from driversdk.runner.runstate import RunState
 from driversdk.runner.validate import validate_job
 
 Say = Callable[[str], None]
@@ -32,6 +34,17 @@ Say = Callable[[str], None]
 
 class RunRefused(ConfigError):
     """The job asks for something ``driversdk run`` does not do."""
+
+
+def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
+    """A task's rotated log files of one kind, oldest first."""
+    logs = os.path.join(alloc_dir, "alloc", "logs")
+    prefix = f"{task}.{kind}."
+    try:
+        names = [n for n in os.listdir(logs) if n.startswith(prefix) and n[len(prefix) :].isdigit()]
+    except FileNotFoundError:
+        return []
+    return [os.path.join(logs, n) for n in sorted(names, key=lambda n: int(n[len(prefix) :]))]
 
 
 def _parse_seconds(text: str) -> float:
@@ -57,7 +70,8 @@ class RunningTask:
 
 
 class AllocRun:
-    def __init__(self, job: Job, group: Group, client: ClientConfig, say: Say) -> None:
+    def __init__(self, job: Job, group: Group, client: ClientConfig, say: Say, state: RunState) -> None:
+        self.state = state
         self.job = job
         self.group = group
         self.client = client
@@ -170,8 +184,18 @@ class AllocRun:
             config, collectors = self._task_config(task, plugin)
             running = RunningTask(task, config, plugin, collectors)
             self.tasks.append(running)
-            plugin.start_task(config)
+            handle = plugin.start_task(config)
             running.started = True
+            self.state.started(
+                self.alloc_id,
+                self.job.name,
+                self.group.name,
+                task.name,
+                task.driver,
+                config.id,
+                convert.task_handle_to_proto(handle).SerializeToString(),
+                self.alloc_dir,
+            )
             self.say(f'==> task "{task.name}" started ({task.driver}, alloc {self.alloc_id[:8]})')
             threading.Thread(target=self._wait, args=(running,), daemon=True).start()
 
@@ -184,6 +208,7 @@ class AllocRun:
         finally:
             running.done.set()
         r = running.result
+        self.state.finished(self.alloc_id, running.task.name, r.exit_code, r.signal, r.oom_killed)
         how = f"signal {r.signal}" if r.signal else f"exit code {r.exit_code}"
         oom = " (killed: out of memory)" if r.oom_killed else ""
         self.say(f'==> task "{running.task.name}" finished with {how}{oom}')
@@ -203,6 +228,7 @@ class AllocRun:
         """Release everything this run created: tasks, log fifos, plugin processes."""
         for running in self.tasks:
             if running.started:
+                self.state.stopped(self.alloc_id, running.task.name)
                 try:
                     running.client.destroy_task(running.config.id, force=True)
                 except DriverSDKError as err:
@@ -226,10 +252,11 @@ def run_job(path: str, client: ClientConfig, say: Say = print, stop: threading.E
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     allocs: list[AllocRun] = []
+    state = RunState(client.data_dir)
     try:
         for group in job.groups:
             for _ in range(group.count):
-                alloc = AllocRun(job, group, client, say)
+                alloc = AllocRun(job, group, client, say, state)
                 allocs.append(alloc)
                 alloc.start()
         tasks = [t for a in allocs for t in a.tasks]
@@ -249,3 +276,4 @@ def run_job(path: str, client: ClientConfig, say: Say = print, stop: threading.E
             alloc.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        state.close()

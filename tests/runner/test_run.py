@@ -151,3 +151,32 @@ def test_rotating_file_keeps_max_files(tmp_path: Path) -> None:
     resumed = RotatingFile(str(tmp_path), "web.stdout", max_files=2, max_size=10)
     assert resumed.index == 4
     resumed.close()
+
+
+def test_status_and_logs_after_a_run(engine: docker.DockerClient, tmp_path: Path) -> None:
+    job, client, data = files(tmp_path, "echo line-one; echo line-two; echo err-line >&2; exit 3", volume=False)
+    done = subprocess.run(
+        cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+    assert done.returncode == 1, "a task that exits 3 fails the run"
+    status = subprocess.run(
+        cli("status", "--data-dir", str(data)), capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert "shop/web/web  docker   failed exit=3" in status.stdout, status.stdout
+    logs = subprocess.run(
+        cli("logs", "web", "--data-dir", str(data)), capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert logs.stdout == "line-one\nline-two\n"
+    err = subprocess.run(
+        cli("logs", "web", "--stderr", "-f", "--data-dir", str(data)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert err.stdout == "err-line\n", "-f returns once the task is no longer running"
+    missing = subprocess.run(
+        cli("logs", "db", "--data-dir", str(data)), capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert missing.returncode == 1
+    assert "error: task 'db' has not been run with this data_dir; `driversdk status` lists tasks" in missing.stderr
