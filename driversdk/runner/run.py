@@ -88,6 +88,12 @@ class AllocRun:
                 f'group "{self.group.name}": driversdk run does not claim and mount CSI volumes ({", ".join(csi)}); '
                 "use `driversdk validate` to check the job and run it under Nomad"
             )
+        plugins = [t.name for t in self.group.tasks if t.csi_plugin is not None]
+        if plugins:
+            raise RunRefused(
+                f'group "{self.group.name}": driversdk run does not supervise CSI plugin tasks ({", ".join(plugins)}); '
+                "run the plugin under Nomad, or start it by hand (driversdk-csi-hostpath) for CSI tools"
+            )
         if self.group.network_mode not in ("host", ""):
             raise RunRefused(
                 f'group "{self.group.name}": network mode {self.group.network_mode!r} is not run by driversdk run; '

@@ -180,3 +180,26 @@ def test_status_and_logs_after_a_run(engine: docker.DockerClient, tmp_path: Path
     )
     assert missing.returncode == 1
     assert "error: task 'db' has not been run with this data_dir; `driversdk status` lists tasks" in missing.stderr
+
+
+def test_run_refuses_what_it_does_not_do(tmp_path: Path) -> None:
+    job, client, data = files(tmp_path, "true", volume=False)
+    text = job.read_text()
+    job.write_text(
+        text.replace(
+            'kill_timeout = "1s"',
+            'kill_timeout = "1s"\n      csi_plugin {\n        id = "hostpath"\n        type = "node"\n      }',
+        )
+    )
+    done = subprocess.run(
+        cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+    assert done.returncode == 1
+    assert 'error: group "web": driversdk run does not supervise CSI plugin tasks (web)' in done.stderr
+    job.write_text(text.replace('group "web" {', 'group "web" {\n    network {\n      mode = "bridge"\n    }'))
+    done = subprocess.run(
+        cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+    assert done.returncode == 1
+    assert "network mode 'bridge' is not run by driversdk run" in done.stderr
+    assert not (data / "allocs").exists(), "refused before anything was laid out"
