@@ -8,6 +8,7 @@ every problem at once, each naming the field path, what was expected and what wa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -95,12 +96,14 @@ def _consumed(spec: Spec, key: str) -> set[str]:
 
 
 def _enc_body(spec: Spec, body: Mapping[str, Any], path: str, errs: _Errors) -> Any:
+    """One HCL body (the config root or a block's inside): names nothing in ``spec`` reads are errors.
+
+    The check is made once per body against every name the whole spec reads, because an Object
+    nested directly in an Object (no block between) reads from the same body as its parent.
+    """
     body = _clean(body)
-    if isinstance(spec, Object):
-        unknown = sorted(set(body) - _consumed(spec, ""))
-        for name in unknown:
-            errs.add(f"{errs.where(_join(path, name))} is not a known field; remove it or check its spelling")
-        return {key: _enc_child(child, body, key, path, errs) for key, child in spec.attributes.items()}
+    for name in sorted(set(body) - _consumed(spec, "")):
+        errs.add(f"{errs.where(_join(path, name))} is not a known field; remove it or check its spelling")
     return _enc_child(spec, body, "", path, errs)
 
 
@@ -160,7 +163,7 @@ def _enc_child(spec: Spec, body: Mapping[str, Any], key: str, path: str, errs: _
     if isinstance(spec, Array):
         return [_enc_child(v, body, key, path, errs) for v in spec.values]
     if isinstance(spec, Object):
-        return _enc_body(spec, body, path, errs)
+        return {k: _enc_child(child, body, k, path, errs) for k, child in spec.attributes.items()}
     raise ConfigError(f"unsupported spec {spec!r}")  # pragma: no cover
 
 
@@ -190,27 +193,43 @@ def _convert(raw: Any, typ: HclType, path: str, errs: _Errors) -> Any:
         return None
 
 
-def _sorted(value: Any) -> Any:
+def _cty(value: Any) -> Any:
+    """Shape a converted value as go-cty's msgpack marshaller would: sorted keys, cty number forms."""
     if isinstance(value, dict):
-        return {k: _sorted(value[k]) for k in sorted(value)}
+        return {k: _cty(value[k]) for k in sorted(value)}
     if isinstance(value, list):
-        return [_sorted(v) for v in value]
-    if isinstance(value, float) and value.is_integer() and _INT64[0] <= value <= _INT64[1]:
-        # cty encodes a number that is an exact int64 as the smallest integer form.
-        return int(value)
-    if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
-        # HCL parses number literals at high precision: 1.5 is an exact float64 and travels as
-        # one, while the literal 0.1 is not, so cty sends its decimal text instead.
-        text = Decimal(repr(value))
-        if Decimal(value) != text:
-            return str(text)
+        return [_cty(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float | Decimal):
+        return _cty_number(value)
     return value
 
 
+def _cty_number(value: int | float | Decimal) -> int | float | str:
+    """cty's rule: an exact int64 is an int, else an exact float64 is a float64, else decimal text.
+
+    HCL parses number literals at high precision, so the literal 0.1 is not an exact float64 and
+    travels as the text "0.1"; 1.5 is exact and travels as a float64. A Python float stands for
+    the shortest decimal that reads back as it (what the user wrote), hence ``repr``.
+    """
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return value  # ±Inf travels as float64 (cty has no NaN)
+        exact = Decimal(repr(value))
+    elif isinstance(value, int):
+        exact = Decimal(value)
+    else:
+        exact = value
+    if exact == exact.to_integral_value() and _INT64[0] <= exact <= _INT64[1]:
+        return int(exact)
+    as_float = float(exact)
+    if Decimal(as_float) == exact:
+        return as_float
+    return format(exact.normalize(), "f")
+
+
 def _msgpack_default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        # cty: a number that is neither an exact int64 nor an exact float64 travels as its text.
-        return str(value)
     raise TypeError(f"cannot encode {type(value).__name__} in a config value")
 
 
@@ -219,7 +238,7 @@ def encode(spec: Spec, value: Mapping[str, Any], *, what: str) -> bytes:
     errs = _Errors(what)
     result = _enc_body(spec, value or {}, "", errs)
     errs.raise_if_any()
-    packed: bytes = msgpack.packb(_sorted(result), use_bin_type=True, use_single_float=False, default=_msgpack_default)
+    packed: bytes = msgpack.packb(_cty(result), use_bin_type=True, use_single_float=False, default=_msgpack_default)
     return packed
 
 
@@ -331,7 +350,11 @@ def _kind(value: Any) -> str:
 
 
 def decode(spec: Spec, data: bytes, *, what: str) -> dict[str, Any]:
-    """Decode msgpack config bytes against ``spec``; empty bytes mean every field is absent."""
+    """Decode msgpack config bytes against ``spec``; empty bytes mean every field is absent.
+
+    Numbers come back as ``int`` when integral and ``float`` otherwise: a number cty sent as
+    decimal text (e.g. "0.1") becomes the nearest float, which is what a driver computes with.
+    """
     errs = _Errors(what)
     raw: Any = {}
     if data:

@@ -87,8 +87,7 @@ class BlockList(Spec):
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.max_items and self.min_items > self.max_items:
-            raise SpecError(f"block list {self.name!r}: min_items {self.min_items} exceeds max_items {self.max_items}")
+        _check_items("block list", self.name, self.min_items, self.max_items)
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
         return hcl_spec_pb2.Spec(
@@ -107,6 +106,9 @@ class BlockSet(Spec):
     min_items: int = 0
     max_items: int = 0
     name: str = ""
+
+    def __post_init__(self) -> None:
+        _check_items("block set", self.name, self.min_items, self.max_items)
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
         return hcl_spec_pb2.Spec(
@@ -165,6 +167,10 @@ class Default(Spec):
 class Object(Spec):
     attributes: Mapping[str, Spec]
 
+    def __post_init__(self) -> None:
+        for key, child in self.attributes.items():
+            _check_array_names(child, key)
+
     def to_proto(self) -> hcl_spec_pb2.Spec:
         out = hcl_spec_pb2.Object()
         for key, child in self.attributes.items():
@@ -180,17 +186,45 @@ class Array(Spec):
         return hcl_spec_pb2.Spec(array=hcl_spec_pb2.Array(values=[v.to_proto() for v in self.values]))
 
 
+def _check_items(kind: str, name: str, min_items: int, max_items: int) -> None:
+    # min_items/max_items are uint64 on the wire; 0 means "no limit".
+    if min_items < 0 or max_items < 0:
+        raise SpecError(f"{kind} {name!r}: min_items and max_items cannot be negative (0 means no limit)")
+    if max_items and min_items > max_items:
+        raise SpecError(f"{kind} {name!r}: min_items {min_items} exceeds max_items {max_items}")
+
+
 _NAMED = (Attr, Block, BlockAttrs, BlockList, BlockSet, BlockMap)
 
 
 def _with_implied_name(child: Spec, key: str) -> Spec:
     """Nomad only implies a name for an Object's direct child; a Default's primary gets none.
 
-    To spare authors that gotcha we write the key as an explicit name under a Default.
+    To spare authors that gotcha (driver-protocol gotcha 16) we write the key as an explicit
+    name on the primary of a Default, however many Defaults are stacked under the key.
     """
-    if isinstance(child, Default) and isinstance(child.primary, _NAMED) and not child.primary.name:
-        return Default(_rename(child.primary, key), child.default)
+    if isinstance(child, Default):
+        primary = child.primary
+        if isinstance(primary, _NAMED) and not primary.name:
+            primary = _rename(primary, key)
+        elif isinstance(primary, Default):
+            primary = _with_implied_name(primary, key)
+        return Default(primary, child.default)
     return child
+
+
+def _check_array_names(child: Spec, key: str) -> None:
+    """An Array's elements get no implied name in Nomad, so each must carry its own."""
+    if not isinstance(child, Array):
+        return
+    for i, element in enumerate(child.values):
+        while isinstance(element, Default):
+            element = element.primary
+        if isinstance(element, _NAMED) and not element.name:
+            raise SpecError(
+                f"array under key {key!r}: element {i} ({type(element).__name__}) has no name, and Nomad "
+                "implies none inside an array; give it name=..."
+            )
 
 
 def _rename(spec: Spec, name: str) -> Spec:
@@ -208,31 +242,36 @@ def input_name(spec: Spec, key: str) -> str | None:
     return None
 
 
+def _name(name: str | None) -> str:
+    # The builders take None for "implied from the Object key"; the proto spells that "".
+    return name or ""
+
+
 # --- builders ---------------------------------------------------------------------------------
 
 
-def attr(type: str, required: bool = False, name: str = "") -> Attr:
-    return Attr(type, required, name)
+def attr(type: str, required: bool = False, name: str | None = None) -> Attr:
+    return Attr(type, required, _name(name))
 
 
-def block(nested: Spec, required: bool = False, name: str = "") -> Block:
-    return Block(nested, required, name)
+def block(nested: Spec, required: bool = False, name: str | None = None) -> Block:
+    return Block(nested, required, _name(name))
 
 
-def block_attrs(type: str, required: bool = False, name: str = "") -> BlockAttrs:
-    return BlockAttrs(type, required, name)
+def block_attrs(type: str, required: bool = False, name: str | None = None) -> BlockAttrs:
+    return BlockAttrs(type, required, _name(name))
 
 
-def block_list(nested: Spec, min_items: int = 0, max_items: int = 0, name: str = "") -> BlockList:
-    return BlockList(nested, min_items, max_items, name)
+def block_list(nested: Spec, min_items: int = 0, max_items: int = 0, name: str | None = None) -> BlockList:
+    return BlockList(nested, min_items, max_items, _name(name))
 
 
-def block_set(nested: Spec, min_items: int = 0, max_items: int = 0, name: str = "") -> BlockSet:
-    return BlockSet(nested, min_items, max_items, name)
+def block_set(nested: Spec, min_items: int = 0, max_items: int = 0, name: str | None = None) -> BlockSet:
+    return BlockSet(nested, min_items, max_items, _name(name))
 
 
-def block_map(nested: Spec, labels: Sequence[str], name: str = "") -> BlockMap:
-    return BlockMap(nested, tuple(labels), name)
+def block_map(nested: Spec, labels: Sequence[str], name: str | None = None) -> BlockMap:
+    return BlockMap(nested, tuple(labels), _name(name))
 
 
 def default(primary: Spec, default: Spec) -> Default:

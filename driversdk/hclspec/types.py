@@ -129,7 +129,16 @@ def _describe(value: Any) -> str:
 
 
 def _mismatch(where: str, value: Any, typ: HclType) -> ConfigError:
-    return ConfigError(f"{where} is {_describe(value)}, expected {typ}")
+    return ConfigError(f"{where} is {_describe(value)}, expected {_expected(typ)}")
+
+
+def _expected(typ: HclType) -> str:
+    if typ.kind == "any":
+        return "any value"
+    return f"{'an' if typ.kind == 'object' else 'a'} {typ}"
+
+
+_WRAPPED = re.compile(r"\$\{\s*([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\s*\}")
 
 
 def to_number(value: Any) -> int | float | Decimal | None:
@@ -139,6 +148,10 @@ def to_number(value: Any) -> int | float | Decimal | None:
     if isinstance(value, int | float | Decimal):
         return value
     if isinstance(value, str):
+        # python-hcl2 hands back a literal it cannot represent (e.g. 1e-7) as "${1e-7}".
+        wrapped = _WRAPPED.fullmatch(value)
+        if wrapped:
+            value = wrapped.group(1)
         try:
             dec = Decimal(value.strip())
         except InvalidOperation:
