@@ -110,7 +110,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     records = RunState(_data_dir(args)).tasks()
     if args.json:
-        print(json.dumps([r.__dict__ for r in records], indent=2))
+        print(json.dumps([{k: v for k, v in r.__dict__.items() if k != "handle"} for r in records], indent=2))
         return 0
     if not records:
         print("no tasks have been run with this data_dir")

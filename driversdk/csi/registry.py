@@ -46,27 +46,25 @@ class PluginRegistry:
         self._lock = threading.Lock()
         self._subscribers: list[queue.Queue[RegistryEvent]] = []
         self._store = store
-        if store is not None:
-            for record in store.load_plugins():
-                reg = PluginRegistration(**record)  # type: ignore[arg-type]
-                self._plugins.setdefault(reg.type, {}).setdefault(reg.name, []).append(reg)
+        self._reload()
+
+    def _reload(self) -> None:
+        """Re-read the store: another process (another `driversdk run`) may have registered or
+        deregistered an instance since we last looked."""
+        if self._store is None:
+            return
+        fresh: dict[str, dict[str, list[PluginRegistration]]] = {t: {} for t in PLUGIN_TYPES}
+        for record in self._store.load_plugins():
+            reg = PluginRegistration(**record)  # type: ignore[arg-type]
+            fresh.setdefault(reg.type, {}).setdefault(reg.name, []).append(reg)
+        with self._lock:
+            self._plugins = fresh
 
     def _check_type(self, kind: str) -> None:
         if kind not in PLUGIN_TYPES:
             raise CSIError(
                 f"unknown CSI plugin type {kind!r}; use one of {', '.join(PLUGIN_TYPES)}", code="OK", call="registry"
             )
-
-    def _persist(self) -> None:
-        if self._store is None:
-            return
-        entries = [
-            (kind, name, reg.alloc_id, position, asdict(reg))
-            for kind, by_name in self._plugins.items()
-            for name, regs in by_name.items()
-            for position, reg in enumerate(regs)
-        ]
-        self._store.save_plugins(entries)
 
     def _emit(self, event: RegistryEvent) -> None:
         for sub in list(self._subscribers):
@@ -77,18 +75,30 @@ class PluginRegistry:
         self._check_type(reg.type)
         if not reg.name or not reg.socket_path:
             raise CSIError("a plugin registration needs a name and a socket path", code="OK", call="registry")
-        with self._lock:
-            regs = self._plugins[reg.type].setdefault(reg.name, [])
-            if any(r.alloc_id == reg.alloc_id for r in regs):
+        if self._store is not None:
+            if not self._store.add_plugin(reg.type, reg.name, reg.alloc_id, asdict(reg)):
                 return False
-            regs.insert(0, reg)
-            self._persist()
+            self._reload()
+        else:
+            with self._lock:
+                regs = self._plugins[reg.type].setdefault(reg.name, [])
+                if any(r.alloc_id == reg.alloc_id for r in regs):
+                    return False
+                regs.insert(0, reg)
         self._emit(RegistryEvent("registered", reg))
         return True
 
     def deregister(self, kind: str, name: str, alloc_id: str) -> bool:
         """Remove that alloc's instance. Safe before register (a fast crash): no event, no error."""
         self._check_type(kind)
+        if self._store is not None:
+            record = self._store.remove_plugin(kind, name, alloc_id)
+            if record is None:
+                return False
+            removed = PluginRegistration(**record)  # type: ignore[arg-type]
+            self._reload()
+            self._emit(RegistryEvent("deregistered", removed))
+            return True
         with self._lock:
             regs = self._plugins[kind].get(name)
             if not regs:
@@ -99,23 +109,25 @@ class PluginRegistry:
             regs.remove(match)
             if not regs:
                 del self._plugins[kind][name]
-            self._persist()
         self._emit(RegistryEvent("deregistered", match))
         return True
 
     def current(self, kind: str, name: str) -> PluginRegistration | None:
         self._check_type(kind)
+        self._reload()
         with self._lock:
             regs = self._plugins[kind].get(name)
             return regs[0] if regs else None
 
     def instances(self, kind: str, name: str) -> list[PluginRegistration]:
         self._check_type(kind)
+        self._reload()
         with self._lock:
             return list(self._plugins[kind].get(name, []))
 
     def plugins(self, kind: str) -> dict[str, PluginRegistration]:
         self._check_type(kind)
+        self._reload()
         with self._lock:
             return {name: regs[0] for name, regs in self._plugins[kind].items() if regs}
 

@@ -119,13 +119,35 @@ class StateStore:
 
     # --- plugin registry -----------------------------------------------------------------------
 
-    def save_plugins(self, entries: list[tuple[str, str, str, int, dict[str, object]]]) -> None:
+    def add_plugin(self, kind: str, name: str, alloc_id: str, record: dict[str, object]) -> bool:
+        """Insert one registration as the newest of its name; False when that alloc has one.
+
+        Row-level, in one transaction, so two processes sharing the file never lose each
+        other's registrations."""
         with self._tx() as db:
-            db.execute("DELETE FROM csi_plugins")
-            db.executemany(
+            if db.execute(
+                "SELECT 1 FROM csi_plugins WHERE type=? AND name=? AND alloc_id=?", (kind, name, alloc_id)
+            ).fetchone():
+                return False
+            (lowest,) = db.execute(
+                "SELECT COALESCE(MIN(position), 0) FROM csi_plugins WHERE type=? AND name=?", (kind, name)
+            ).fetchone()
+            db.execute(
                 "INSERT INTO csi_plugins VALUES (?, ?, ?, ?, ?)",
-                [(t, n, a, pos, json.dumps(rec, sort_keys=True)) for t, n, a, pos, rec in entries],
+                (kind, name, alloc_id, int(lowest) - 1, json.dumps(record, sort_keys=True)),
             )
+        return True
+
+    def remove_plugin(self, kind: str, name: str, alloc_id: str) -> dict[str, object] | None:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT record FROM csi_plugins WHERE type=? AND name=? AND alloc_id=?", (kind, name, alloc_id)
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM csi_plugins WHERE type=? AND name=? AND alloc_id=?", (kind, name, alloc_id))
+        record: dict[str, object] = json.loads(row[0])
+        return record
 
     def load_plugins(self) -> list[dict[str, object]]:
         with self._lock:

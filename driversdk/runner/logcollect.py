@@ -1,15 +1,25 @@
-"""Log collection as Nomad's logmon does it: read a task's fifo into rotated files.
+"""Log collection as Nomad's logmon does it: read a task's fifos into rotated files.
 
 Files are ``<task>.stdout.<N>`` / ``<task>.stderr.<N>`` in ``<alloc>/alloc/logs``; a file that
 reaches ``max_file_size`` MB moves on to N+1, and only the newest ``max_files`` are kept.
+
+The reader is a small detached process per task (:func:`spawn`), not a thread of ``driversdk
+run``: a task writing straight into its fifo (exec) would die of SIGPIPE the moment the run
+process is killed, and a restarted run could not recover it. This module imports only the
+standard library so that process starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import select
-import threading
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 
 MIB = 1024 * 1024
 
@@ -52,41 +62,139 @@ class RotatingFile:
         self._file.close()
 
 
-class FifoCollector:
-    """Creates a task's fifo (0600) and copies whatever is written into rotated files."""
+@dataclass(frozen=True)
+class Logmon:
+    """A running log monitor: its pid and the two fifos it reads."""
 
-    def __init__(self, fifo: str, sink: RotatingFile) -> None:
-        self.fifo = fifo
-        self.sink = sink
+    pid: int
+    stdout_fifo: str
+    stderr_fifo: str
+
+
+def fifo_paths(logs_dir: str, task: str) -> tuple[str, str]:
+    return os.path.join(logs_dir, f".{task}.stdout.fifo"), os.path.join(logs_dir, f".{task}.stderr.fifo")
+
+
+def spawn(logs_dir: str, task: str, max_files: int, max_size: int, timeout: float = 10.0) -> Logmon:
+    """Create the task's fifos (0600) and start a detached reader; returns once it holds them open."""
+    stdout_fifo, stderr_fifo = fifo_paths(logs_dir, task)
+    for fifo in (stdout_fifo, stderr_fifo):
         if not os.path.exists(fifo):
             os.mkfifo(fifo, 0o600)
-        # Read-write: the collector never sees end-of-file when a writer goes and comes back.
-        self._fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"logs-{os.path.basename(fifo)}")
-        self._thread.start()
+    args = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--dir", logs_dir, "--task", task,
+            "--max-files", str(max_files), "--max-size", str(max_size)]  # fmt: skip
+    child = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C in the terminal goes to the run, which decides
+        close_fds=True,
+    )
+    assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], timeout)
+    line = child.stdout.readline() if ready else b""
+    child.stdout.close()
+    if line.strip() != b"ready":
+        child.kill()
+        child.wait()
+        raise OSError(f'the log collector for task "{task}" did not start within {timeout:g}s')
+    _children[child.pid] = child
+    return Logmon(child.pid, stdout_fifo, stderr_fifo)
 
-    def _run(self) -> None:
-        while True:
-            ready, _, _ = select.select([self._fd], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(self._fd, 65536)
-                except BlockingIOError:
-                    continue
-                if chunk:
-                    self.sink.write(chunk)
-                    continue
-            if self._stop.is_set():
-                return
 
-    def close(self) -> None:
-        """Drain what is buffered, then stop and remove the fifo."""
-        self._stop.set()
-        self._thread.join(5)
-        os.close(self._fd)
-        self.sink.close()
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def alive(logmon: Logmon) -> bool:
+    """True when that pid is still our collector for those fifos (pids get reused)."""
+    child = _children.get(logmon.pid)
+    if child is not None and child.poll() is not None:
+        return False
+    cmdline = _cmdline(logmon.pid)
+    logs_dir = os.path.dirname(logmon.stdout_fifo)
+    return __file__.rsplit(".", 1)[0] in cmdline and logs_dir in cmdline
+
+
+def stop(logmon: Logmon, timeout: float = 5.0) -> None:
+    """Let the collector drain what the fifos still hold, then remove the fifos."""
+    if alive(logmon):
         try:
-            os.unlink(self.fifo)
+            os.kill(logmon.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        child = _children.pop(logmon.pid, None)
+        if child is not None:
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        else:  # adopted from an earlier run: not our child, so poll
+            deadline = time.monotonic() + timeout
+            while os.path.exists(f"/proc/{logmon.pid}") and time.monotonic() < deadline:
+                time.sleep(0.02)
+    for fifo in (logmon.stdout_fifo, logmon.stderr_fifo):
+        try:
+            os.unlink(fifo)
         except FileNotFoundError:
             pass
+
+
+def _collect(logs_dir: str, task: str, max_files: int, max_size: int) -> None:
+    stopping = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sinks = {}
+    for fifo, kind in zip(fifo_paths(logs_dir, task), ("stdout", "stderr"), strict=True):
+        # Read-write: the reader never sees end-of-file when a writer goes and comes back.
+        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        sinks[fd] = RotatingFile(logs_dir, f"{task}.{kind}", max_files, max_size)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        try:
+            ready, _, _ = select.select(list(sinks), [], [], 0.2)
+        except InterruptedError:
+            ready = []
+        got = False
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if chunk:
+                sinks[fd].write(chunk)
+                got = True
+        if stopping and not got:
+            break
+    for fd, sink in sinks.items():
+        os.close(fd)
+        sink.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="copy a task's stdout/stderr fifos into rotated files")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--max-files", type=int, default=10)
+    parser.add_argument("--max-size", type=int, default=10 * MIB)
+    args = parser.parse_args(argv)
+    _collect(args.dir, args.task, args.max_files, args.max_size)
+
+
+if __name__ == "__main__":
+    main()

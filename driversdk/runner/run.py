@@ -1,14 +1,17 @@
-"""``driversdk run``: run a job's tasks on this machine through their driver plugins.
+"""``driversdk run``: run a job's allocations on this machine through their driver plugins.
 
-What it does today: validate the job (exactly as ``driversdk validate``), lay out the alloc
-dir, collect logs into rotated files, turn host volumes into checked driver mounts, start
-every task through its launched plugin, report progress, stop cleanly on Ctrl-C or SIGTERM,
-and release everything on the way out. CSI volumes, group networks and restart recovery are
-refused with a sentence rather than half done.
+Per allocation, in Nomad's hook order: alloc dir; group network (created by the driver that
+must create it); CSI hook (claim, wait for the node plugin, controller publish, stage, publish);
+per task: log monitor, CSI plugin supervisor mounts for ``csi_plugin`` tasks, volume hook (host
+and CSI mounts checked against the driver's MountConfigs and the host), StartTask, wait. Every
+step is recorded in ``<data_dir>/state.db``; a run that was killed and started again recovers
+its allocations (reattach or relaunch the plugins, RecoverTask, adopt the log monitors, keep the
+mounts) instead of starting duplicates. On the way out everything is undone in reverse.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -19,21 +22,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driversdk import convert
-from driversdk.client import DriverClient, launch
+from driversdk.client import DriverClient, launch, reattach
+from driversdk.csi.registry import PluginRegistry
+from driversdk.csi.state import StateStore
 from driversdk.errors import ConfigError, DriverSDKError
-from driversdk.model import AgentConfig, ExitResult, LinuxResources, Resources, TaskConfig
+from driversdk.model import (
+    AgentConfig,
+    Capabilities,
+    ExitResult,
+    FSIsolation,
+    LinuxResources,
+    NetworkIsolationMode,
+    NetworkIsolationSpec,
+    Resources,
+    TaskConfig,
+)
 from driversdk.mounts import MountRequest, check_mounts
+from driversdk.plugin.host import ReattachConfig
+from driversdk.runner import logcollect
 from driversdk.runner.clientconfig import ClientConfig
+from driversdk.runner.csihook import CSIHook
 from driversdk.runner.jobspec import Group, Job, Task, parse_job
-from driversdk.runner.logcollect import MIB, FifoCollector, RotatingFile
-from driversdk.runner.runstate import RunState
+from driversdk.runner.logcollect import MIB
+from driversdk.runner.runstate import AllocRecord, RunState, TaskRecord
+from driversdk.runner.supervisor import PluginSupervisor, csi_dir, parse_duration, release_shared
 from driversdk.runner.validate import validate_job
+from driversdk.runner.volumes import VolumeStore
 
 Say = Callable[[str], None]
 
 
 class RunRefused(ConfigError):
     """The job asks for something ``driversdk run`` does not do."""
+
+
+class AlreadyRunning(ConfigError):
+    """Another live ``driversdk run`` process owns the job's allocations."""
 
 
 def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
@@ -47,15 +71,14 @@ def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
     return [os.path.join(logs, n) for n in sorted(names, key=lambda n: int(n[len(prefix) :]))]
 
 
-def _parse_seconds(text: str) -> float:
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for unit in ("ms", "s", "m", "h"):
-        if text.endswith(unit):
-            try:
-                return float(text[: -len(unit)]) * units[unit]
-            except ValueError:
-                break
-    raise ConfigError(f'kill_timeout {text!r} is not a duration such as "5s"')
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass
@@ -63,42 +86,72 @@ class RunningTask:
     task: Task
     config: TaskConfig
     client: DriverClient
-    collectors: list[FifoCollector] = field(default_factory=list)
+    logmon: logcollect.Logmon | None = None
+    supervisor: PluginSupervisor | None = None
     result: ExitResult | None = None
     started: bool = False
+    failure: str = ""
     done: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass
+class NodeServices:
+    """What every allocation of a run shares: the state files and the CSI plugin registry."""
+
+    state: RunState
+    volumes: VolumeStore
+    csi_state: StateStore
+    registry: PluginRegistry
+
+    @classmethod
+    def open(cls, data_dir: str) -> NodeServices:
+        db = os.path.join(data_dir, "state.db")
+        state = RunState(data_dir)
+        csi_state = StateStore(db)
+        return cls(state, VolumeStore(db), csi_state, PluginRegistry(csi_state))
+
+    def close(self) -> None:
+        self.volumes.close()
+        self.csi_state.close()
+        self.state.close()
+
+
 class AllocRun:
-    def __init__(self, job: Job, group: Group, client: ClientConfig, say: Say, state: RunState) -> None:
-        self.state = state
+    def __init__(
+        self,
+        job: Job,
+        group: Group,
+        index: int,
+        client: ClientConfig,
+        say: Say,
+        node: NodeServices,
+        alloc_id: str | None = None,
+    ) -> None:
         self.job = job
         self.group = group
+        self.index = index
         self.client = client
         self.say = say
-        self.alloc_id = str(uuid.uuid4())
+        self.node = node
+        self.state = node.state
+        self.alloc_id = alloc_id or str(uuid.uuid4())
         self.alloc_dir = os.path.join(client.data_dir, "allocs", self.alloc_id)
         self.plugins: dict[str, DriverClient] = {}
         self.tasks: list[RunningTask] = []
+        self.network: NetworkIsolationSpec | None = None
+        self.network_owner = ""
+        self.csi: CSIHook | None = None
+        self.csi_sources: dict[str, str] = {}
+        self._closed = False
 
-    def _refuse_unsupported(self) -> None:
-        csi = [r.name for r in self.group.volumes.values() if r.type == "csi"]
-        if csi:
-            raise RunRefused(
-                f'group "{self.group.name}": driversdk run does not claim and mount CSI volumes ({", ".join(csi)}); '
-                "use `driversdk validate` to check the job and run it under Nomad"
-            )
-        plugins = [t.name for t in self.group.tasks if t.csi_plugin is not None]
-        if plugins:
-            raise RunRefused(
-                f'group "{self.group.name}": driversdk run does not supervise CSI plugin tasks ({", ".join(plugins)}); '
-                "run the plugin under Nomad, or start it by hand (driversdk-csi-hostpath) for CSI tools"
-            )
-        if self.group.network_mode not in ("host", ""):
-            raise RunRefused(
-                f'group "{self.group.name}": network mode {self.group.network_mode!r} is not run by driversdk run; '
-                'use mode = "host"'
-            )
+    @property
+    def provides_plugins(self) -> bool:
+        return any(t.csi_plugin is not None for t in self.group.tasks)
+
+    def _say_task(self, task: str, text: str) -> None:
+        self.say(f'==> task "{task}" {text}')
+
+    # --- plugins -------------------------------------------------------------------------------
 
     def _plugin(self, driver: str) -> DriverClient:
         if driver not in self.plugins:
@@ -113,51 +166,115 @@ class AllocRun:
                 plugin.kill()
                 raise
             self.plugins[driver] = plugin
+            self.state.plugin_started(self.alloc_id, driver, plugin.process.reattach_config.to_json())
         return self.plugins[driver]
 
-    def _task_config(self, task: Task, plugin: DriverClient) -> tuple[TaskConfig, list[FifoCollector]]:
-        caps = plugin.capabilities()
-        task_dir = os.path.join(self.alloc_dir, task.name)
-        for sub in ("local", "secrets", "private", "tmp"):
-            os.makedirs(os.path.join(task_dir, sub), exist_ok=True)
-        logs = os.path.join(self.alloc_dir, "alloc", "logs")
-        stdout, stderr = (
-            os.path.join(logs, f".{task.name}.stdout.fifo"),
-            os.path.join(logs, f".{task.name}.stderr.fifo"),
+    def _reattach_plugins(self) -> None:
+        for driver, saved in self.state.plugins(self.alloc_id).items():
+            try:
+                self.plugins[driver] = reattach(ReattachConfig.from_json(saved), name=driver)
+                self.say(f'==> driver "{driver}": reattached to its running plugin')
+            except DriverSDKError:
+                pass  # the plugin died with the run: _plugin launches a new one and RecoverTask finds the task
+
+    # --- network -------------------------------------------------------------------------------
+
+    def _create_network(self) -> None:
+        if (self.group.network_mode or "host") == "host":
+            return
+        for task in self.group.tasks:
+            caps = self._plugin(task.driver).capabilities()
+            if caps.must_create_network and NetworkIsolationMode.GROUP in caps.network_isolation_modes:
+                spec, _ = self._plugin(task.driver).create_network(self.alloc_id, f"{self.group.name}-{self.index}")
+                self.network, self.network_owner = spec, task.driver
+                self.state.alloc_update(self.alloc_id, network=json.dumps(self._network_json()))
+                self.say(f'==> group "{self.group.name}": network created by the {task.driver} driver')
+                return
+        drivers = ", ".join(sorted({t.driver for t in self.group.tasks}))
+        raise RunRefused(
+            f'group "{self.group.name}": network mode "bridge" needs a task driver that creates group networks, and '
+            f'none of {drivers} does; use docker or exec, or mode = "host"'
         )
-        collectors: list[FifoCollector] = []
-        if task.logs_disabled:
-            stdout = stderr = os.devnull
-        elif not caps.disable_log_collection:
-            for fifo, kind in ((stdout, "stdout"), (stderr, "stderr")):
-                sink = RotatingFile(logs, f"{task.name}.{kind}", task.logs_max_files, task.logs_max_file_size * MIB)
-                collectors.append(FifoCollector(fifo, sink))
+
+    def _network_json(self) -> dict[str, Any]:
+        assert self.network is not None
+        return {"owner": self.network_owner, "mode": self.network.mode.value, "path": self.network.path,
+                "labels": self.network.labels}  # fmt: skip
+
+    def _restore_network(self, saved: str | None) -> None:
+        if not saved:
+            return
+        data = json.loads(saved)
+        self.network_owner = data["owner"]
+        self.network = NetworkIsolationSpec(NetworkIsolationMode(data["mode"]), data["path"], dict(data["labels"]))
+
+    def _destroy_network(self) -> None:
+        if self.network is None:
+            return
+        try:
+            self._plugin(self.network_owner).destroy_network(self.alloc_id, self.network)
+            self.network = None
+        except DriverSDKError as err:
+            self.say(f'==> group "{self.group.name}": network removal failed: {err}')
+
+    # --- tasks ---------------------------------------------------------------------------------
+
+    def _volume_requests(self, task: Task) -> list[MountRequest]:
         requests = []
         for mount in task.volume_mounts:
             req = self.group.volumes[mount.volume]
-            volume = self.client.host_volumes[req.source]
+            if req.type == "csi":
+                host_path, kind, read_only = self.csi_sources[req.name], "csi", req.read_only or mount.read_only
+            else:
+                volume = self.client.host_volumes[req.source]
+                host_path, kind = volume.path, "host"
+                read_only = volume.read_only or req.read_only or mount.read_only
             requests.append(
                 MountRequest(
                     volume=req.name,
                     destination=mount.destination,
-                    host_path=volume.path,
+                    host_path=host_path,
+                    kind=kind,
                     propagation=mount.propagation_mode,
-                    read_only=volume.read_only or req.read_only or mount.read_only,
+                    read_only=read_only,
                     selinux_label=mount.selinux_label,
                 )
             )
-        mounts = check_mounts(requests, task=task.name, driver=task.driver, mount_configs=int(caps.mount_configs))
+        return requests
+
+    def _task_config(
+        self,
+        task: Task,
+        caps: Capabilities,
+        logmon: logcollect.Logmon | None,
+        extra_mounts: list[MountRequest],
+        extra_env: dict[str, str],
+    ) -> TaskConfig:
+        task_dir = os.path.join(self.alloc_dir, task.name)
+        for sub in ("local", "secrets", "private", "tmp"):
+            os.makedirs(os.path.join(task_dir, sub), exist_ok=True)
+        mounts = check_mounts(
+            self._volume_requests(task) + extra_mounts,
+            task=task.name,
+            driver=task.driver,
+            mount_configs=int(caps.mount_configs),
+        )
         env = {
             "NOMAD_ALLOC_ID": self.alloc_id,
+            "NOMAD_ALLOC_INDEX": str(self.index),
             "NOMAD_JOB_NAME": self.job.name,
             "NOMAD_GROUP_NAME": self.group.name,
             "NOMAD_TASK_NAME": task.name,
             "NOMAD_ALLOC_DIR": "/alloc",
             "NOMAD_TASK_DIR": "/local",
             "NOMAD_SECRETS_DIR": "/secrets",
+            **extra_env,
             **task.env,
         }
-        config = TaskConfig(
+        stdout = stderr = os.devnull
+        if logmon is not None:
+            stdout, stderr = logmon.stdout_fifo, logmon.stderr_fifo
+        return TaskConfig(
             id=f"{self.alloc_id}/{task.name}/{secrets.token_hex(4)}",
             name=task.name,
             alloc_id=self.alloc_id,
@@ -178,71 +295,240 @@ class AllocRun:
             stdout_path=stdout,
             stderr_path=stderr,
             driver_config=dict(task.config),
+            network_isolation_spec=self.network,
         )
-        return config, collectors
 
-    def start(self) -> None:
-        self._refuse_unsupported()
-        for sub in ("alloc/logs", "alloc/tmp", "alloc/data"):
-            os.makedirs(os.path.join(self.alloc_dir, sub), exist_ok=True)
-        for task in self.group.tasks:
-            plugin = self._plugin(task.driver)
-            config, collectors = self._task_config(task, plugin)
-            running = RunningTask(task, config, plugin, collectors)
-            self.tasks.append(running)
+    def _logmon(self, task: Task, caps: Capabilities) -> logcollect.Logmon | None:
+        if task.logs_disabled or caps.disable_log_collection:
+            return None
+        logs = os.path.join(self.alloc_dir, "alloc", "logs")
+        return logcollect.spawn(logs, task.name, task.logs_max_files, task.logs_max_file_size * MIB)
+
+    def _supervisor(self, task: Task, caps: Capabilities) -> PluginSupervisor | None:
+        if task.csi_plugin is None:
+            return None
+        return PluginSupervisor(
+            task=task,
+            alloc_id=self.alloc_id,
+            data_dir=self.client.data_dir,
+            registry=self.node.registry,
+            say=self.say,
+            fs_isolated=caps.fs_isolation != FSIsolation.NONE,
+        )
+
+    def _start_task(self, task: Task) -> None:
+        plugin = self._plugin(task.driver)
+        caps = plugin.capabilities()
+        supervisor = self._supervisor(task, caps)
+        extra_mounts, extra_env = supervisor.prestart() if supervisor else ([], {})
+        logmon = self._logmon(task, caps)
+        running: RunningTask | None = None
+        try:
+            config = self._task_config(task, caps, logmon, extra_mounts, extra_env)
+            running = RunningTask(task, config, plugin, logmon, supervisor)
             handle = plugin.start_task(config)
-            running.started = True
-            self.state.started(
-                self.alloc_id,
-                self.job.name,
-                self.group.name,
-                task.name,
-                task.driver,
-                config.id,
-                convert.task_handle_to_proto(handle).SerializeToString(),
-                self.alloc_dir,
-            )
-            self.say(f'==> task "{task.name}" started ({task.driver}, alloc {self.alloc_id[:8]})')
-            threading.Thread(target=self._wait, args=(running,), daemon=True).start()
+        except BaseException:
+            if logmon is not None:
+                logcollect.stop(logmon)
+            if supervisor is not None:
+                supervisor.cleanup()
+            raise
+        running.started = True
+        self.tasks.append(running)
+        self.state.started(
+            self.alloc_id, self.job.name, self.group.name, task.name, task.driver, config.id,
+            convert.task_handle_to_proto(handle).SerializeToString(), self.alloc_dir, logmon.pid if logmon else 0,
+        )  # fmt: skip
+        self._say_task(task.name, f"started ({task.driver}, alloc {self.alloc_id[:8]})")
+        self._watch(running)
+
+    def _watch(self, running: RunningTask) -> None:
+        threading.Thread(target=self._wait, args=(running,), daemon=True).start()
+        if running.supervisor is not None:
+            running.supervisor.start(lambda why, r=running: self._plugin_failed(r, why))  # type: ignore[misc]
+
+    def _plugin_failed(self, running: RunningTask, why: str) -> None:
+        running.failure = why
+        self._say_task(running.task.name, f"failed: {why}")
+        self._stop_task(running)
 
     def _wait(self, running: RunningTask) -> None:
         try:
             running.result = running.client.wait_task(running.config.id)
         except DriverSDKError as err:
-            self.say(f'==> task "{running.task.name}": wait failed: {err}')
+            self._say_task(running.task.name, f"wait failed: {err}")
             running.result = ExitResult(exit_code=1)
-        finally:
-            running.done.set()
         r = running.result
+        if running.failure and r.successful:
+            r = running.result = ExitResult(exit_code=1, signal=r.signal)
         self.state.finished(self.alloc_id, running.task.name, r.exit_code, r.signal, r.oom_killed)
         how = f"signal {r.signal}" if r.signal else f"exit code {r.exit_code}"
         oom = " (killed: out of memory)" if r.oom_killed else ""
-        self.say(f'==> task "{running.task.name}" finished with {how}{oom}')
+        self._say_task(running.task.name, f"finished with {how}{oom}")
+        running.done.set()
 
-    def stop(self) -> None:
+    # --- start / recover -----------------------------------------------------------------------
+
+    def _refuse_unsupported(self) -> None:
+        mode = self.group.network_mode or "host"
+        if mode not in ("host", "bridge"):
+            raise RunRefused(
+                f'group "{self.group.name}": network mode {mode!r} is not run by driversdk run; use mode = "host" or '
+                '"bridge"'
+            )
+
+    def start(self) -> None:
+        self._refuse_unsupported()
+        self.state.alloc_started(self.alloc_id, self.job.name, self.group.name, self.index, self.alloc_dir)
+        for sub in ("alloc/logs", "alloc/tmp", "alloc/data"):
+            os.makedirs(os.path.join(self.alloc_dir, sub), exist_ok=True)
+        self._create_network()
+        if any(r.type == "csi" for r in self.group.volumes.values()):
+            self.csi = self._csi_hook()
+            self.csi_sources = self.csi.prerun()
+        for task in self.group.tasks:
+            self._start_task(task)
+
+    def _csi_hook(self) -> CSIHook:
+        return CSIHook(
+            job=self.job,
+            group=self.group,
+            alloc_id=self.alloc_id,
+            alloc_index=self.index,
+            volumes=self.node.volumes,
+            registry=self.node.registry,
+            store=self.node.csi_state,
+            say=self.say,
+            persist=lambda text: self.state.alloc_update(self.alloc_id, csi=text),
+        )
+
+    def recover(self, record: AllocRecord) -> None:
+        """Take over an allocation a killed run left: no task is started twice."""
+        self.state.alloc_update(self.alloc_id, run_pid=os.getpid())
+        self.say(f'==> group "{self.group.name}": recovering alloc {self.alloc_id[:8]} from a previous run')
+        self._reattach_plugins()
+        self._restore_network(record.network)
+        if any(r.type == "csi" for r in self.group.volumes.values()):
+            self.csi = self._csi_hook()
+            self.csi_sources = self.csi.restore(record.csi)
+        records = {r.task: r for r in self.state.tasks(self.alloc_id)}
+        for task in self.group.tasks:
+            found = records.get(task.name)
+            if found is None:
+                self._start_task(task)  # the killed run had not got to it
+            else:
+                self._recover_task(task, found)
+
+    def _recover_task(self, task: Task, record: TaskRecord) -> None:
+        handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
+        plugin = self._plugin(task.driver)
+        logs = os.path.join(self.alloc_dir, "alloc", "logs")
+        stdout_fifo, stderr_fifo = logcollect.fifo_paths(logs, task.name)
+        logmon = logcollect.Logmon(record.logmon_pid, stdout_fifo, stderr_fifo) if record.logmon_pid else None
+        running = RunningTask(task, handle.config, plugin, logmon, started=True)
+        self.tasks.append(running)
+        if record.state != "running":
+            running.result = ExitResult(record.exit_code or 0, record.signal or 0, record.oom)
+            running.done.set()
+            return
+        if logmon is not None and not logcollect.alive(logmon):
+            logmon = running.logmon = logcollect.spawn(logs, task.name, task.logs_max_files,
+                                                       task.logs_max_file_size * MIB)  # fmt: skip
+            self.state.set_logmon(self.alloc_id, task.name, logmon.pid)
+        try:
+            plugin.recover_task(handle)
+        except DriverSDKError as err:
+            self._say_task(task.name, f"could not be recovered: {err}")
+            running.result = ExitResult(exit_code=1)
+            self.state.finished(self.alloc_id, task.name, 1, 0, False)
+            running.done.set()
+            return
+        self._say_task(task.name, f"recovered ({task.driver}, alloc {self.alloc_id[:8]})")
+        running.supervisor = self._supervisor(task, plugin.capabilities())
+        if running.supervisor is not None:
+            running.supervisor.prestart()
+        self._watch(running)
+
+    # --- stop / close --------------------------------------------------------------------------
+
+    def _stop_task(self, running: RunningTask) -> None:
+        if running.started and not running.done.is_set():
+            self._say_task(running.task.name, "stopping")
+            try:
+                timeout = parse_duration(running.task.kill_timeout, "kill_timeout")
+                running.client.stop_task(running.config.id, timeout, running.task.kill_signal)
+            except DriverSDKError as err:
+                self._say_task(running.task.name, f"stop failed: {err}")
+
+    def stop(self, wait: float = 60.0) -> None:
         for running in self.tasks:
-            if running.started and not running.done.is_set():
-                self.say(f'==> stopping task "{running.task.name}"')
-                try:
-                    running.client.stop_task(
-                        running.config.id, _parse_seconds(running.task.kill_timeout), running.task.kill_signal
-                    )
-                except DriverSDKError as err:
-                    self.say(f'==> task "{running.task.name}": stop failed: {err}')
+            if running.supervisor is not None:
+                running.supervisor.stop()
+            self._stop_task(running)
+        for running in self.tasks:
+            running.done.wait(wait)
 
     def close(self) -> None:
-        """Release everything this run created: tasks, log fifos, plugin processes."""
+        """Release everything this allocation holds, in reverse: tasks, log monitors, CSI
+        volumes, plugin sockets, network, driver plugins. Failures are reported, not raised, so
+        one stuck step does not leave the rest behind."""
+        if self._closed:
+            return
+        self._closed = True
         for running in self.tasks:
+            if running.supervisor is not None:
+                running.supervisor.stop()
             if running.started:
                 self.state.stopped(self.alloc_id, running.task.name)
                 try:
                     running.client.destroy_task(running.config.id, force=True)
                 except DriverSDKError as err:
-                    self.say(f'==> task "{running.task.name}": destroy failed: {err}')
-            for collector in running.collectors:
-                collector.close()
+                    self._say_task(running.task.name, f"destroy failed: {err}")
+            if running.logmon is not None:
+                logcollect.stop(running.logmon)
+            if running.supervisor is not None:
+                running.supervisor.cleanup()
+        failures = self.csi.postrun() if self.csi is not None else []
+        for failure in failures:
+            self.say(f'==> group "{self.group.name}": {failure}; the claim is kept until it is unmounted')
+        self._destroy_network()
         for plugin in self.plugins.values():
             plugin.kill()
+        self.state.plugins_gone(self.alloc_id)
+        self.state.alloc_update(self.alloc_id, state="failed" if failures else "stopped")
+        if self.provides_plugins:
+            release_shared(csi_dir(self.client.data_dir))
+
+
+def _handle_proto(data: bytes) -> Any:
+    from driversdk.pb import driver_pb2
+
+    proto = driver_pb2.TaskHandle()
+    proto.ParseFromString(data)
+    return proto
+
+
+def _order(job: Job) -> list[tuple[Group, int]]:
+    """Groups that provide CSI plugins start first (and stop last): the others may mount through them."""
+    groups = sorted(job.groups, key=lambda g: not any(t.csi_plugin is not None for t in g.tasks))
+    return [(g, i) for g in groups for i in range(g.count)]
+
+
+def _plan(job: Job, client: ClientConfig, say: Say, node: NodeServices) -> list[tuple[AllocRun, AllocRecord | None]]:
+    """One AllocRun per (group, index): recovered when a previous run left it running."""
+    previous = {(r.group, r.index): r for r in node.state.running_allocs(job.name)}
+    for earlier in previous.values():
+        if earlier.run_pid != os.getpid() and _pid_alive(earlier.run_pid):
+            raise AlreadyRunning(
+                f'job "{job.name}" is already being run by driversdk run (pid {earlier.run_pid}); stop that run '
+                "(Ctrl-C) before running the job again, or check it with `driversdk status`"
+            )
+    plan: list[tuple[AllocRun, AllocRecord | None]] = []
+    for group, index in _order(job):
+        record = previous.get((group.name, index))
+        alloc = AllocRun(job, group, index, client, say, node, alloc_id=record.alloc_id if record else None)
+        plan.append((alloc, record))
+    return plan
 
 
 def run_job(path: str, client: ClientConfig, say: Say = print, stop: threading.Event | None = None) -> int:
@@ -257,29 +543,31 @@ def run_job(path: str, client: ClientConfig, say: Say = print, stop: threading.E
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    node = NodeServices.open(client.data_dir)
     allocs: list[AllocRun] = []
-    state = RunState(client.data_dir)
     try:
-        for group in job.groups:
-            for _ in range(group.count):
-                alloc = AllocRun(job, group, client, say, state)
-                allocs.append(alloc)
+        for alloc, record in _plan(job, client, say, node):
+            allocs.append(alloc)
+            if record is not None:
+                alloc.recover(record)
+            else:
                 alloc.start()
+            if stop.is_set():
+                break
         tasks = [t for a in allocs for t in a.tasks]
-        while not stop.is_set() and not all(t.done.is_set() for t in tasks):
+        # CSI plugin tasks serve the others: the run ends when every other task has finished.
+        main = [t for t in tasks if t.task.csi_plugin is None] or tasks
+        while not stop.is_set() and not all(t.done.is_set() for t in main):
             stop.wait(0.2)
         if stop.is_set():
             say("==> interrupted: stopping tasks")
-            for alloc in allocs:
-                alloc.stop()
-            for t in tasks:
-                t.done.wait(60)
-        results = [t.result for t in tasks]
-        ok = all(r is not None and r.successful for r in results)
+        results = [t.result for t in main]
+        ok = all(r is not None and r.successful for r in results) and not any(t.failure for t in tasks)
         return 0 if ok and not stop.is_set() else 1
     finally:
-        for alloc in allocs:
+        for alloc in reversed(allocs):
+            alloc.stop()
             alloc.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        state.close()
+        node.close()

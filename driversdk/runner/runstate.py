@@ -18,7 +18,27 @@ CREATE TABLE IF NOT EXISTS run_tasks (
     handle BLOB, alloc_dir TEXT NOT NULL, updated REAL NOT NULL,
     PRIMARY KEY (alloc_id, task)
 );
+CREATE TABLE IF NOT EXISTS run_allocs (
+    alloc_id TEXT PRIMARY KEY, job TEXT NOT NULL, grp TEXT NOT NULL, idx INTEGER NOT NULL, alloc_dir TEXT NOT NULL,
+    state TEXT NOT NULL, run_pid INTEGER NOT NULL, network TEXT, csi TEXT, updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS run_plugins (
+    alloc_id TEXT NOT NULL, driver TEXT NOT NULL, reattach TEXT NOT NULL, PRIMARY KEY (alloc_id, driver)
+);
 """
+
+
+@dataclass(frozen=True)
+class AllocRecord:
+    alloc_id: str
+    job: str
+    group: str
+    index: int
+    alloc_dir: str
+    state: str
+    run_pid: int
+    network: str | None
+    csi: str | None
 
 
 class RunStateError(DriverSDKError):
@@ -39,22 +59,82 @@ class TaskRecord:
     oom: bool
     alloc_dir: str
     updated: float
+    handle: bytes | None = None
+    logmon_pid: int = 0
 
 
 class RunState:
     def __init__(self, data_dir: str) -> None:
         os.makedirs(data_dir, exist_ok=True)
         self._db = sqlite3.connect(os.path.join(data_dir, "state.db"), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(run_tasks)")}
+        if "logmon_pid" not in columns:  # state.db written before log monitors were processes
+            self._db.execute("ALTER TABLE run_tasks ADD COLUMN logmon_pid INTEGER NOT NULL DEFAULT 0")
         self._lock = threading.Lock()
 
+    # --- allocations ---------------------------------------------------------------------------
+
+    def alloc_started(self, alloc_id: str, job: str, group: str, index: int, alloc_dir: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO run_allocs VALUES (?, ?, ?, ?, ?, 'running', ?, NULL, NULL, ?)",
+                (alloc_id, job, group, index, alloc_dir, os.getpid(), time.time()),
+            )
+
+    def alloc_update(self, alloc_id: str, **fields: str | int | None) -> None:
+        allowed = {"state", "run_pid", "network", "csi"}
+        assert set(fields) <= allowed, fields
+        assignments = ", ".join(f"{k}=?" for k in fields)
+        with self._lock:
+            self._db.execute(
+                f"UPDATE run_allocs SET {assignments}, updated=? WHERE alloc_id=?",
+                (*fields.values(), time.time(), alloc_id),
+            )
+
+    def running_allocs(self, job: str) -> list[AllocRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs "
+                "WHERE job=? AND state='running' ORDER BY updated",
+                (job,),
+            ).fetchall()
+        return [AllocRecord(*r) for r in rows]
+
+    def plugin_started(self, alloc_id: str, driver: str, reattach: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (alloc_id, driver, reattach))
+
+    def plugins(self, alloc_id: str) -> dict[str, str]:
+        with self._lock:
+            rows = self._db.execute("SELECT driver, reattach FROM run_plugins WHERE alloc_id=?", (alloc_id,))
+            return {r[0]: r[1] for r in rows.fetchall()}
+
+    def plugins_gone(self, alloc_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM run_plugins WHERE alloc_id=?", (alloc_id,))
+
+    def set_logmon(self, alloc_id: str, task: str, pid: int) -> None:
+        with self._lock:
+            self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))
+
     def started(
-        self, alloc_id: str, job: str, group: str, task: str, driver: str, task_id: str, handle: bytes, alloc_dir: str
+        self,
+        alloc_id: str,
+        job: str,
+        group: str,
+        task: str,
+        driver: str,
+        task_id: str,
+        handle: bytes,
+        alloc_dir: str,
+        logmon_pid: int = 0,
     ) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO run_tasks VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?)",
-                (alloc_id, job, group, task, driver, task_id, handle, alloc_dir, time.time()),
+                "INSERT OR REPLACE INTO run_tasks VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?, ?)",
+                (alloc_id, job, group, task, driver, task_id, handle, alloc_dir, time.time(), logmon_pid),
             )
 
     def finished(self, alloc_id: str, task: str, exit_code: int, signal: int, oom: bool) -> None:
@@ -73,12 +153,16 @@ class RunState:
                 (time.time(), alloc_id, task),
             )
 
-    def tasks(self) -> list[TaskRecord]:
+    def tasks(self, alloc_id: str | None = None) -> list[TaskRecord]:
+        query = (
+            "SELECT alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, alloc_dir, updated, "
+            "handle, logmon_pid FROM run_tasks"
+        )
         with self._lock:
-            rows = self._db.execute(
-                "SELECT alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, alloc_dir, updated "
-                "FROM run_tasks ORDER BY updated"
-            ).fetchall()
+            if alloc_id is None:
+                rows = self._db.execute(query + " ORDER BY updated").fetchall()
+            else:
+                rows = self._db.execute(query + " WHERE alloc_id=? ORDER BY updated", (alloc_id,)).fetchall()
         return [
             TaskRecord(
                 alloc_id=r[0],
@@ -93,6 +177,8 @@ class RunState:
                 oom=bool(r[9]),
                 alloc_dir=r[10],
                 updated=r[11],
+                handle=r[12],
+                logmon_pid=r[13],
             )
             for r in rows
         ]

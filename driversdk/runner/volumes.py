@@ -7,6 +7,7 @@ Volume specification files follow Nomad's format (``id``, ``name``, ``type = "cs
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sqlite3
@@ -33,6 +34,36 @@ _KEYS = {"id", "name", "namespace", "type", "plugin_id", "external_id", "capabil
 
 class VolumeError(ConfigError):
     """A volume specification or registration that cannot be accepted."""
+
+
+class ClaimError(VolumeError):
+    """A claim the volume's access mode (or its current claims) does not allow."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    volume_id: str
+    alloc_id: str
+    job: str
+    mode: str  # "read" | "write", as Nomad's claim modes
+    access_mode: str
+    attachment_mode: str
+
+
+def _claim_refusal(current: str, mode: str, readers: int, writers: int) -> str | None:
+    """Nomad's free-slot rules per current access mode (csi reference §3.4); None = allowed."""
+    if mode == "read":
+        if current == "single-node-reader-only" and readers:
+            return "single-node-reader-only allows one reader"
+        if current == "single-node-writer" and (readers or writers):
+            return "single-node-writer allows one reader or writer"
+        return None
+    if current in ("single-node-reader-only", "multi-node-reader-only"):
+        return f"{current} allows no writer"
+    if current in ("single-node-writer", "multi-node-single-writer") and writers:
+        return f"{current} allows one writer"
+    return None
 
 
 def parse_volume_file(path: str | Path) -> Volume:
@@ -173,6 +204,11 @@ class VolumeStore:
             "CREATE TABLE IF NOT EXISTS volumes (namespace TEXT NOT NULL, id TEXT NOT NULL, record TEXT NOT NULL, "
             "PRIMARY KEY (namespace, id))"
         )
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS volume_claims (namespace TEXT NOT NULL, volume_id TEXT NOT NULL, "
+            "alloc_id TEXT NOT NULL, job TEXT NOT NULL, mode TEXT NOT NULL, access_mode TEXT NOT NULL, "
+            "attachment_mode TEXT NOT NULL, PRIMARY KEY (namespace, volume_id, alloc_id))"
+        )
         self._lock = threading.Lock()
 
     @classmethod
@@ -204,8 +240,81 @@ class VolumeStore:
     def deregister(self, volume_id: str, namespace: str = "default") -> None:
         if self.get(volume_id, namespace) is None:
             raise VolumeError(f'volume "{volume_id}" is not registered in namespace "{namespace}"')
+        held = self.claims(volume_id, namespace)
+        if held:
+            users = ", ".join(sorted({f"{c.alloc_id[:8]} (job {c.job})" for c in held}))
+            raise VolumeError(
+                f'volume "{volume_id}" is in use by allocation(s) {users}; stop them before deregistering it'
+            )
         with self._lock:
             self._db.execute("DELETE FROM volumes WHERE namespace=? AND id=?", (namespace, volume_id))
+
+    # --- claims ----------------------------------------------------------------------------------
+
+    def claims(self, volume_id: str, namespace: str = "default") -> builtins.list[Claim]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT namespace, volume_id, alloc_id, job, mode, access_mode, attachment_mode FROM volume_claims "
+                "WHERE namespace=? AND volume_id=? ORDER BY alloc_id",
+                (namespace, volume_id),
+            ).fetchall()
+        return [Claim(*r) for r in rows]
+
+    def claim(self, claim: Claim) -> None:
+        """Take a read or write claim, in one transaction so two runs cannot both get the last slot."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._claim_locked(claim)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _claim_locked(self, claim: Claim) -> None:
+        row = self._db.execute(
+            "SELECT record FROM volumes WHERE namespace=? AND id=?", (claim.namespace, claim.volume_id)
+        ).fetchone()
+        if row is None:
+            raise ClaimError(
+                f'volume "{claim.volume_id}" is not registered in namespace "{claim.namespace}"; register it '
+                "with `driversdk volume register <file>`"
+            )
+        others = [
+            Claim(*r)
+            for r in self._db.execute(
+                "SELECT namespace, volume_id, alloc_id, job, mode, access_mode, attachment_mode FROM volume_claims "
+                "WHERE namespace=? AND volume_id=? AND alloc_id != ?",
+                (claim.namespace, claim.volume_id, claim.alloc_id),
+            ).fetchall()
+        ]
+        if others and others[0].attachment_mode != claim.attachment_mode:
+            raise ClaimError(
+                f'volume "{claim.volume_id}": cannot change attachment mode of claimed volume '
+                f"(claimed as {others[0].attachment_mode}, asked for {claim.attachment_mode})"
+            )
+        current = others[0].access_mode if others else claim.access_mode
+        readers = sum(1 for c in others if c.mode == "read")
+        writers = sum(1 for c in others if c.mode == "write")
+        refusal = _claim_refusal(current, claim.mode, readers, writers)
+        if refusal is not None:
+            holders = ", ".join(f"alloc {c.alloc_id[:8]} of job {c.job} ({c.mode})" for c in others)
+            raise ClaimError(
+                f'volume "{claim.volume_id}": volume max claims reached: {refusal} and it is claimed by '
+                f"{holders}; stop that job, or use per_alloc or an access mode that allows more claims"
+            )
+        self._db.execute(
+            "INSERT OR REPLACE INTO volume_claims VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (claim.namespace, claim.volume_id, claim.alloc_id, claim.job, claim.mode, claim.access_mode,
+             claim.attachment_mode),
+        )  # fmt: skip
+
+    def release(self, volume_id: str, namespace: str, alloc_id: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM volume_claims WHERE namespace=? AND volume_id=? AND alloc_id=?",
+                (namespace, volume_id, alloc_id),
+            )
 
     def close(self) -> None:
         self._db.close()

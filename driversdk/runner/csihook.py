@@ -1,0 +1,310 @@
+"""The alloc-level CSI hook of ``driversdk run``: claim, wait for the node plugin, (controller)
+publish, stage and publish each CSI volume of a group; undo all of it on the way out.
+
+Claims live in the volume store (one transaction each, so two runs cannot share the last slot);
+mounts go through :class:`NodeVolumeManager`, which records its own progress so a teardown that
+was interrupted is finished later. What each volume became is saved as a stub in the run state,
+so a restarted run finds its mounts again instead of claiming a second time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from driversdk.csi.client import CSIClient
+from driversdk.csi.errors import CSIError
+from driversdk.csi.fingerprint import fingerprint
+from driversdk.csi.manager import MountInfo, NodeVolumeManager, UsageOptions, controller_publish, controller_unpublish
+from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Volume
+from driversdk.csi.registry import PluginRegistration, PluginRegistry
+from driversdk.csi.state import StateStore
+from driversdk.errors import DriverSDKError
+from driversdk.mountinfo import read_mountinfo
+from driversdk.runner.jobspec import Group, Job, VolumeRequest
+from driversdk.runner.volumes import Claim, VolumeError, VolumeStore
+
+WAIT_FOR_PLUGIN = 60.0  # Nomad's csi_hook waits one minute for a node plugin
+TEARDOWN_ATTEMPTS = 3
+
+
+class CSIHookError(DriverSDKError):
+    """A CSI volume of a group could not be claimed or mounted."""
+
+
+@dataclass(frozen=True)
+class VolumeStub:
+    """What one mounted CSI volume of an alloc needs to be found again and torn down."""
+
+    request: str
+    volume_id: str
+    namespace: str
+    plugin_id: str
+    mode: str
+    access_mode: str
+    attachment_mode: str
+    read_only: bool
+    source: str
+    csi_node_id: str
+    controller_published: bool
+    requires_staging: bool
+
+    @property
+    def usage(self) -> UsageOptions:
+        return UsageOptions(
+            AccessMode.parse(self.access_mode), AttachmentMode.parse(self.attachment_mode), self.read_only
+        )
+
+
+def source_id(req: VolumeRequest, alloc_index: int) -> str:
+    """The registered volume an alloc claims: ``source[index]`` for per_alloc volumes, as Nomad."""
+    return f"{req.source}[{alloc_index}]" if req.per_alloc else req.source
+
+
+def _is_mounted(path: str) -> bool:
+    return any(e.mount_point == path for e in read_mountinfo())
+
+
+class CSIHook:
+    def __init__(
+        self,
+        *,
+        job: Job,
+        group: Group,
+        alloc_id: str,
+        alloc_index: int,
+        volumes: VolumeStore,
+        registry: PluginRegistry,
+        store: StateStore,
+        say: Callable[[str], None],
+        persist: Callable[[str], None],
+        wait_for_plugin: float = WAIT_FOR_PLUGIN,
+    ) -> None:
+        self.job = job
+        self.group = group
+        self.alloc_id = alloc_id
+        self.alloc_index = alloc_index
+        self.volumes = volumes
+        self.registry = registry
+        self.store = store
+        self.say = say
+        self._persist = persist
+        self.wait_for_plugin = wait_for_plugin
+        self.stubs: dict[str, VolumeStub] = {}
+
+    @property
+    def requests(self) -> list[VolumeRequest]:
+        return [r for r in self.group.volumes.values() if r.type == "csi"]
+
+    def sources(self) -> dict[str, str]:
+        """Volume request name → published host path, for the volume hook."""
+        return {name: stub.source for name, stub in self.stubs.items()}
+
+    def save(self) -> None:
+        self._persist(json.dumps([asdict(s) for s in self.stubs.values()], sort_keys=True))
+
+    # --- prerun --------------------------------------------------------------------------------
+
+    def prerun(self) -> dict[str, str]:
+        """Claim and mount every CSI volume; on any failure undo what was done and raise."""
+        try:
+            for req in self.requests:
+                self._claim_and_mount(req)
+        except BaseException:
+            self.postrun()
+            raise
+        return self.sources()
+
+    def _where(self, req: VolumeRequest) -> str:
+        return f'group "{self.group.name}" volume "{req.name}"'
+
+    def _plugin(self, volume: Volume, req: VolumeRequest) -> PluginRegistration:
+        try:
+            return self.registry.wait_for_plugin("csi-node", volume.plugin_id, self.wait_for_plugin)
+        except CSIError as err:
+            raise CSIHookError(f"{self._where(req)}: mounting volumes: {err}") from None
+
+    def _claim_and_mount(self, req: VolumeRequest) -> None:
+        volume_id = source_id(req, self.alloc_index)
+        volume = self.volumes.get(volume_id, self.job.namespace)
+        where = self._where(req)
+        if volume is None:
+            raise CSIHookError(
+                f'{where}: claiming volumes: could not claim volume "{volume_id}": it is not registered in '
+                f'namespace "{self.job.namespace}"; register it with `driversdk volume register <file>`'
+            )
+        mode = "read" if req.read_only else "write"
+        claim = Claim(self.job.namespace, volume.id, self.alloc_id, self.job.name, mode, req.access_mode,
+                      req.attachment_mode)  # fmt: skip
+        try:
+            self.volumes.claim(claim)
+        except VolumeError as err:
+            raise CSIHookError(f'{where}: claiming volumes: could not claim volume "{volume_id}": {err}') from None
+        usage = UsageOptions(
+            AccessMode.parse(req.access_mode),
+            AttachmentMode.parse(req.attachment_mode),
+            req.read_only,
+            MountOptions(req.fs_type, req.mount_flags) if req.has_mount_options else None,
+        )
+        controller_published = False
+        csi_node_id = ""
+        try:
+            reg = self._plugin(volume, req)
+            node = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+            try:
+                facts = fingerprint(node, volume.plugin_id)
+                if not facts.healthy or facts.node is None:
+                    raise CSIHookError(
+                        f'{where}: mounting volumes: CSI plugin "{volume.plugin_id}" is not healthy: '
+                        f"{facts.health_description}; check the plugin task's logs"
+                    )
+                csi_node_id = facts.node.node_id
+                context: dict[str, str] = {}
+                if facts.requires_controller:
+                    context = self._controller_publish(volume, req, csi_node_id, usage)
+                    controller_published = True
+                manager = self._manager(node, reg, facts.requires_staging)
+                info: MountInfo = manager.mount(volume, self.alloc_id, usage, context)
+            finally:
+                node.close()
+        except CSIError as err:
+            self._undo_claim(volume, csi_node_id if controller_published else "")
+            raise CSIHookError(f"{where}: mounting volumes: {err}") from None
+        except BaseException:
+            self._undo_claim(volume, csi_node_id if controller_published else "")
+            raise
+        self.stubs[req.name] = VolumeStub(
+            req.name, volume.id, volume.namespace, volume.plugin_id, mode, req.access_mode, req.attachment_mode,
+            req.read_only, info.source, csi_node_id, controller_published, facts.requires_staging,
+        )  # fmt: skip
+        self.save()
+        self.say(f'==> volume "{req.name}": CSI volume "{volume.id}" mounted at {info.source}')
+
+    def _manager(self, node: CSIClient, reg: PluginRegistration, requires_staging: bool) -> NodeVolumeManager:
+        return NodeVolumeManager(
+            node,
+            plugin_id=reg.name,
+            host_root=reg.options.get("MountPoint", ""),
+            plugin_root=reg.options.get("ContainerMountPoint") or None,
+            store=self.store,
+            requires_staging=requires_staging,
+        )
+
+    def _controller_publish(
+        self, volume: Volume, req: VolumeRequest, csi_node_id: str, usage: UsageOptions
+    ) -> dict[str, str]:
+        reg = self.registry.current("csi-controller", volume.plugin_id)
+        if reg is None:
+            raise CSIHookError(
+                f'{self._where(req)}: claiming volumes: CSI plugin "{volume.plugin_id}" needs a controller but no '
+                "controller instance is registered; run a csi_plugin task of type controller or monolith"
+            )
+        controller = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+        try:
+            return controller_publish(controller, volume, csi_node_id, usage)
+        finally:
+            controller.close()
+
+    def _undo_claim(self, volume: Volume, csi_node_id: str) -> None:
+        if csi_node_id:
+            try:
+                self._controller_unpublish(volume, csi_node_id)
+            except CSIError as err:
+                self.say(f'==> volume "{volume.id}": controller unpublish failed: {err}')
+        self.volumes.release(volume.id, volume.namespace, self.alloc_id)
+
+    def _controller_unpublish(self, volume: Volume, csi_node_id: str) -> None:
+        reg = self.registry.current("csi-controller", volume.plugin_id)
+        if reg is None:
+            return
+        controller = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+        try:
+            controller_unpublish(controller, volume, csi_node_id)
+        except CSIError as err:
+            if err.code != "NOT_FOUND":
+                raise
+        finally:
+            controller.close()
+
+    # --- restore -------------------------------------------------------------------------------
+
+    def restore(self, saved: str | None) -> dict[str, str]:
+        """After a restart: keep mounts that are still there, mount again the ones that are not."""
+        for data in json.loads(saved or "[]"):
+            stub = VolumeStub(**data)
+            self.stubs[stub.request] = stub
+            if _is_mounted(stub.source):
+                continue
+            volume = self.volumes.get(stub.volume_id, stub.namespace)
+            req = self.group.volumes.get(stub.request)
+            if volume is None or req is None:
+                raise CSIHookError(
+                    f'group "{self.group.name}" volume "{stub.request}": restoring mounts: CSI volume '
+                    f'"{stub.volume_id}" is no longer registered or requested'
+                )
+            reg = self._plugin(volume, req)
+            node = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+            try:
+                info = self._manager(node, reg, stub.requires_staging).mount(volume, self.alloc_id, stub.usage)
+            except CSIError as err:
+                raise CSIHookError(
+                    f'group "{self.group.name}" volume "{stub.request}": restoring mounts: {err}'
+                ) from None
+            finally:
+                node.close()
+            self.stubs[stub.request] = VolumeStub(**{**data, "source": info.source})
+        self.save()
+        return self.sources()
+
+    # --- postrun -------------------------------------------------------------------------------
+
+    def postrun(self) -> list[str]:
+        """Node unpublish (and unstage when last), controller unpublish, release the claim.
+
+        Each step is retried; what still fails is returned as sentences (and the claim kept, so
+        the volume is not handed to another job while it may still be mounted here)."""
+        failures = []
+        for name, stub in list(self.stubs.items()):
+            volume = self.volumes.get(stub.volume_id, stub.namespace) or Volume(
+                id=stub.volume_id, plugin_id=stub.plugin_id, namespace=stub.namespace
+            )
+            error = self._retry(lambda v=volume, s=stub: self._unmount(v, s))  # type: ignore[misc]
+            if error is None and stub.controller_published:
+                error = self._retry(lambda v=volume, s=stub: self._controller_unpublish(v, s.csi_node_id))  # type: ignore[misc]
+            if error is not None:
+                failures.append(f'volume "{name}" (CSI volume "{stub.volume_id}"): {error}')
+                continue
+            self.volumes.release(stub.volume_id, stub.namespace, self.alloc_id)
+            del self.stubs[name]
+            self.save()
+            self.say(f'==> volume "{name}": CSI volume "{stub.volume_id}" unmounted and released')
+        # Claims taken before a failure, with nothing mounted yet, are released by _undo_claim.
+        return failures
+
+    def _unmount(self, volume: Volume, stub: VolumeStub) -> None:
+        reg = self.registry.current("csi-node", stub.plugin_id)
+        if reg is None:
+            raise CSIError(
+                f'no instance of CSI plugin "{stub.plugin_id}" is registered to unmount it; start the plugin '
+                "again and run `driversdk run` on this job to finish",
+                code="UNAVAILABLE",
+                call="NodeUnpublishVolume",
+            )
+        node = CSIClient(reg.socket_path, plugin=stub.plugin_id)
+        try:
+            self._manager(node, reg, stub.requires_staging).unmount(volume, self.alloc_id, stub.usage)
+        finally:
+            node.close()
+
+    def _retry(self, step: Callable[[], None]) -> str | None:
+        for attempt in range(1, TEARDOWN_ATTEMPTS + 1):
+            try:
+                step()
+                return None
+            except (CSIError, OSError) as err:
+                if attempt == TEARDOWN_ATTEMPTS:
+                    return str(err)
+                time.sleep(attempt)
+        return None  # pragma: no cover

@@ -1,0 +1,249 @@
+"""The CSI plugin supervisor of ``driversdk run``, for tasks with a ``csi_plugin`` block.
+
+Before the task starts it lays out the plugin's directories and hands the task two
+bidirectional mounts (the socket dir at ``mount_dir``, the staging/publish tree at
+``stage_publish_base_dir``) and ``CSI_ENDPOINT``. Once the task runs it probes the socket every
+5 s until the plugin is healthy (or ``health_timeout`` passes), registers it in the node's
+plugin registry, then heartbeats every 30 s and reports health changes as task events. On stop
+it deregisters and removes the socket dir. Timings and event texts follow Nomad (csi reference §5).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable
+
+from driversdk.csi.client import CSIClient
+from driversdk.csi.errors import CSIError
+from driversdk.csi.registry import PluginRegistration, PluginRegistry
+from driversdk.errors import ConfigError, DriverSDKError
+from driversdk.mountinfo import find_mount, read_mountinfo
+from driversdk.mounts import MountRequest
+from driversdk.runner.jobspec import Task
+
+PROBE_INTERVAL = 5.0
+PROBE_TIMEOUT = 5.0
+HEARTBEAT_INTERVAL = 30.0
+ROLES = {"node": ("csi-node",), "controller": ("csi-controller",), "monolith": ("csi-controller", "csi-node")}
+
+
+class SupervisorError(DriverSDKError):
+    """The plugin directories could not be prepared."""
+
+
+def parse_duration(text: str, what: str) -> float:
+    """Go-style durations as job files write them: "500ms", "30s", "1m", "1h", "1m30s"."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total, number, i = 0.0, "", 0
+    while i < len(text):
+        ch = text[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else ch
+        if unit not in units or not number:
+            raise ConfigError(f'{what} {text!r} is not a duration such as "30s" or "1m30s"')
+        total += float(number) * units[unit]
+        number, i = "", i + len(unit)
+    if number or not text:
+        raise ConfigError(f'{what} {text!r} is not a duration such as "30s" or "1m30s"')
+    return total
+
+
+def go_duration(seconds: float) -> str:
+    """Seconds as Go prints a duration in the health-timeout message: 30s, 1m30s, 1h0m0s."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:g}s"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes}m{secs}s" if hours else f"{minutes}m{secs}s"
+
+
+def csi_dir(data_dir: str) -> str:
+    """``<state>/csi``: plugin roots and sockets live below it (``<state>`` = ``<data_dir>/client``)."""
+    return os.path.join(data_dir, "client", "csi")
+
+
+def ensure_shared(path: str) -> bool:
+    """Make ``path`` sit on a shared mount, so mounts a plugin makes below it reach the host and
+    the tasks (bidirectional and host-to-task need that). Binds the dir onto itself when needed;
+    returns True when it did."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if find_mount(path).shared:
+        return False
+    for args in (["mount", "--bind", path, path], ["mount", "--make-shared", path]):
+        done = subprocess.run(args, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SupervisorError(
+                f"could not make {path} a shared mount for the CSI plugin's bidirectional mounts "
+                f"({' '.join(args)}: {done.stderr.strip()}); run as root, or make the data_dir's mount shared "
+                f"(mount --make-rshared on it)"
+            )
+    return True
+
+
+def release_shared(path: str) -> None:
+    """Undo :func:`ensure_shared` once nothing is mounted below the dir any more."""
+    entries = read_mountinfo()
+    if not any(e.mount_point == path for e in entries):
+        return
+    if any(e.mount_point.startswith(path.rstrip("/") + "/") for e in entries):
+        return  # a plugin's staging or publish mount is still there
+    subprocess.run(["umount", path], capture_output=True, check=False)
+
+
+class PluginSupervisor:
+    def __init__(
+        self,
+        *,
+        task: Task,
+        alloc_id: str,
+        data_dir: str,
+        registry: PluginRegistry,
+        say: Callable[[str], None],
+        fs_isolated: bool = True,
+    ) -> None:
+        assert task.csi_plugin is not None
+        self.task = task
+        self.plugin = task.csi_plugin
+        self.alloc_id = alloc_id
+        self.registry = registry
+        self.say = say
+        self.fs_isolated = fs_isolated
+        self.csi_dir = csi_dir(data_dir)
+        self.root = os.path.join(self.csi_dir, self.plugin.type, self.plugin.id)
+        self.socket_dir = os.path.join(self.csi_dir, "plugins", alloc_id)
+        self.socket_path = os.path.join(self.socket_dir, "csi.sock")
+        self.health_timeout = parse_duration(self.plugin.health_timeout or "30s", "csi_plugin.health_timeout")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.healthy: bool | None = None
+        self.registered: list[str] = []
+
+    def _event(self, message: str, detail: str = "") -> None:
+        self.say(f'==> task "{self.task.name}": {message}' + (f": {detail}" if detail else ""))
+
+    # --- prestart ------------------------------------------------------------------------------
+
+    def prestart(self) -> tuple[list[MountRequest], dict[str, str]]:
+        """The mounts and environment the plugin task gets."""
+        for path in (self.root, self.socket_dir):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        ensure_shared(self.csi_dir)
+        mounts = [
+            MountRequest(volume="csi-plugin-socket", destination=self.plugin.mount_dir, host_path=self.socket_dir,
+                         propagation="bidirectional"),
+            MountRequest(volume="csi-plugin-mounts", destination=self.plugin.stage_publish_base_dir,
+                         host_path=self.root, propagation="bidirectional"),
+        ]  # fmt: skip
+        inside = os.path.join(self.plugin.mount_dir, "csi.sock") if self.fs_isolated else self.socket_path
+        env = {} if "CSI_ENDPOINT" in self.task.env else {"CSI_ENDPOINT": f"unix://{inside}"}
+        return mounts, env
+
+    # --- poststart: probe, register, heartbeat --------------------------------------------------
+
+    def start(self, on_failure: Callable[[str], None]) -> None:
+        self._thread = threading.Thread(
+            target=self._supervise, args=(on_failure,), daemon=True, name=f"csi-{self.plugin.id}"
+        )
+        self._thread.start()
+
+    def _probe(self, client: CSIClient | None) -> tuple[CSIClient | None, str | None]:
+        """One probe; returns the (possibly new) client and None when healthy, else the error."""
+        try:
+            if client is None:
+                client = CSIClient(self.socket_path, plugin=self.plugin.id, connect_timeout=PROBE_TIMEOUT)
+            return client, None if client.probe() else "plugin is not ready"
+        except CSIError as err:
+            if client is not None and err.call == "connect":
+                client.close()
+                client = None
+            return client, str(err)
+
+    def _supervise(self, on_failure: Callable[[str], None]) -> None:
+        client: CSIClient | None = None
+        try:
+            client, error = self._probe(client)
+            waited = 0.0
+            while error is not None:
+                if waited >= self.health_timeout:
+                    self.healthy = False
+                    self._event("Plugin became unhealthy", f"Error: CSI plugin failed probe: {error}")
+                    on_failure(
+                        f"CSI plugin did not become healthy before configured {go_duration(self.health_timeout)} "
+                        "health timeout"
+                    )
+                    return
+                step = min(PROBE_INTERVAL, self.health_timeout - waited)
+                if self._stop.wait(step):
+                    return
+                waited += step
+                client, error = self._probe(client)
+            self.healthy = True
+            self._event("Plugin became healthy", f"plugin: {self.plugin.id}")
+            assert client is not None
+            try:
+                self._register(client)
+            except CSIError as err:
+                self._deregister()
+                on_failure(f"CSI plugin failed to register: {err}")
+                return
+            while not self._stop.wait(HEARTBEAT_INTERVAL):
+                client, error = self._probe(client)
+                if error is None and not self.healthy:
+                    self._event("Plugin became healthy", f"plugin: {self.plugin.id}")
+                elif error is not None and self.healthy:
+                    self._event("Plugin became unhealthy", f"Error: {error}")
+                self.healthy = error is None
+        finally:
+            if client is not None:
+                client.close()
+
+    def _register(self, client: CSIClient) -> None:
+        info = client.plugin_info()
+        for kind in ROLES[self.plugin.type]:
+            self.registry.register(
+                PluginRegistration(
+                    type=kind,
+                    name=self.plugin.id,
+                    alloc_id=self.alloc_id,
+                    socket_path=self.socket_path,
+                    version=info.vendor_version,
+                    options={
+                        "Provider": info.name,
+                        "MountPoint": self.root,
+                        "ContainerMountPoint": self.plugin.stage_publish_base_dir,
+                    },
+                )
+            )
+            self.registered.append(kind)
+
+    def _deregister(self) -> None:
+        for kind in ROLES[self.plugin.type]:
+            self.registry.deregister(kind, self.plugin.id, self.alloc_id)
+        self.registered.clear()
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop supervising and deregister; the task itself is stopped by the alloc."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(PROBE_TIMEOUT + 5)
+        self._deregister()
+
+    def cleanup(self) -> None:
+        """After the task is gone: remove the socket dir, and the shared bind when it was the last."""
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        plugins_dir = os.path.dirname(self.socket_dir)
+        try:
+            os.rmdir(plugins_dir)
+        except OSError:
+            pass  # another plugin alloc still has its socket dir there
+        if not any(self.registry.plugins(kind) for kind in ("csi-node", "csi-controller")):
+            release_shared(self.csi_dir)
