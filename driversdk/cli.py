@@ -101,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _data_dir(args: argparse.Namespace) -> str:
     from driversdk.runner.clientconfig import load_client
 
-    return str(getattr(args, "data_dir", None) or load_client(args.client).data_dir)
+    return str(getattr(args, "data_dir", None) or load_client(getattr(args, "client", None)).data_dir)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -157,10 +157,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _volume_store(args: argparse.Namespace) -> Any:
-    from driversdk.runner.clientconfig import load_client
     from driversdk.runner.volumes import VolumeStore
 
-    return VolumeStore.for_data_dir(args.data_dir or load_client(args.client).data_dir)
+    return VolumeStore.for_data_dir(_data_dir(args))
 
 
 def cmd_volume_register(args: argparse.Namespace) -> int:
@@ -180,7 +179,12 @@ def cmd_volume_status(args: argparse.Namespace) -> int:
         volume = store.get(args.id, args.namespace)
         if volume is None:
             raise VolumeError(f'volume "{args.id}" is not registered in namespace "{args.namespace}"')
-        print(json.dumps(public_view(volume), indent=2))
+        view = public_view(volume)
+        view["claims"] = [
+            {"alloc_id": c.alloc_id, "job": c.job, "mode": c.mode, "access_mode": c.access_mode}
+            for c in store.claims(volume.id, volume.namespace)
+        ]
+        print(json.dumps(view, indent=2))
         return 0
     volumes = store.list()
     if args.json:
@@ -191,6 +195,59 @@ def cmd_volume_status(args: argparse.Namespace) -> int:
         caps = ", ".join(f"{c.access_mode.value}/{c.attachment_mode.value}" for c in v.capabilities)
         print(f"{v.namespace}/{v.id}  plugin={v.plugin_id}  external_id={v.remote_id}  capabilities={caps}")
     return 0
+
+
+def cmd_plugin_status(args: argparse.Namespace) -> int:
+    """CSI plugin instances registered on this client, each probed now."""
+    import os
+
+    from driversdk.csi.client import CSIClient
+    from driversdk.csi.errors import CSIError
+    from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistry
+    from driversdk.csi.state import StateStore
+
+    data_dir = _data_dir(args)
+    store = StateStore(os.path.join(data_dir, "state.db"))
+    volumes = _volume_store(args).list()
+    rows = []
+    for kind in PLUGIN_TYPES:
+        for name in sorted(PluginRegistry(store).plugins(kind)):
+            for position, reg in enumerate(PluginRegistry(store).instances(kind, name)):
+                health = "healthy"
+                try:
+                    client = CSIClient(reg.socket_path, plugin=name)
+                    try:
+                        health = "healthy" if client.probe() else "unhealthy: not ready"
+                    finally:
+                        client.close()
+                except CSIError as err:
+                    health = f"unhealthy: {err}"
+                rows.append(
+                    {
+                        "type": kind,
+                        "id": name,
+                        "alloc_id": reg.alloc_id,
+                        "current": position == 0,
+                        "health": health,
+                        "provider": reg.options.get("Provider", ""),
+                        "version": reg.version,
+                        "socket": reg.socket_path,
+                        "volumes": sorted(v.id for v in volumes if v.plugin_id == name),
+                        "mounts": len(store.usages(name)) if kind == "csi-node" else 0,
+                    }
+                )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no CSI plugins are registered on this client; run a job with a csi_plugin task")
+    for r in rows:
+        older = "" if r["current"] else " (older instance)"
+        print(
+            f"{r['type']:<15} {r['id']}  alloc {str(r['alloc_id'])[:8]}{older}  {r['health']}  "
+            f"provider={r['provider']} {r['version']}  volumes={len(r['volumes'])} mounts={r['mounts']}"
+        )
+    return 0 if all(str(r["health"]) == "healthy" for r in rows) else 1
 
 
 def cmd_volume_deregister(args: argparse.Namespace) -> int:
@@ -235,19 +292,28 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--data-dir")
     logs.set_defaults(func=cmd_logs)
 
+    # --client / --data-dir are accepted before or after the sub-command.
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--client", default=argparse.SUPPRESS, help="client config file (for its data_dir)")
+    where.add_argument("--data-dir", default=argparse.SUPPRESS, help="state directory (default: the client's)")
+
+    pstatus = plugin_sub.add_parser("status", parents=[where], help="CSI plugins registered on this client")
+    pstatus.add_argument("--json", action="store_true")
+    pstatus.set_defaults(func=cmd_plugin_status, client=None, data_dir=None)
+
     volume = sub.add_parser("volume", help="register and inspect CSI volumes on this client")
     volume.add_argument("--client", help="client config file (for its data_dir)")
     volume.add_argument("--data-dir", help="state directory (default: the client config's data_dir)")
     vsub = volume.add_subparsers(dest="volume_cmd", required=True)
-    register = vsub.add_parser("register", help="register a volume, or merge an update onto it")
+    register = vsub.add_parser("register", parents=[where], help="register a volume, or merge an update onto it")
     register.add_argument("file", help="volume specification (HCL)")
     register.set_defaults(func=cmd_volume_register)
-    vstatus = vsub.add_parser("status", help="list volumes, or show one (secrets never shown)")
+    vstatus = vsub.add_parser("status", parents=[where], help="list volumes, or show one (secrets never shown)")
     vstatus.add_argument("id", nargs="?")
     vstatus.add_argument("--namespace", default="default")
     vstatus.add_argument("--json", action="store_true")
     vstatus.set_defaults(func=cmd_volume_status)
-    dereg = vsub.add_parser("deregister", help="forget a volume")
+    dereg = vsub.add_parser("deregister", parents=[where], help="forget a volume")
     dereg.add_argument("id")
     dereg.add_argument("--namespace", default="default")
     dereg.set_defaults(func=cmd_volume_deregister)

@@ -1,90 +1,112 @@
 #!/usr/bin/env python3
-"""The README demo: a driver plugin launched as Nomad would, mounts validated before a start,
-and host-to-task propagation seen from inside a real container.
+"""The README demo: the reference CSI plugin runs as an exec task (``csi_plugin``), a registered
+volume is claimed, staged and published through it, and a docker task mounts it with
+host-to-task propagation, all through ``driversdk validate`` / ``volume register`` / ``run``.
 
 Run it with hack/demo.sh (which installs what is needed); it cleans up after itself.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from driversdk.errors import ConfigError
-from driversdk.mounts import MountRequest, check_mounts
-from driversdk.testing import AllocDir, DriverHarness
-
-IMAGE = "driversdk-test/busybox:local"
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "examples" / "jobs" / "csi-demo.hcl"
+VOLUME = ROOT / "examples" / "volumes" / "demo-volume.hcl"
+EXEC_CAPS = ["audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod", "net_bind_service",
+             "setfcap", "setgid", "setpcap", "setuid", "sys_chroot", "sys_admin"]  # fmt: skip
+CHROOT = ["/bin", "/etc", "/lib", "/lib32", "/lib64", "/sbin", "/usr"]
 
 
 def step(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def sh(*args: str) -> None:
-    subprocess.run(list(args), check=True)
+def driversdk(*args: str, check: bool = True) -> int:
+    print("$ driversdk " + " ".join(args), flush=True)
+    code = subprocess.run([sys.executable, "-m", "driversdk.cli", *args], cwd=ROOT).returncode
+    if check and code != 0:
+        raise SystemExit(f"driversdk {args[0]} failed with exit code {code}")
+    return code
+
+
+def hcl_list(items: list[str]) -> str:
+    return "[" + ", ".join(f'"{i}"' for i in items) + "]"
+
+
+def client_config(work: Path) -> Path:
+    """A client with a host volume for the plugin's backing store, and an exec plugin that may
+    give the plugin task sys_admin (it mounts) with this Python installation in its chroot."""
+    python_dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, str(ROOT))}
+    chroot = CHROOT + sorted(d for d in python_dirs if not any(d.startswith(c + "/") for c in CHROOT))
+    path = work / "client.hcl"
+    path.write_text(
+        f"""data_dir = "{work / "data"}"
+
+client {{
+  host_volume "csi-backing" {{
+    path = "{work / "backing"}"
+  }}
+}}
+
+plugin "docker" {{
+  config {{
+    gc {{
+      image = false
+    }}
+  }}
+}}
+
+plugin "exec" {{
+  config {{
+    allow_caps = {hcl_list(EXEC_CAPS)}
+    chroot_env = {hcl_list(chroot)}
+  }}
+}}
+"""
+    )
+    return path
 
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="driversdk-demo-"))
-    shared, private = work / "shared", work / "private"
-    mounted: list[Path] = []
     try:
-        for path, mode in ((shared, "rshared"), (private, "rprivate")):
-            path.mkdir()
-            sh("mount", "--bind", str(path), str(path))
-            mounted.append(path)
-            sh("mount", f"--make-{mode}", str(path))
+        # The volume already exists in the plugin's backing store; we register it, as one
+        # registers an existing disk with `nomad volume register`.
+        (work / "backing" / "volumes" / "demo-volume").mkdir(parents=True)
+        client = str(client_config(work))
+        job = work / "csi-demo.hcl"
+        job.write_text(JOB.read_text().replace('"/usr/bin/python3"', f'"{os.path.realpath(sys.executable)}"'))
 
-        step("launch the docker driver plugin through the go-plugin handshake, as a Nomad client does")
-        with DriverHarness([sys.executable, "-m", "drivers.docker"], plugin_config={"gc": {"image": False}}) as h:
-            info = h.client.plugin_info()
-            caps = h.client.capabilities()
-            print(f"{info.name} {info.plugin_version}: mount_configs={caps.mount_configs.name}")
+        step("validate before anything starts: the CSI volume is not registered yet")
+        driversdk("validate", str(job), "--client", client, check=False)
 
-            step("validate the task's mounts before anything starts")
-            requests = [
-                MountRequest("scratch", "/scratch", str(private), propagation="host-to-task"),
-                MountRequest("data", "/data", str(shared), propagation="bidirectional", read_only=True),
-            ]
-            try:
-                check_mounts(requests, task="web", driver="docker", mount_configs=int(caps.mount_configs))
-            except ConfigError as err:
-                for problem in getattr(err, "problems", []):
-                    print(f"refused: {problem}")
-            good = check_mounts(
-                [MountRequest("data", "/data", str(shared), propagation="host-to-task", read_only=True)],
-                task="web",
-                driver="docker",
-                mount_configs=int(caps.mount_configs),
-            )
-            print(f"accepted: {good[0].task_path} <- {good[0].host_path} ({good[0].propagation.linux})")
+        step("register the volume, then validate again")
+        driversdk("volume", "register", str(VOLUME), "--client", client)
+        driversdk("validate", str(job), "--client", client)
 
-            step("start a container with the host-to-task mount, then mount something on the host")
-            alloc = AllocDir.create(work, tasks=["web"])
-            script = "until [ -f /data/late/hello ]; do sleep 0.1; done; echo task sees: $(cat /data/late/hello)"
-            task = alloc.task_config(
-                "web", driver_config={"image": IMAGE, "command": "/bin/sh", "args": ["-c", script]}, mounts=good
-            )
-            h.start(task)
-            late = shared / "late"
-            late.mkdir()
-            sh("mount", "-t", "tmpfs", "tmpfs", str(late))
-            mounted.append(late)
-            (late / "hello").write_text("mounted on the host after the task started")
-            result = h.client.wait_task(task.id, timeout=60)
-            time.sleep(0.3)
-            print(alloc.stdout("web").decode().strip())
-            print(f"exit code {result.exit_code}")
-            alloc.close()
-        return 0
+        step("run the job: plugin task -> healthy -> registered; volume claimed, staged, published, mounted")
+        driversdk("run", str(job), "--client", client)
+
+        step("what the task wrote landed in the plugin's backing store on the host")
+        print((work / "backing" / "volumes" / "demo-volume" / "written-by-app").read_text().strip())
+
+        step("the task's view of /data (master:N = host-to-task, rslave) and the run's record")
+        driversdk("logs", "app", "--client", client)
+        driversdk("status", "--client", client)
+        driversdk("volume", "status", "demo-volume", "--client", client)
+
+        left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(work) in line]
+        step(f"left behind: {len(left)} mount(s), claims released, plugin deregistered")
+        driversdk("plugin", "status", "--client", client)
+        return 0 if not left else 1
     finally:
-        for path in reversed(mounted):
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
-        subprocess.run(["rm", "-rf", str(work)], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
