@@ -64,6 +64,24 @@ def go_duration(seconds: float) -> str:
     return f"{hours}h{minutes}m{secs}s" if hours else f"{minutes}m{secs}s"
 
 
+# sun_path holds 108 bytes with the terminating NUL; gRPC refuses longer unix: targets outright.
+MAX_SOCKET_PATH = 107
+ALLOC_ID_LENGTH = 36
+
+
+def socket_path_problem(data_dir: str) -> str | None:
+    """The plugin socket lives at <data_dir>/client/csi/plugins/<alloc id>/csi.sock; say so when
+    that cannot be a unix socket path, before anything starts."""
+    example = os.path.join(csi_dir(data_dir), "plugins", "x" * ALLOC_ID_LENGTH, "csi.sock")
+    if len(example) <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"the CSI plugin socket path under data_dir {data_dir!r} would be {len(example)} characters "
+        f"({os.path.dirname(os.path.dirname(example))}/<alloc id>/csi.sock) and unix sockets allow "
+        f"{MAX_SOCKET_PATH}; use a data_dir at most {len(data_dir) - (len(example) - MAX_SOCKET_PATH)} characters long"
+    )
+
+
 def csi_dir(data_dir: str) -> str:
     """``<state>/csi``: plugin roots and sockets live below it (``<state>`` = ``<data_dir>/client``)."""
     return os.path.join(data_dir, "client", "csi")
@@ -132,6 +150,9 @@ class PluginSupervisor:
 
     def prestart(self) -> tuple[list[MountRequest], dict[str, str]]:
         """The mounts and environment the plugin task gets."""
+        problem = socket_path_problem(os.path.dirname(os.path.dirname(self.csi_dir)))
+        if problem is not None:
+            raise SupervisorError(f'task "{self.task.name}": {problem}')
         for path in (self.root, self.socket_dir):
             os.makedirs(path, mode=0o700, exist_ok=True)
         ensure_shared(self.csi_dir)

@@ -119,6 +119,23 @@ def _mount_requests(
     return host, csi
 
 
+def _plugin_down(socket_path: str, plugin_id: str) -> str | None:
+    """None when the plugin answers Probe as ready, else why not."""
+    from driversdk.csi.client import CSIClient
+    from driversdk.csi.errors import CSIError
+
+    try:
+        client = CSIClient(socket_path, plugin=plugin_id, connect_timeout=2.0)
+    except CSIError as err:
+        return str(err)
+    try:
+        return None if client.probe() else "Probe says it is not ready"
+    except CSIError as err:
+        return str(err)
+    finally:
+        client.close()
+
+
 def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     """CSI volumes must be registered with a capability matching the request, and their node
     plugin must run here: registered by a running plugin, or provided by this job itself."""
@@ -160,12 +177,24 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
                     **where,
                 )
             )
-        if volume.plugin_id not in provided and registry.current("csi-node", volume.plugin_id) is None:
+        if volume.plugin_id in provided:
+            continue
+        running = registry.current("csi-node", volume.plugin_id)
+        if running is None:
             out.append(
                 Problem(
                     job.file,
                     f'CSI plugin "{volume.plugin_id}" for volume "{source}" has no running node instance on this '
                     "client; run the plugin's job first (a task with csi_plugin)",
+                    **where,
+                )
+            )
+        elif (down := _plugin_down(running.socket_path, volume.plugin_id)) is not None:
+            out.append(
+                Problem(
+                    job.file,
+                    f'CSI plugin "{volume.plugin_id}" for volume "{source}" is registered but does not answer '
+                    f"({down}); run the plugin's job again or check its task's logs",
                     **where,
                 )
             )
@@ -177,6 +206,14 @@ def validate_job(path: str, client: ClientConfig) -> Report:
     job, problems = parse_job(path)
     report = Report(job.name, problems + static_problems(job))
     report.problems += _csi_problems(job, client)
+    from driversdk.runner.supervisor import socket_path_problem
+
+    for group in job.groups:
+        for task in group.tasks:
+            problem = socket_path_problem(client.data_dir) if task.csi_plugin is not None else None
+            if problem is not None:
+                where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
+                report.problems.append(Problem(client.file or job.file, problem, **where))
     cache: dict[str, DriverFacts | Problem] = {}
     for group in job.groups:
         for task in group.tasks:

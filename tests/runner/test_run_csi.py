@@ -1,0 +1,421 @@
+"""`driversdk run` with CSI: the reference hostpath plugin as an exec task with csi_plugin, a
+registered volume mounted into docker tasks, through the real CLI. Every failure is checked for
+its sentence and for what is left behind: mounts, containers, claims, registrations, processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import pytest
+
+from drivers.docker.container import LABEL_TASK_ID
+from driversdk.csi.registry import PluginRegistration, PluginRegistry
+from driversdk.csi.state import StateStore
+from driversdk.mountinfo import read_mountinfo
+from driversdk.runner.volumes import VolumeStore
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = "driversdk-test/busybox:local"
+HELLO = ROOT / "examples" / "hello_driver.py"
+CAPS = ["audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod", "net_bind_service", "setfcap",
+        "setgid", "setpcap", "setuid", "sys_chroot", "sys_admin"]  # fmt: skip
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")
+
+
+@pytest.fixture(scope="module")
+def engine() -> docker.DockerClient:
+    try:
+        client = docker.from_env(timeout=10)
+        client.images.get(IMAGE)
+        return client
+    except Exception:
+        pytest.skip("no Docker engine with the test images answers; run hack/docker-up.sh")
+
+
+def hcl_list(items: list[str]) -> str:
+    return "[" + ", ".join(f'"{i}"' for i in items) + "]"
+
+
+@dataclass
+class Env:
+    work: Path
+    engine: docker.DockerClient
+
+    @property
+    def data(self) -> Path:
+        return self.work / "data"
+
+    @property
+    def client(self) -> Path:
+        return self.work / "client.hcl"
+
+    @property
+    def db(self) -> str:
+        return str(self.data / "state.db")
+
+    def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "driversdk.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+        )
+
+    def start(self, job: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(self.client)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+
+    def register(self, volume: str = "vol", access: str = "single-node-writer") -> None:
+        (self.work / "backing" / "volumes" / volume).mkdir(parents=True, exist_ok=True)
+        spec = self.work / f"{volume}.hcl"
+        spec.write_text(
+            f'id = "{volume}"\nplugin_id = "hostpath"\nexternal_id = "{volume}"\n'
+            f'capability {{\n  access_mode = "{access}"\n  attachment_mode = "file-system"\n}}\n'
+        )
+        done = self.cli("volume", "register", str(spec), "--client", str(self.client))
+        assert done.returncode == 0, done.stderr
+
+    def claims(self, volume: str = "vol") -> list[str]:
+        store = VolumeStore(self.db)
+        try:
+            return [c.alloc_id for c in store.claims(volume)]
+        finally:
+            store.close()
+
+    def registrations(self) -> list[PluginRegistration]:
+        store = StateStore(self.db)
+        try:
+            registry = PluginRegistry(store)
+            return [r for kind in ("csi-node", "csi-controller") for r in registry.plugins(kind).values()]
+        finally:
+            store.close()
+
+    def containers(self) -> list[str]:
+        return [
+            c.name
+            for c in self.engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
+            if any(str(self.work) in b for b in c.attrs["HostConfig"].get("Binds") or [])
+        ]
+
+    def assert_clean(self) -> None:
+        assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(self.work))] == []
+        assert self.containers() == []
+        assert self.registrations() == []
+        exec_tasks = self.work / "exec-state" / "tasks"
+        assert not exec_tasks.exists() or list(exec_tasks.iterdir()) == []
+        assert _processes(str(self.work)) == [], "log monitors or plugin tasks left running"
+
+
+def _processes(needle: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+@pytest.fixture
+def env(engine: docker.DockerClient) -> Iterator[Env]:
+    # Short on purpose: the plugin socket path below data_dir must fit a unix socket (107 bytes).
+    work = Path(tempfile.mkdtemp(prefix="dsx-", dir="/tmp"))
+    (work / "backing" / "volumes").mkdir(parents=True)
+    python_dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, str(ROOT))}
+    chroot = ["/bin", "/etc", "/lib", "/lib32", "/lib64", "/sbin", "/usr", *sorted(python_dirs)]
+    (work / "client.hcl").write_text(
+        f"""data_dir = "{work / "data"}"
+client {{
+  host_volume "csi-backing" {{
+    path = "{work / "backing"}"
+  }}
+}}
+plugin "docker" {{
+  config {{
+    gc {{
+      image = false
+    }}
+  }}
+}}
+plugin "exec" {{
+  config {{
+    state_dir  = "{work / "exec-state"}"
+    allow_caps = {hcl_list(CAPS)}
+    chroot_env = {hcl_list(chroot)}
+  }}
+}}
+plugin "hello" {{
+  command = ["{sys.executable}", "{HELLO}"]
+}}
+"""
+    )
+    yield Env(work, engine)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "") -> str:
+    args = '["-m", "driversdk.csi.hostpath"]' if not command else f'["-c", "{command}"]'
+    binary = os.path.realpath(sys.executable) if not command else "/bin/sh"
+    return f"""
+  group "storage" {{
+    volume "backing" {{
+      type   = "host"
+      source = "csi-backing"
+    }}
+    task "plugin" {{
+      driver = "exec"
+      kill_timeout = "2s"
+      config {{
+        command = "{binary}"
+        args    = {args}
+        cap_add = ["sys_admin"]
+      }}
+      env {{
+        CSI_HOSTPATH_ROOT = "/srv/csi"
+        {env}
+      }}
+      volume_mount {{
+        volume      = "backing"
+        destination = "/srv/csi"
+      }}
+      csi_plugin {{
+        id             = "hostpath"
+        type           = "monolith"
+        health_timeout = "{health_timeout}"
+      }}
+    }}
+  }}"""
+
+
+def app_group(script: str, *, driver: str = "docker", propagation: str = "host-to-task", extra: str = "") -> str:
+    config = (
+        f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "{script}"]'
+        if driver == "docker"
+        else 'greeting = "hi"'
+    )
+    return f"""
+  group "app" {{
+    volume "data" {{
+      type            = "csi"
+      source          = "vol"
+      access_mode     = "single-node-writer"
+      attachment_mode = "file-system"
+      {extra}
+    }}
+    task "app" {{
+      driver = "{driver}"
+      kill_timeout = "1s"
+      config {{
+        {config}
+      }}
+      volume_mount {{
+        volume           = "data"
+        destination      = "/data"
+        propagation_mode = "{propagation}"
+      }}
+    }}
+  }}"""
+
+
+def write_job(env: Env, name: str, *groups: str) -> Path:
+    path = env.work / f"{name}.hcl"
+    path.write_text(f'job "{name}" {{\n  type = "batch"\n' + "".join(groups) + "\n}\n")
+    return path
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"{needle!r} never printed; got:\n{''.join(lines)}")
+
+
+def test_demo_job_mounts_a_csi_volume_host_to_task_and_leaves_nothing(env: Env) -> None:
+    env.register()
+    job = write_job(
+        env,
+        "demo",
+        plugin_group(),
+        app_group("grep ' /data ' /proc/self/mountinfo; echo hello > /data/greeting; cat /data/greeting"),
+    )
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert '==> task "plugin": Plugin became healthy: plugin: hostpath' in out
+    assert '==> volume "data": CSI volume "vol" mounted at ' in out
+    assert '==> volume "data": CSI volume "vol" unmounted and released' in out
+    assert out.index("unmounted and released") < out.index('==> task "plugin" stopping'), "app first, plugin last"
+    logs = env.cli("logs", "app", "--client", str(env.client)).stdout
+    mount_line, greeting = logs.splitlines()
+    fields = mount_line.split(" - ")[0].split()
+    assert fields[4] == "/data" and any(f.startswith("master:") for f in fields[6:]), "host-to-task is rslave"
+    assert greeting == "hello"
+    assert (env.work / "backing" / "volumes" / "vol" / "greeting").read_text() == "hello\n"
+    assert env.claims() == []
+    env.assert_clean()
+    assert not (env.data / "client" / "csi" / "plugins").exists(), "the plugin's socket dir is removed"
+
+
+def test_driver_without_mount_support_is_refused_before_anything(env: Env) -> None:
+    env.register()
+    job = write_job(env, "nomount", plugin_group(), app_group("", driver="hello"))
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 1
+    assert 'task driver "hello" for "app" does not support CSI: volume "data" cannot be mounted' in done.stdout
+    assert not (env.data / "allocs").exists()
+    assert env.claims() == []
+    env.assert_clean()
+
+
+def test_unregistered_volume_is_refused_before_anything(env: Env) -> None:
+    job = write_job(env, "noreg", plugin_group(), app_group("true"))
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 1
+    assert (
+        'group "app", volume "data": CSI volume "vol" is not registered in namespace "default"; register it with '
+        "`driversdk volume register <file>`" in done.stdout
+    )
+    assert not (env.data / "allocs").exists()
+    env.assert_clean()
+
+
+def test_plugin_that_is_down_is_found_by_validate_and_run(env: Env) -> None:
+    env.register()
+    # A registration left by a plugin that died with its run: the socket file is gone.
+    store = StateStore(env.db)
+    PluginRegistry(store).register(
+        PluginRegistration("csi-node", "hostpath", "dead-alloc", str(env.work / "dead" / "csi.sock"))
+    )
+    store.close()
+    job = write_job(env, "down", app_group("true"))
+    for command in ("validate", "run"):
+        done = env.cli(command, str(job), "--client", str(env.client))
+        assert done.returncode == 1
+        assert (
+            'CSI plugin "hostpath" for volume "vol" is registered but does not answer (failed to open CSI plugin '
+            f"socket {env.work / 'dead' / 'csi.sock'}: it does not exist" in done.stdout
+        ), done.stdout
+        assert "run the plugin's job again or check its task's logs" in done.stdout
+    assert env.claims() == []
+    assert not (env.data / "allocs").exists()
+
+
+def test_plugin_error_on_publish_is_a_sentence_and_undoes_the_claim_and_stage(env: Env) -> None:
+    env.register()
+    job = write_job(
+        env, "pubfail", plugin_group(env='CSI_HOSTPATH_FAULTS = "NodePublishVolume=INTERNAL:9"'), app_group("true")
+    )
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 1
+    err = done.stderr.strip().splitlines()[-1]
+    assert err.startswith('error: group "app" volume "data": mounting volumes: '), err
+    assert "NodePublishVolume" in err and "INTERNAL" in err and "Traceback" not in done.stderr
+    assert env.claims() == []
+    staged = sqlite3.connect(env.db).execute("SELECT COUNT(*) FROM csi_staged").fetchone()
+    assert staged == (0,), "the stage made for this alloc alone is undone"
+    env.assert_clean()
+
+
+def test_plugin_that_never_becomes_healthy_fails_after_health_timeout(env: Env) -> None:
+    job = write_job(env, "unhealthy", plugin_group(health_timeout="2s", command="sleep 60"))
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 1
+    assert '==> task "plugin": Plugin became unhealthy: Error: CSI plugin failed probe: ' in done.stdout
+    assert "CSI plugin did not become healthy before configured 2s health timeout" in done.stdout
+    env.assert_clean()
+
+
+def test_claim_limit_reached_across_two_runs_then_both_clean(env: Env) -> None:
+    env.register()
+    holder = write_job(env, "holder", plugin_group(), app_group("echo holding; sleep 300"))
+    other = write_job(env, "other", app_group("true"))
+    proc = env.start(holder)
+    try:
+        wait_for_line(proc, '==> task "app" started')
+        status = env.cli("plugin", "status", "--client", str(env.client))
+        assert status.returncode == 0, status.stdout
+        assert "csi-node        hostpath" in status.stdout and "healthy" in status.stdout
+        assert "volumes=1 mounts=1" in status.stdout
+        [claimed_by] = env.claims()
+        denied = env.cli("volume", "deregister", "vol", "--client", str(env.client))
+        assert denied.returncode == 1 and "is in use by allocation(s)" in denied.stderr
+        done = env.cli("run", str(other), "--client", str(env.client))
+        assert done.returncode == 1
+        assert (
+            'error: group "app" volume "data": claiming volumes: could not claim volume "vol": volume "vol": volume '
+            "max claims reached: single-node-writer allows one writer and it is claimed by alloc "
+            f"{claimed_by[:8]} of job holder (write); stop that job, or use per_alloc or an access mode that "
+            "allows more claims"
+        ) in done.stderr, done.stderr
+        assert env.claims() == [claimed_by], "the refused run took nothing and released nothing of the holder's"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert env.claims() == []
+    env.assert_clean()
+
+
+def test_run_killed_mid_run_recovers_without_duplicates_then_cleans_up(env: Env) -> None:
+    env.register()
+    job = write_job(env, "survivor", plugin_group(), app_group("echo first; sleep 300"))
+    first = env.start(job)
+    wait_for_line(first, '==> task "app" started')
+    [container] = env.containers()
+    mounts_before = [e.mount_point for e in read_mountinfo() if "per-alloc" in e.mount_point]
+    first.kill()
+    first.communicate(timeout=30)
+    time.sleep(1)
+    assert env.containers() == [container], "the task outlives the killed run"
+    assert env.engine.containers.get(container).status == "running"
+
+    second = env.start(job)
+    try:
+        lines = wait_for_line(second, '==> task "app" recovered')
+        assert any("recovering alloc" in line for line in lines)
+        assert not any('==> task "app" started' in line for line in lines)
+        assert env.containers() == [container], "no duplicate container"
+        assert [e.mount_point for e in read_mountinfo() if "per-alloc" in e.mount_point] == mounts_before
+        again = env.cli("run", str(job), "--client", str(env.client))
+        assert again.returncode == 1
+        assert f'job "survivor" is already being run by driversdk run (pid {second.pid})' in again.stderr
+    finally:
+        second.send_signal(signal.SIGINT)
+        out, _ = second.communicate(timeout=120)
+    assert '==> volume "data": CSI volume "vol" unmounted and released' in out
+    assert env.cli("logs", "app", "--client", str(env.client)).stdout.startswith("first\n")
+    assert env.claims() == []
+    env.assert_clean()
+
+
+def test_data_dir_too_long_for_the_plugin_socket_is_refused_before_anything(env: Env) -> None:
+    long_data = env.work / ("d" * 60)
+    env.client.write_text(env.client.read_text().replace(f'data_dir = "{env.data}"', f'data_dir = "{long_data}"'))
+    job = write_job(env, "longpath", plugin_group())
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 1
+    assert 'group "storage", task "plugin", csi_plugin: the CSI plugin socket path under data_dir' in done.stdout
+    assert "and unix sockets allow 107; use a data_dir at most" in done.stdout
+    assert not long_data.exists() or not (long_data / "allocs").exists()
