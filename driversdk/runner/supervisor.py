@@ -45,7 +45,7 @@ def parse_duration(text: str, what: str) -> float:
             i += 1
             continue
         unit = "ms" if text.startswith("ms", i) else ch
-        if unit not in units or not number:
+        if unit not in units or not number or number.count(".") > 1:
             raise ConfigError(f'{what} {text!r} is not a duration such as "30s" or "1m30s"')
         total += float(number) * units[unit]
         number, i = "", i + len(unit)
@@ -57,6 +57,8 @@ def parse_duration(text: str, what: str) -> float:
 def go_duration(seconds: float) -> str:
     """Seconds as Go prints a duration in the health-timeout message: 30s, 1m30s, 1h0m0s."""
     whole = int(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
     if whole < 60:
         return f"{seconds:g}s"
     hours, rest = divmod(whole, 3600)

@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
+from drivers.exec.network import netns_path
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.mountinfo import read_mountinfo
@@ -148,6 +149,7 @@ client {{
 }}
 plugin "docker" {{
   config {{
+    infra_image = "driversdk-test/pause:local"
     gc {{
       image = false
     }}
@@ -419,3 +421,29 @@ def test_data_dir_too_long_for_the_plugin_socket_is_refused_before_anything(env:
     assert 'group "storage", task "plugin", csi_plugin: the CSI plugin socket path under data_dir' in done.stdout
     assert "and unix sockets allow 107; use a data_dir at most" in done.stdout
     assert not long_data.exists() or not (long_data / "allocs").exists()
+
+
+@pytest.mark.parametrize("driver", ["docker", "exec"])
+def test_bridge_network_is_shared_by_the_group_and_removed_after(env: Env, driver: str) -> None:
+    def task(name: str) -> str:
+        if driver == "docker":
+            config = (
+                f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "readlink /proc/self/ns/net"]'
+            )
+        else:
+            config = 'command = "/bin/sh"\n        args = ["-c", "readlink /proc/self/ns/net"]'
+        return f'    task "{name}" {{\n      driver = "{driver}"\n      config {{\n        {config}\n      }}\n    }}\n'
+
+    group = f'\n  group "net" {{\n    network {{\n      mode = "bridge"\n    }}\n{task("one")}{task("two")}  }}'
+    job = write_job(env, f"net-{driver}", group)
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f'==> group "net": network created by the {driver} driver' in done.stdout
+    one = env.cli("logs", "one", "--client", str(env.client)).stdout.strip()
+    two = env.cli("logs", "two", "--client", str(env.client)).stdout.strip()
+    assert one.startswith("net:[") and one == two, "both tasks share the group's namespace"
+    assert one != os.readlink("/proc/self/ns/net"), "not the host's namespace"
+    [alloc] = os.listdir(env.data / "allocs")
+    assert not env.engine.containers.list(all=True, filters={"label": f"com.hashicorp.nomad.alloc_id={alloc}"})
+    assert not os.path.exists(netns_path(alloc))
+    env.assert_clean()
