@@ -74,7 +74,7 @@ plugin "exec" {{
 
 
 def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="driversdk-demo-"))
+    work = Path(tempfile.mkdtemp(prefix="driversdk-demo-", dir="/tmp"))  # short: socket paths
     try:
         # The volume already exists in the plugin's backing store; we register it, as one
         # registers an existing disk with `nomad volume register`.

@@ -20,10 +20,19 @@ def test_readme_demo(engine: docker.DockerClient) -> None:
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert 'refused: task "web" volume "data": propagation_mode "bidirectional" needs a read-write mount' in out
-    assert "which is private; run `mount --make-rshared" in out
-    assert "task sees: mounted on the host after the task started" in out
-    assert "exit code 0" in out
+    # validate first finds the unregistered volume, then passes once it is registered
+    assert 'CSI volume "demo-volume" is not registered in namespace "default"' in out
+    assert 'registered CSI volume "demo-volume" (plugin "hostpath")' in out
+    assert "job 'csi-demo': valid" in out
+    assert '==> task "plugin": Plugin became healthy: plugin: hostpath' in out
+    assert '==> volume "data": CSI volume "demo-volume" mounted at ' in out
+    assert '==> task "app" finished with exit code 0' in out
+    assert '==> volume "data": CSI volume "demo-volume" unmounted and released' in out
+    mount_line = next(line for line in out.splitlines() if " /data " in line)
+    assert "master:" in mount_line, "the task sees the volume host-to-task (rslave)"
+    assert "wrote: " in out and '"claims": []' in out
+    assert "left behind: 0 mount(s)" in out
+    assert "no CSI plugins are registered on this client" in out
     left = [
         c.name
         for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
