@@ -167,12 +167,27 @@ class AllocRun:
                 raise
             self.plugins[driver] = plugin
             self.state.plugin_started(self.alloc_id, driver, plugin.process.reattach_config.to_json())
+            self._relay_events(plugin)
         return self.plugins[driver]
+
+    def _relay_events(self, plugin: DriverClient) -> None:
+        """Print the driver's task events for this allocation (image pulls, OOM kills, …)."""
+
+        def relay() -> None:
+            try:
+                for event in plugin.task_events():
+                    if event.alloc_id == self.alloc_id:
+                        self._say_task(event.task_name, f"event: {event.message}")
+            except DriverSDKError:
+                pass  # the plugin went away: the stream ends with it
+
+        threading.Thread(target=relay, daemon=True, name="task-events").start()
 
     def _reattach_plugins(self) -> None:
         for driver, saved in self.state.plugins(self.alloc_id).items():
             try:
                 self.plugins[driver] = reattach(ReattachConfig.from_json(saved), name=driver)
+                self._relay_events(self.plugins[driver])
                 self.say(f'==> driver "{driver}": reattached to its running plugin')
             except DriverSDKError:
                 pass  # the plugin died with the run: _plugin launches a new one and RecoverTask finds the task

@@ -129,8 +129,10 @@ def test_run_ctrl_c_stops_the_task_cleanly(engine: docker.DockerClient, tmp_path
         cwd=ROOT,
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert '==> task "web" started' in line, line
+    lines = [proc.stdout.readline()]
+    while "event:" in lines[-1]:  # the driver's task events are printed as they come
+        lines.append(proc.stdout.readline())
+    assert '==> task "web" started' in lines[-1], lines
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not list((data / "allocs").glob("*/alloc/logs/web.stdout.0")):
         time.sleep(0.1)
