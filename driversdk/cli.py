@@ -209,7 +209,7 @@ def cmd_plugin_status(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     store = StateStore(os.path.join(data_dir, "state.db"))
     volumes = _volume_store(args).list()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in PLUGIN_TYPES:
         for name in sorted(PluginRegistry(store).plugins(kind)):
             for position, reg in enumerate(PluginRegistry(store).instances(kind, name)):
@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pstatus = plugin_sub.add_parser("status", parents=[where], help="CSI plugins registered on this client")
     pstatus.add_argument("--json", action="store_true")
-    pstatus.set_defaults(func=cmd_plugin_status, client=None, data_dir=None)
+    pstatus.set_defaults(func=cmd_plugin_status)
 
     volume = sub.add_parser("volume", help="register and inspect CSI volumes on this client")
     volume.add_argument("--client", help="client config file (for its data_dir)")

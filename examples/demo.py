@@ -39,9 +39,10 @@ def hcl_list(items: list[str]) -> str:
     return "[" + ", ".join(f'"{i}"' for i in items) + "]"
 
 
-def client_config(work: Path) -> Path:
+def client_config(work: Path, *, docker_extra: str = "", exec_extra: str = "", extra: str = "") -> Path:
     """A client with a host volume for the plugin's backing store, and an exec plugin that may
-    give the plugin task sys_admin (it mounts) with this Python installation in its chroot."""
+    give the plugin task sys_admin (it mounts) with this Python installation in its chroot.
+    The tests add their own settings through the ``*_extra`` strings."""
     python_dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, str(ROOT))}
     chroot = CHROOT + sorted(d for d in python_dirs if not any(d.startswith(c + "/") for c in CHROOT))
     path = work / "client.hcl"
@@ -56,6 +57,7 @@ client {{
 
 plugin "docker" {{
   config {{
+    {docker_extra}
     gc {{
       image = false
     }}
@@ -66,8 +68,10 @@ plugin "exec" {{
   config {{
     allow_caps = {hcl_list(EXEC_CAPS)}
     chroot_env = {hcl_list(chroot)}
+    {exec_extra}
   }}
 }}
+{extra}
 """
     )
     return path

@@ -78,7 +78,7 @@ def plugin_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]
     return env
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -132,7 +132,7 @@ class PluginProcess:
     def alive(self) -> bool:
         if self._popen is not None:
             return self._popen.poll() is None
-        return _pid_alive(self.pid)
+        return pid_alive(self.pid)
 
     def _wait_exit(self, timeout: float) -> bool:
         if self._popen is not None:
@@ -143,10 +143,10 @@ class PluginProcess:
                 return False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _pid_alive(self.pid):
+            if not pid_alive(self.pid):
                 return True
             time.sleep(0.02)
-        return not _pid_alive(self.pid)
+        return not pid_alive(self.pid)
 
     def kill(self, timeout: float = 2.0) -> None:
         """GRPCController.Shutdown, wait up to ``timeout`` seconds, then SIGKILL. Idempotent."""
@@ -268,7 +268,7 @@ def launch_plugin(
 
 def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: float = 10.0) -> PluginProcess:
     """Connect again to a plugin launched by an earlier host process."""
-    if not _pid_alive(config.pid):
+    if not pid_alive(config.pid):
         raise PluginError(f"cannot reattach to plugin {name!r}: process {config.pid} is gone; launch it again")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -38,7 +38,7 @@ from driversdk.model import (
     TaskConfig,
 )
 from driversdk.mounts import MountRequest, check_mounts
-from driversdk.plugin.host import ReattachConfig
+from driversdk.plugin.host import ReattachConfig, pid_alive
 from driversdk.runner import logcollect
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.csihook import CSIHook
@@ -69,16 +69,6 @@ def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
     except FileNotFoundError:
         return []
     return [os.path.join(logs, n) for n in sorted(names, key=lambda n: int(n[len(prefix) :]))]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -533,7 +523,7 @@ def _plan(job: Job, client: ClientConfig, say: Say, node: NodeServices) -> list[
     """One AllocRun per (group, index): recovered when a previous run left it running."""
     previous = {(r.group, r.index): r for r in node.state.running_allocs(job.name)}
     for earlier in previous.values():
-        if earlier.run_pid != os.getpid() and _pid_alive(earlier.run_pid):
+        if earlier.run_pid != os.getpid() and pid_alive(earlier.run_pid):
             raise AlreadyRunning(
                 f'job "{job.name}" is already being run by driversdk run (pid {earlier.run_pid}); stop that run '
                 "(Ctrl-C) before running the job again, or check it with `driversdk status`"

@@ -10,23 +10,12 @@ import time
 from pathlib import Path
 
 import docker
-import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.runner.logcollect import RotatingFile
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
-
-
-@pytest.fixture(scope="module")
-def engine() -> docker.DockerClient:
-    try:
-        client = docker.from_env(timeout=10)
-        client.images.get(IMAGE)
-        return client
-    except Exception:
-        pytest.skip("no Docker engine with the test images answers; run hack/docker-up.sh")
 
 
 def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:

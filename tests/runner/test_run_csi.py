@@ -4,17 +4,16 @@ its sentence and for what is left behind: mounts, containers, claims, registrati
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import docker
 import pytest
@@ -29,24 +28,19 @@ from driversdk.runner.volumes import VolumeStore
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
 HELLO = ROOT / "examples" / "hello_driver.py"
-CAPS = ["audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod", "net_bind_service", "setfcap",
-        "setgid", "setpcap", "setuid", "sys_chroot", "sys_admin"]  # fmt: skip
+
+
+def _load_demo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("driversdk_demo", ROOT / "examples" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = _load_demo()
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")
-
-
-@pytest.fixture(scope="module")
-def engine() -> docker.DockerClient:
-    try:
-        client = docker.from_env(timeout=10)
-        client.images.get(IMAGE)
-        return client
-    except Exception:
-        pytest.skip("no Docker engine with the test images answers; run hack/docker-up.sh")
-
-
-def hcl_list(items: list[str]) -> str:
-    return "[" + ", ".join(f'"{i}"' for i in items) + "]"
 
 
 @dataclass
@@ -134,41 +128,17 @@ def _processes(needle: str) -> list[str]:
 
 
 @pytest.fixture
-def env(engine: docker.DockerClient) -> Iterator[Env]:
-    # Short on purpose: the plugin socket path below data_dir must fit a unix socket (107 bytes).
-    work = Path(tempfile.mkdtemp(prefix="dsx-", dir="/tmp"))
+def env(engine: docker.DockerClient, short_dir: Path) -> Env:
+    work = short_dir
     (work / "backing" / "volumes").mkdir(parents=True)
-    python_dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, str(ROOT))}
-    chroot = ["/bin", "/etc", "/lib", "/lib32", "/lib64", "/sbin", "/usr", *sorted(python_dirs)]
-    (work / "client.hcl").write_text(
-        f"""data_dir = "{work / "data"}"
-client {{
-  host_volume "csi-backing" {{
-    path = "{work / "backing"}"
-  }}
-}}
-plugin "docker" {{
-  config {{
-    infra_image = "driversdk-test/pause:local"
-    gc {{
-      image = false
-    }}
-  }}
-}}
-plugin "exec" {{
-  config {{
-    state_dir  = "{work / "exec-state"}"
-    allow_caps = {hcl_list(CAPS)}
-    chroot_env = {hcl_list(chroot)}
-  }}
-}}
-plugin "hello" {{
-  command = ["{sys.executable}", "{HELLO}"]
-}}
-"""
+    # The demo's own client config (examples/demo.py), plus what the tests need on top.
+    demo.client_config(
+        work,
+        docker_extra='infra_image = "driversdk-test/pause:local"',
+        exec_extra=f'state_dir = "{work / "exec-state"}"',
+        extra=f'plugin "hello" {{\n  command = ["{sys.executable}", "{HELLO}"]\n}}',
     )
-    yield Env(work, engine)
-    shutil.rmtree(work, ignore_errors=True)
+    return Env(work, engine)
 
 
 def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "") -> str:

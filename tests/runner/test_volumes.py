@@ -122,7 +122,8 @@ def test_validate_csi_volume_not_registered(tmp_path: Path) -> None:
     assert 'CSI volume "web-data" is not registered in namespace "default"' in done.stdout
 
 
-def test_validate_csi_capability_and_plugin(tmp_path: Path) -> None:
+def test_validate_csi_capability_and_plugin(short_dir: Path) -> None:
+    tmp_path = short_dir
     spec = tmp_path / "vol.hcl"
     spec.write_text(SPEC)
     assert vol(tmp_path, "register", str(spec)).returncode == 0
