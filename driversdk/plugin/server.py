@@ -241,7 +241,9 @@ def serve_plugin(
             on_shutdown()
         except Exception:
             log.exception("shutdown hook failed")
-    server.stop(grace=0.5).wait(1.5)
+    # A short grace: in-flight unary calls finish within it, while the long-lived streams a host
+    # keeps open (WaitTask, TaskEvents, Fingerprint) would hold a longer one for nothing.
+    server.stop(grace=0.1).wait(1.5)
     place.remove()
     logging.shutdown()
     # grpc's worker threads are not daemons; leave without waiting on streams the host abandoned.

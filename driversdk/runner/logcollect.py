@@ -156,6 +156,10 @@ def _collect(logs_dir: str, task: str, max_files: int, max_size: int) -> None:
         nonlocal stopping
         stopping = True
 
+    # The signal also writes a byte to this pipe, so select wakes at once instead of at its timeout.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sinks = {}
@@ -167,11 +171,14 @@ def _collect(logs_dir: str, task: str, max_files: int, max_size: int) -> None:
     sys.stdout.flush()
     while True:
         try:
-            ready, _, _ = select.select(list(sinks), [], [], 0.2)
+            ready, _, _ = select.select([*sinks, wake_r], [], [], None if not stopping else 0)
         except InterruptedError:
             ready = []
         got = False
         for fd in ready:
+            if fd == wake_r:
+                os.read(wake_r, 64)
+                continue
             try:
                 chunk = os.read(fd, 65536)
             except BlockingIOError:

@@ -42,7 +42,7 @@ from driversdk.plugin.host import ReattachConfig, pid_alive
 from driversdk.runner import logcollect
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.csihook import CSIHook
-from driversdk.runner.jobspec import Group, Job, Task, parse_job
+from driversdk.runner.jobspec import Group, Job, Task
 from driversdk.runner.logcollect import MIB
 from driversdk.runner.runstate import AllocRecord, RunState, TaskRecord
 from driversdk.runner.supervisor import PluginSupervisor, csi_dir, parse_duration, release_shared
@@ -116,6 +116,7 @@ class AllocRun:
         say: Say,
         node: NodeServices,
         alloc_id: str | None = None,
+        spare_plugins: dict[str, DriverClient] | None = None,
     ) -> None:
         self.job = job
         self.group = group
@@ -127,6 +128,8 @@ class AllocRun:
         self.alloc_id = alloc_id or str(uuid.uuid4())
         self.alloc_dir = os.path.join(client.data_dir, "allocs", self.alloc_id)
         self.plugins: dict[str, DriverClient] = {}
+        # Plugins validation already launched (and configured): taken instead of launching anew.
+        self.spare_plugins = spare_plugins if spare_plugins is not None else {}
         self.tasks: list[RunningTask] = []
         self.network: NetworkIsolationSpec | None = None
         self.network_owner = ""
@@ -148,7 +151,7 @@ class AllocRun:
             command = self.client.driver_command(driver)
             if command is None:
                 raise RunRefused(f'no plugin is configured for driver "{driver}"')
-            plugin = launch(command, name=driver)
+            plugin = self.spare_plugins.pop(driver, None) or launch(command, name=driver)
             try:
                 plugin.set_config(self.client.plugin_config(driver), AgentConfig(14000, 14512))
                 plugin.init()
@@ -519,7 +522,9 @@ def _order(job: Job) -> list[tuple[Group, int]]:
     return [(g, i) for g in groups for i in range(g.count)]
 
 
-def _plan(job: Job, client: ClientConfig, say: Say, node: NodeServices) -> list[tuple[AllocRun, AllocRecord | None]]:
+def _plan(
+    job: Job, client: ClientConfig, say: Say, node: NodeServices, spare: dict[str, DriverClient]
+) -> list[tuple[AllocRun, AllocRecord | None]]:
     """One AllocRun per (group, index): recovered when a previous run left it running."""
     previous = {(r.group, r.index): r for r in node.state.running_allocs(job.name)}
     for earlier in previous.values():
@@ -531,18 +536,21 @@ def _plan(job: Job, client: ClientConfig, say: Say, node: NodeServices) -> list[
     plan: list[tuple[AllocRun, AllocRecord | None]] = []
     for group, index in _order(job):
         record = previous.get((group.name, index))
-        alloc = AllocRun(job, group, index, client, say, node, alloc_id=record.alloc_id if record else None)
+        alloc = AllocRun(job, group, index, client, say, node, record.alloc_id if record else None, spare)
         plan.append((alloc, record))
     return plan
 
 
 def run_job(path: str, client: ClientConfig, say: Say = print, stop: threading.Event | None = None) -> int:
-    report = validate_job(path, client)
-    if not report.valid:
+    spare: dict[str, DriverClient] = {}
+    report = validate_job(path, client, keep_plugins=spare)
+    if not report.valid or report.parsed is None:
         for problem in report.problems:
             say(f"error {problem}")
+        for plugin in spare.values():
+            plugin.kill()
         return 1
-    job, _ = parse_job(path)
+    job = report.parsed
     stop = stop or threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -551,7 +559,7 @@ def run_job(path: str, client: ClientConfig, say: Say = print, stop: threading.E
     node = NodeServices.open(client.data_dir)
     allocs: list[AllocRun] = []
     try:
-        for alloc, record in _plan(job, client, say, node):
+        for alloc, record in _plan(job, client, say, node, spare):
             allocs.append(alloc)
             if record is not None:
                 alloc.recover(record)
@@ -573,6 +581,8 @@ def run_job(path: str, client: ClientConfig, say: Say = print, stop: threading.E
         for alloc in reversed(allocs):
             alloc.stop()
             alloc.close()
+        for plugin in spare.values():  # validation launched them; no allocation needed them
+            plugin.kill()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         node.close()

@@ -32,6 +32,7 @@ class Report:
     job: str
     problems: list[Problem] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    parsed: Job | None = field(default=None, repr=False)
 
     @property
     def valid(self) -> bool:
@@ -43,7 +44,11 @@ class Report:
 
 
 def _driver_facts(
-    driver: str, client: ClientConfig, job: Job, cache: dict[str, DriverFacts | Problem]
+    driver: str,
+    client: ClientConfig,
+    job: Job,
+    cache: dict[str, DriverFacts | Problem],
+    keep: dict[str, DriverClient] | None = None,
 ) -> DriverFacts | Problem:
     if driver in cache:
         return cache[driver]
@@ -66,7 +71,10 @@ def _driver_facts(
             result = Problem(client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name)
         finally:
             if plugin is not None:
-                plugin.kill()
+                if keep is not None and isinstance(result, DriverFacts):
+                    keep[driver] = plugin  # the caller (driversdk run) starts its tasks through it
+                else:
+                    plugin.kill()
     cache[driver] = result
     return result
 
@@ -202,9 +210,11 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     return out
 
 
-def validate_job(path: str, client: ClientConfig) -> Report:
+def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, DriverClient] | None = None) -> Report:
+    """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
+    there (configured, not yet initialised) instead of being shut down."""
     job, problems = parse_job(path)
-    report = Report(job.name, problems + static_problems(job))
+    report = Report(job.name, problems + static_problems(job), parsed=job)
     report.problems += _csi_problems(job, client)
     from driversdk.runner.supervisor import socket_path_problem
 
@@ -220,7 +230,7 @@ def validate_job(path: str, client: ClientConfig) -> Report:
             if not task.driver:
                 continue
             where = {"job": job.name, "group": group.name, "task": task.name}
-            facts = _driver_facts(task.driver, client, job, cache)
+            facts = _driver_facts(task.driver, client, job, cache, keep_plugins)
             if isinstance(facts, Problem):
                 if facts not in report.problems:
                     report.problems.append(facts)

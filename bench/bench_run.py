@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""`driversdk run` of a one-task docker job, end to end, beside `docker run` of the same
+container, measured in the same run and interleaved round by round.
+
+Both are command lines a user types, timed from spawn to exit: ours starts Python, validates
+the job (launching the docker plugin once to read its schema and capabilities), launches the
+plugin again for the run, starts a log collector, creates and starts the container, waits,
+and tears everything down; `docker run --rm` is the docker CLI doing create+attach+start+wait+rm.
+A third line times `driversdk validate` alone, the share of ours that is checking before start.
+
+Run (needs hack/docker-up.sh and hack/build-test-images.sh): python3 bench/bench_run.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+IMAGE = "driversdk-test/busybox:local"
+SCRIPT = "echo hello"
+
+
+def timed(args: list[str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}")
+    return elapsed
+
+
+def write_files(work: Path) -> tuple[Path, Path]:
+    job = work / "job.hcl"
+    job.write_text(
+        f'job "bench" {{\n  type = "batch"\n  group "g" {{\n    task "hello" {{\n      driver = "docker"\n'
+        f'      config {{\n        image = "{IMAGE}"\n        command = "/bin/sh"\n'
+        f'        args = ["-c", "{SCRIPT}"]\n      }}\n    }}\n  }}\n}}\n'
+    )
+    client = work / "client.hcl"
+    client.write_text(f'data_dir = "{work / "data"}"\nplugin "docker" {{\n  config {{\n    gc {{\n      image = false\n'
+                      "    }\n  }\n}\n")  # fmt: skip
+    return job, client
+
+
+def check_ran(work: Path) -> None:
+    logs = list((work / "data" / "allocs").glob("*/alloc/logs/hello.stdout.0"))
+    if not logs or "hello" not in logs[-1].read_text():
+        raise SystemExit("driversdk run did not collect the task's output: the run did not really happen")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    cli = [sys.executable, "-m", "driversdk.cli"]
+    docker_run = ["docker", "run", "--rm", IMAGE, "/bin/sh", "-c", SCRIPT]
+    work = Path(tempfile.mkdtemp(prefix="dsx-bench-", dir="/tmp"))
+    try:
+        job, client = write_files(work)
+        ours_cmd = [*cli, "run", str(job), "--client", str(client)]
+        validate_cmd = [*cli, "validate", str(job), "--client", str(client)]
+        for command in (docker_run, ours_cmd, validate_cmd):  # warm-up: page cache, bytecode, image layers
+            timed(command)
+        check_ran(work)
+        raw, ours, validate = [], [], []
+        for _ in range(args.runs):
+            raw.append(timed(docker_run))
+            ours.append(timed(ours_cmd))
+            validate.append(timed(validate_cmd))
+        check_ran(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = [o / r for o, r in zip(ours, raw, strict=True)]
+    print(f"one-task docker job, {args.runs} interleaved rounds (median)")
+    print(f"  docker run --rm               {statistics.median(raw) * 1000:8.0f} ms")
+    print(f"  driversdk run job.hcl         {statistics.median(ours) * 1000:8.0f} ms")
+    print(f"    of which validate alone     {statistics.median(validate) * 1000:8.0f} ms")
+    print(f"  ratio ours / docker run       {statistics.median(ours) / statistics.median(raw):8.2f}")
+    print("  per-round ratios              " + " ".join(f"{r:.2f}" for r in ratios))
+    print("  (the difference: Python start-up, two plugin launches through the handshake, validation,")
+    print("   the log collector, and a teardown that waits for the container's removal)")
+
+
+if __name__ == "__main__":
+    main()
