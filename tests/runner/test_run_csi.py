@@ -20,6 +20,7 @@ import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
 from drivers.exec.network import netns_path
+from driversdk.csi.client import CSIClient
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.mountinfo import read_mountinfo
@@ -332,6 +333,10 @@ def test_claim_limit_reached_across_two_runs_then_both_clean(env: Env) -> None:
         assert "csi-node        hostpath" in status.stdout and "healthy" in status.stdout
         assert "volumes=1 mounts=1" in status.stdout
         [claimed_by] = env.claims()
+        [node] = [r for r in env.registrations() if r.type == "csi-node"]
+        calls = CSIClient(node.socket_path).plugin_info().manifest
+        assert calls["calls.ControllerPublishVolume"] == "1", "a monolith plugin is controller-published first"
+        assert calls["calls.NodeStageVolume"] == "1" and calls["calls.NodePublishVolume"] == "1"
         denied = env.cli("volume", "deregister", "vol", "--client", str(env.client))
         assert denied.returncode == 1 and "is in use by allocation(s)" in denied.stderr
         done = env.cli("run", str(other), "--client", str(env.client))
