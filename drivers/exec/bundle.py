@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import pwd
 import re
 import stat
@@ -215,6 +216,10 @@ def build_spec(
         mounts.append(_bind(Bundle(bundle_dir).resolv_conf, "/etc/resolv.conf", "ro", "rprivate"))
     for m in task.mounts:
         mounts.append(_bind(m.host_path, m.task_path, "ro" if m.readonly else "rw", m.propagation.linux))
+    # runc mounts in list order: parents first, or a chroot_env dir below /tmp (a checkout in
+    # /tmp, say) would be hidden by the task's /tmp mounted after it. The sort is stable, so
+    # mounts at the same depth keep their order.
+    mounts.sort(key=lambda m: len(Path(m["destination"]).parts))
 
     namespaces: list[dict[str, str]] = [{"type": "mount"}, {"type": "uts"}]
     if cfg.pid_mode == "private":

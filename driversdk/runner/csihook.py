@@ -81,6 +81,7 @@ class CSIHook:
         say: Callable[[str], None],
         persist: Callable[[str], None],
         wait_for_plugin: float = WAIT_FOR_PLUGIN,
+        plugin_failure: Callable[[str], str | None] | None = None,
     ) -> None:
         self.job = job
         self.group = group
@@ -92,6 +93,7 @@ class CSIHook:
         self.say = say
         self._persist = persist
         self.wait_for_plugin = wait_for_plugin
+        self.plugin_failure = plugin_failure or (lambda _: None)
         self.stubs: dict[str, VolumeStub] = {}
 
     @property
@@ -121,10 +123,26 @@ class CSIHook:
         return f'group "{self.group.name}" volume "{req.name}"'
 
     def _plugin(self, volume: Volume, req: VolumeRequest) -> PluginRegistration:
-        try:
-            return self.registry.wait_for_plugin("csi-node", volume.plugin_id, self.wait_for_plugin)
-        except CSIError as err:
-            raise CSIHookError(f"{self._where(req)}: mounting volumes: {err}") from None
+        """WaitForPlugin, in slices, so a plugin task of this same run that failed ends the wait."""
+        deadline = time.monotonic() + self.wait_for_plugin
+        while True:
+            failure = self.plugin_failure(volume.plugin_id)
+            if failure is not None:
+                raise CSIHookError(
+                    f"{self._where(req)}: mounting volumes: csi-node plugin '{volume.plugin_id}' did not become "
+                    f"ready: its task in this job failed: {failure}"
+                )
+            try:
+                return self.registry.wait_for_plugin(
+                    "csi-node", volume.plugin_id, min(1.0, max(0.0, deadline - time.monotonic()))
+                )
+            except CSIError:
+                if time.monotonic() >= deadline:
+                    raise CSIHookError(
+                        f"{self._where(req)}: mounting volumes: csi-node plugin '{volume.plugin_id}' did not become "
+                        f"ready: no instance registered within {self.wait_for_plugin:g}s; check that the plugin's "
+                        "task is running and healthy"
+                    ) from None
 
     def _claim_and_mount(self, req: VolumeRequest) -> None:
         volume_id = source_id(req, self.alloc_index)

@@ -92,6 +92,15 @@ class NodeServices:
     volumes: VolumeStore
     csi_state: StateStore
     registry: PluginRegistry
+    # Supervisors of this run's plugin tasks: a volume waiting for one of them stops waiting when it failed.
+    supervisors: list[PluginSupervisor] = field(default_factory=list)
+
+    def plugin_failure(self, plugin_id: str) -> str | None:
+        """Why this run's own instance of a plugin failed, when every one of them did."""
+        mine = [s for s in self.supervisors if s.plugin.id == plugin_id]
+        if mine and all(s.failure for s in mine):
+            return mine[-1].failure
+        return None
 
     @classmethod
     def open(cls, data_dir: str) -> NodeServices:
@@ -353,7 +362,8 @@ class AllocRun:
     def _watch(self, running: RunningTask) -> None:
         threading.Thread(target=self._wait, args=(running,), daemon=True).start()
         if running.supervisor is not None:
-            running.supervisor.start(lambda why, r=running: self._plugin_failed(r, why))  # type: ignore[misc]
+            running.supervisor.start(lambda why, r=running: self._plugin_failed(r, why), running.done)  # type: ignore[misc]
+            self.node.supervisors.append(running.supervisor)
 
     def _plugin_failed(self, running: RunningTask, why: str) -> None:
         running.failure = why
@@ -408,6 +418,7 @@ class AllocRun:
             store=self.node.csi_state,
             say=self.say,
             persist=lambda text: self.state.alloc_update(self.alloc_id, csi=text),
+            plugin_failure=self.node.plugin_failure,
         )
 
     def recover(self, record: AllocRecord) -> None:

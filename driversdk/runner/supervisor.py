@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 
 from driversdk.csi.client import CSIClient
@@ -143,7 +144,9 @@ class PluginSupervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.healthy: bool | None = None
+        self.failure = ""
         self.registered: list[str] = []
+        self._task_done = threading.Event()
 
     def _event(self, message: str, detail: str = "") -> None:
         self.say(f'==> task "{self.task.name}": {message}' + (f": {detail}" if detail else ""))
@@ -170,7 +173,9 @@ class PluginSupervisor:
 
     # --- poststart: probe, register, heartbeat --------------------------------------------------
 
-    def start(self, on_failure: Callable[[str], None]) -> None:
+    def start(self, on_failure: Callable[[str], None], task_done: threading.Event | None = None) -> None:
+        """Supervise in a thread; ``task_done`` (set when the task exits) ends the wait for ready early."""
+        self._task_done = task_done or threading.Event()
         self._thread = threading.Thread(
             target=self._supervise, args=(on_failure,), daemon=True, name=f"csi-{self.plugin.id}"
         )
@@ -194,16 +199,30 @@ class PluginSupervisor:
             client, error = self._probe(client)
             waited = 0.0
             while error is not None:
+                if self._task_done.is_set():
+                    self.healthy = False
+                    self.failure = (
+                        f"the plugin task exited before the plugin became healthy (last probe: {error}); see "
+                        f"`driversdk logs {self.task.name} --stderr`"
+                    )
+                    self._event("Plugin became unhealthy", f"Error: {self.failure}")
+                    on_failure(self.failure)
+                    return
                 if waited >= self.health_timeout:
                     self.healthy = False
                     self._event("Plugin became unhealthy", f"Error: CSI plugin failed probe: {error}")
-                    on_failure(
+                    self.failure = (
                         f"CSI plugin did not become healthy before configured {go_duration(self.health_timeout)} "
                         "health timeout"
                     )
+                    on_failure(self.failure)
                     return
                 step = min(PROBE_INTERVAL, self.health_timeout - waited)
-                if self._stop.wait(step):
+                # Wake early when the task exits; the probe in between still gets its chance.
+                deadline = time.monotonic() + step
+                while not self._stop.is_set() and not self._task_done.is_set() and time.monotonic() < deadline:
+                    self._stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                if self._stop.is_set():
                     return
                 waited += step
                 client, error = self._probe(client)
@@ -214,7 +233,8 @@ class PluginSupervisor:
                 self._register(client)
             except CSIError as err:
                 self._deregister()
-                on_failure(f"CSI plugin failed to register: {err}")
+                self.failure = f"CSI plugin failed to register: {err}"
+                on_failure(self.failure)
                 return
             while not self._stop.wait(HEARTBEAT_INTERVAL):
                 client, error = self._probe(client)

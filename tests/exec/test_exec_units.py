@@ -77,8 +77,23 @@ def test_exec_spec_namespaces_mounts_and_propagation(tmp_path: Path) -> None:
     assert by_dest["/usr"]["options"][:2] == ["rbind", "ro"]
     assert by_dest["/alloc"]["source"] == str(tmp_path / "alloc")
     assert "/does/not/exist" not in by_dest
+    order = [m["destination"] for m in spec["mounts"]]
+    assert order.index("/dev") < order.index("/dev/pts") < order.index("/dev/shm")
     # merged-/usr hosts: /bin is a symlink, recreated as one instead of bound.
     assert ("/bin" in links) == Path("/bin").is_symlink()
+
+
+def test_exec_chroot_dir_below_tmp_is_mounted_after_the_tasks_tmp(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"  # e.g. a clone of the repo in /tmp that chroot_env exposes
+    checkout.mkdir()
+    (tmp_path / "web" / "tmp").mkdir(parents=True)
+    plugin = PluginConfig.from_decoded({"chroot_env": [str(checkout)]})
+    task = _task(tmp_path, mounts=[Mount("/local/csi", "/srv/csi")])
+    cfg = TaskExecConfig.from_decoded({"command": "/bin/true"}, plugin, task="web")
+    spec, _ = build_spec(task, cfg, plugin, cgroups_path="/x/task")
+    order = [m["destination"] for m in spec["mounts"]]
+    assert order.index("/tmp") < order.index(str(checkout)), order
+    assert order.index("/local") < order.index("/local/csi"), order
 
 
 def test_exec_root_propagation_follows_the_strongest_mount(tmp_path: Path) -> None:

@@ -422,3 +422,23 @@ def test_bridge_network_is_shared_by_the_group_and_removed_after(env: Env, drive
     assert not env.engine.containers.list(all=True, filters={"label": f"com.hashicorp.nomad.alloc_id={alloc}"})
     assert not os.path.exists(netns_path(alloc))
     env.assert_clean()
+
+
+def test_plugin_task_that_exits_ends_the_wait_with_a_sentence(env: Env) -> None:
+    env.register()
+    job = write_job(env, "crash", plugin_group(command="echo no such plugin >&2; exit 3"), app_group("true"))
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 1
+    assert '==> task "plugin" finished with exit code 3' in done.stdout
+    assert (
+        "the plugin task exited before the plugin became healthy (last probe: failed to open CSI plugin socket"
+        in done.stdout
+    )
+    assert "see `driversdk logs plugin --stderr`" in done.stdout
+    assert (
+        'error: group "app" volume "data": mounting volumes: csi-node plugin \'hostpath\' did not become ready: its '
+        "task in this job failed: the plugin task exited before the plugin became healthy" in done.stderr
+    ), done.stderr
+    assert env.cli("logs", "plugin", "--stderr", "--client", str(env.client)).stdout == "no such plugin\n"
+    assert env.claims() == []
+    env.assert_clean()
