@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 import pwd
 import re
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from drivers.exec.config import PluginConfig, TaskExecConfig
