@@ -273,6 +273,10 @@ class CSIHook:
             finally:
                 node.close()
             self.stubs[stub.request] = VolumeStub(**{**data, "source": info.source})
+        # A run killed between a claim and its stub: claim (idempotent for this alloc) and mount now.
+        for req in self.requests:
+            if req.name not in self.stubs:
+                self._claim_and_mount(req)
         self.save()
         return self.sources()
 
