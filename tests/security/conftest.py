@@ -1,0 +1,7 @@
+"""Fixtures for the attacker's tests: each test plays a hostile job, task, volume or user."""
+
+from __future__ import annotations
+
+from tests.runner.conftest import engine, short_dir
+
+__all__ = ["engine", "short_dir"]
