@@ -4,12 +4,13 @@ which plugins are registered, so a restarted process can finish what it started.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from driversdk.statedb import connect
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS csi_usage (
@@ -43,10 +44,8 @@ class StateStore:
     """One SQLite file; safe to share between threads of one process."""
 
     def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = connect(path)
         # WAL + NORMAL survives a process crash (what restart recovery needs) without an fsync
         # per transaction; only a power loss can drop the last commits.
         self._db.execute("PRAGMA synchronous=NORMAL")

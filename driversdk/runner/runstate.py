@@ -4,12 +4,12 @@ task handles a later process needs to find them again."""
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 
 from driversdk.errors import DriverSDKError
+from driversdk.statedb import connect
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS run_tasks (
@@ -65,9 +65,7 @@ class TaskRecord:
 
 class RunState:
     def __init__(self, data_dir: str) -> None:
-        os.makedirs(data_dir, exist_ok=True)
-        self._db = sqlite3.connect(os.path.join(data_dir, "state.db"), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = connect(os.path.join(data_dir, "state.db"))
         self._db.executescript(SCHEMA)
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(run_tasks)")}
         if "logmon_pid" not in columns:  # state.db written before log monitors were processes

@@ -10,7 +10,6 @@ from __future__ import annotations
 import builtins
 import json
 import os
-import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from driversdk.csi.model import (
 )
 from driversdk.errors import ConfigError
 from driversdk.runner.hclload import load_hcl, single
+from driversdk.statedb import connect
 
 _KEYS = {"id", "name", "namespace", "type", "plugin_id", "external_id", "capability", "mount_options", "secrets",
          "parameters", "context"}  # fmt: skip
@@ -198,8 +198,7 @@ class VolumeStore:
     path: str
 
     def __post_init__(self) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db = connect(self.path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS volumes (namespace TEXT NOT NULL, id TEXT NOT NULL, record TEXT NOT NULL, "
             "PRIMARY KEY (namespace, id))"

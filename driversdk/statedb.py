@@ -1,0 +1,52 @@
+"""The data dir and its SQLite file: private on disk, whoever opens them first.
+
+``state.db`` holds CSI secrets, plugin reattach configs and task handles, so it and its WAL
+files are 0600 and the data dir 0700: no other local user may read or even list them. Every
+store that opens the file goes through :func:`connect`, which also tightens a data dir or a
+database that an older version (or a permissive umask) left readable.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+
+DATA_DIR_MODE = 0o700
+STATE_FILE_MODE = 0o600
+# SQLite waits this long for another process's write lock instead of failing at once.
+BUSY_TIMEOUT_MS = 10_000
+
+
+def prepare_data_dir(data_dir: str) -> str:
+    """Create the data dir (0700) or tighten an existing one; returns its absolute path."""
+    path = os.path.abspath(data_dir)
+    os.makedirs(path, mode=DATA_DIR_MODE, exist_ok=True)
+    _tighten(path, DATA_DIR_MODE)
+    return path
+
+
+def connect(db_path: str) -> sqlite3.Connection:
+    """Open (creating if needed) a state database with private files, WAL and a busy timeout."""
+    db_path = os.path.abspath(db_path)
+    prepare_data_dir(os.path.dirname(db_path))
+    # Create the file ourselves with 0600 so there is no moment in which it is world-readable;
+    # SQLite gives the -wal and -shm files the mode of the database file.
+    fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, STATE_FILE_MODE)
+    os.close(fd)
+    db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
+    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    db.execute("PRAGMA journal_mode=WAL")
+    for suffix in ("", "-wal", "-shm"):
+        _tighten(db_path + suffix, STATE_FILE_MODE)
+    return db
+
+
+def _tighten(path: str, mode: int) -> None:
+    """Take group and other bits away from a file we own; a missing file is fine."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_IMODE(st.st_mode) & ~mode:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
