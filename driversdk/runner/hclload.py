@@ -20,17 +20,32 @@ class HCLFileError(ConfigError):
 
 def load_hcl(path: str | Path) -> dict[str, Any]:
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as err:
-        raise HCLFileError(f"{path}: cannot read the file: {err.strerror}") from None
+        raise HCLFileError(f"{path}: cannot read the file: {err.strerror or err}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        # HCL files are UTF-8 (as Nomad reads them); anything else is refused with the first bad
+        # byte, so the operator can find it, instead of a decode traceback.
+        bad_line = raw.count(b"\n", 0, err.start) + 1
+        raise HCLFileError(
+            f"{path}:{bad_line}: the file is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+            "save it as UTF-8"
+        ) from None
     try:
         data = hcl2.loads(text, serialization_options=_OPTIONS)
     except LarkError as err:
-        line = getattr(err, "line", None)
-        column = getattr(err, "column", None)
+        line: Any = getattr(err, "line", None)
+        column: Any = getattr(err, "column", None)
         where = f"{path}:{line}:{column}" if line else str(path)
-        first = str(err).strip().splitlines()[0]
+        first = (str(err).strip().splitlines() or ["syntax error"])[0]
         raise HCLFileError(f"{where}: this is not valid HCL ({first}); fix the syntax there") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as err:
+        # python-hcl2's transformer fails with plain Python errors on some inputs that parse.
+        raise HCLFileError(f"{path}: this HCL could not be read ({type(err).__name__}: {err}); fix it") from None
+    if not isinstance(data, dict):
+        raise HCLFileError(f"{path}: this HCL file has no body of arguments and blocks")
     cleaned: dict[str, Any] = clean(data)
     return cleaned
 
@@ -44,12 +59,22 @@ def clean(value: Any) -> Any:
     return value
 
 
+def is_blocks(value: Any) -> bool:
+    """Whether ``value`` is what blocks parse to (a list of bodies); ``x = 5`` for a block is not."""
+    return isinstance(value, list) and all(isinstance(b, dict) for b in value)
+
+
 def labelled(blocks: Any) -> list[tuple[str, dict[str, Any]]]:
-    """``job "x" { … }`` comes back as [{"x": {…}}]: return [("x", {…})]."""
+    """``job "x" { … }`` comes back as [{"x": {…}}]: return [("x", {…})].
+
+    Anything else (``job = 5``) gives no blocks; callers report it with :func:`is_blocks`.
+    """
     out: list[tuple[str, dict[str, Any]]] = []
-    for block in blocks or []:
+    if not is_blocks(blocks):
+        return out
+    for block in blocks:
         for label, body in block.items():
-            out.append((label, body if isinstance(body, dict) else {}))
+            out.append((str(label), body if isinstance(body, dict) else {}))
     return out
 
 

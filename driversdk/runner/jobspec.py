@@ -11,9 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
-from driversdk.runner.hclload import labelled, load_hcl, single
+from driversdk.paths import check_name, show
+from driversdk.runner.hclload import is_blocks, labelled, load_hcl, single
 from driversdk.runner.problems import Problem, ValidationFailed
+from driversdk.signals import UnknownSignalError, signal_name
+
+# Nomad puts no upper bound on count; one machine running a thousand copies of a group is already
+# far past what the runner is for, and each allocation is a directory, processes and plugins.
+MAX_COUNT = 1000
+# Nomad's MinResources: cpu >= 1 MHz (we have no `cores`), memory >= 10 MB.
+MIN_CPU = 1
+MIN_MEMORY_MB = 10
+# cpu becomes the cgroup's cpu shares, which Linux (and runc) cap at 262144.
+MAX_CPU = 262144
+# memory becomes a byte limit in an int64 on the wire; 1 PiB is more than any host has.
+MAX_MEMORY_MB = 1 << 30
 
 HOST_ACCESS_MODES = ("", "single-node-reader-only", "single-node-writer", "single-node-single-writer",
                      "single-node-multi-writer")  # fmt: skip
@@ -134,9 +148,36 @@ class _Parser:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.problems.append(Problem(self.file, f"{what} must be a number, got {value!r}", **where))
+            self.problems.append(Problem(self.file, f"{what} must be a number, got {_shown(value)}", **where))
+            return default
+        if isinstance(value, float) and not value.is_integer():  # also inf and nan
+            self.problems.append(Problem(self.file, f"{what} must be a whole number, got {value!r}", **where))
             return default
         return int(value)
+
+    def name(self, value: str, what: str, **where: str) -> None:
+        """Names become directory and file names: refuse any that is not one safe component."""
+        problem = check_name(value, what)
+        if problem is not None:
+            self.problems.append(Problem(self.file, problem, **where))
+
+    def blocks(self, body: dict[str, Any], key: str, **where: str) -> bool:
+        """Whether ``key`` is absent or written as blocks; ``key = 5`` is reported, not ignored."""
+        value = body.get(key)
+        if value is None or is_blocks(value) or isinstance(value, dict):
+            return True
+        self.problems.append(
+            Problem(self.file, f"{key} must be a block ({key} {{ … }}), not {_shown(value)}", **where)
+        )
+        return False
+
+    def strings(self, value: Any, what: str, **where: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.problems.append(Problem(self.file, f"{what} must be a list of strings", **where))
+            return ()
+        return tuple(value)
 
     def job(self, data: dict[str, Any]) -> Job:
         jobs = labelled(data.get("job"))
@@ -145,10 +186,29 @@ class _Parser:
             return Job(self.file, "")
         name, body = jobs[0]
         job = Job(self.file, name)
-        self.unknown(body, _JOB_KEYS, job=name)
-        job.type = self.text(body.get("type"), "type", job=name) or "service"
-        job.namespace = self.text(body.get("namespace"), "namespace", job=name) or "default"
-        for gname, gbody in labelled(body.get("group")):
+        shown = name
+        self.name(name, "the job name", job=shown)
+        self.unknown(body, _JOB_KEYS, job=shown)
+        job.type = self.text(body.get("type"), "type", job=shown) or "service"
+        job.namespace = self.text(body.get("namespace"), "namespace", job=shown) or "default"
+        # The namespace is part of CSI staging paths.
+        self.name(job.namespace, "namespace", job=shown)
+        if body.get("id") is not None:
+            self.name(self.text(body.get("id"), "id", job=shown), "the job id", job=shown)
+        self.blocks(body, "group", job=shown)
+        seen: dict[str, int] = {}
+        for index, (gname, gbody) in enumerate(labelled(body.get("group"))):
+            if gname in seen:
+                # Nomad: "Job task group %d redefines '%s' from group %d".
+                self.problems.append(
+                    Problem(
+                        self.file,
+                        f"group {index + 1} redefines {show(gname)} from group {seen[gname] + 1}; "
+                        "give each group its own name",
+                        job=shown,
+                    )
+                )
+            seen.setdefault(gname, index)
             job.groups.append(self.group(job, gname, gbody))
         if not job.groups:
             self.problems.append(Problem(self.file, "the job has no group; add a group with a task", job=name))
@@ -156,13 +216,32 @@ class _Parser:
 
     def group(self, job: Job, name: str, body: dict[str, Any]) -> Group:
         where = {"job": job.name, "group": name}
+        self.name(name, "the group name", **where)
         self.unknown(body, _GROUP_KEYS, **where)
         group = Group(name, count=self.number(body.get("count"), 1, "count", **where))
+        if group.count < 0:
+            self.problems.append(Problem(self.file, f"count can't be negative, got {group.count}", **where))
+        elif group.count > MAX_COUNT:
+            self.problems.append(
+                Problem(
+                    self.file,
+                    f"count {group.count} is more than this runner starts on one machine (at most {MAX_COUNT})",
+                    **where,
+                )
+            )
+        for key in ("network", "volume", "task"):
+            self.blocks(body, key, **where)
         network = single(body.get("network"))
         group.network_mode = self.text(network.get("mode"), "network.mode", **where) or "host"
         for vname, vbody in labelled(body.get("volume")):
-            vwhere = {**where, "field": f'volume "{vname}"'}
+            vwhere = {**where, "field": f"volume {show(vname)}"}
+            self.name(vname, "the volume name", **vwhere)
+            if vname in group.volumes:
+                self.problems.append(
+                    Problem(self.file, "volume is declared twice in this group; give each its own name", **vwhere)
+                )
             self.unknown(vbody, _VOLUME_KEYS, **vwhere)
+            self.blocks(vbody, "mount_options", **vwhere)
             opts = single(vbody.get("mount_options"))
             group.volumes[vname] = VolumeRequest(
                 name=vname,
@@ -174,10 +253,25 @@ class _Parser:
                 access_mode=self.text(vbody.get("access_mode"), "access_mode", **vwhere),
                 attachment_mode=self.text(vbody.get("attachment_mode"), "attachment_mode", **vwhere),
                 fs_type=self.text(opts.get("fs_type"), "fs_type", **vwhere),
-                mount_flags=tuple(str(f) for f in opts.get("mount_flags") or ()),
+                mount_flags=self.strings(opts.get("mount_flags"), "mount_options.mount_flags", **vwhere),
                 has_mount_options="mount_options" in vbody,
             )
-        for tname, tbody in labelled(body.get("task")):
+            source = group.volumes[vname].source
+            if source:
+                self.name(source, "source", **vwhere)
+        seen: dict[str, int] = {}
+        for index, (tname, tbody) in enumerate(labelled(body.get("task"))):
+            if tname in seen:
+                # Nomad: "Task %d redefines '%s' from task %d".
+                self.problems.append(
+                    Problem(
+                        self.file,
+                        f"task {index + 1} redefines {show(tname)} from task {seen[tname] + 1}; "
+                        "give each task in a group its own name",
+                        **where,
+                    )
+                )
+            seen.setdefault(tname, index)
             group.tasks.append(self.task(job, group, tname, tbody))
         if not group.tasks:
             self.problems.append(Problem(self.file, "the group has no task", **where))
@@ -185,10 +279,19 @@ class _Parser:
 
     def task(self, job: Job, group: Group, name: str, body: dict[str, Any]) -> Task:
         where = {"job": job.name, "group": group.name, "task": name}
+        self.name(name, "the task name", **where)
+        if "\\" in name:
+            # Nomad refuses both slashes in task names, as the name becomes a directory.
+            self.problems.append(Problem(self.file, "the task name cannot include slashes (\\)", **where))
         self.unknown(body, _TASK_KEYS, **where)
+        for key in ("config", "env", "resources", "logs", "volume_mount", "csi_plugin"):
+            self.blocks(body, key, **where)
         driver = self.text(body.get("driver"), "driver", **where)
         if not driver:
             self.problems.append(Problem(self.file, 'missing driver; set driver = "docker" or another', **where))
+        else:
+            # The driver name is looked up as a file in the client's plugin_dir.
+            self.name(driver, "driver", **where)
         resources = single(body.get("resources"))
         logs = single(body.get("logs"))
         task = Task(
@@ -206,7 +309,8 @@ class _Parser:
             logs_max_files=self.number(logs.get("max_files"), 10, "logs.max_files", **where),
             logs_max_file_size=self.number(logs.get("max_file_size"), 10, "logs.max_file_size", **where),
         )
-        for i, mbody in enumerate(body.get("volume_mount") or []):
+        mounts: list[dict[str, Any]] = body["volume_mount"] if is_blocks(body.get("volume_mount")) else []
+        for i, mbody in enumerate(mounts):
             mwhere = {**where, "field": f"volume_mount[{i}]"}
             self.unknown(mbody, _MOUNT_KEYS, **mwhere)
             task.volume_mounts.append(
@@ -233,7 +337,14 @@ class _Parser:
                 or "/local/csi",
                 health_timeout=self.text(cbody.get("health_timeout"), "health_timeout", **cwhere) or "30s",
             )
+            if task.csi_plugin.id:  # empty: reported by the static rules, in Nomad's words
+                # The plugin's directories and socket are named after its id.
+                self.name(task.csi_plugin.id, "csi_plugin.id", **cwhere)
         return task
+
+
+def _shown(value: Any) -> str:
+    return show(value) if isinstance(value, str) else show(repr(value))[1:-1]
 
 
 def parse_job(path: str | Path) -> tuple[Job, list[Problem]]:
@@ -243,15 +354,35 @@ def parse_job(path: str | Path) -> tuple[Job, list[Problem]]:
     return job, parser.problems
 
 
+def path_names(job: Job) -> list[tuple[str, str]]:
+    """Every name of the job that becomes part of a path, with the field it comes from."""
+    out = [(job.name, "the job name"), (job.namespace, "namespace")]
+    for group in job.groups:
+        out.append((group.name, "the group name"))
+        for req in group.volumes.values():
+            out.append((req.name, "the volume name"))
+            if req.source:
+                out.append((req.source, "source"))
+        for task in group.tasks:
+            out.append((task.name, "the task name"))
+            if task.driver:
+                out.append((task.driver, "driver"))
+            if task.csi_plugin is not None and task.csi_plugin.id:
+                out.append((task.csi_plugin.id, "csi_plugin.id"))
+    return out
+
+
 def static_problems(job: Job) -> list[Problem]:
     """Nomad's submit-time rules for volume requests, volume mounts and csi_plugin, all at once."""
     out: list[Problem] = []
     f = job.file
     for group in job.groups:
         for req in group.volumes.values():
-            where = {"job": job.name, "group": group.name, "field": f'volume "{req.name}"'}
+            where = {"job": job.name, "group": group.name, "field": f"volume {show(req.name)}"}
             out.extend(Problem(f, m, **where) for m in _volume_problems(job, group, req))
         for task in group.tasks:
+            where = {"job": job.name, "group": group.name, "task": task.name}
+            out.extend(Problem(f, m, **where) for m in _task_problems(task))
             for i, mount in enumerate(task.volume_mounts):
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": f"volume_mount[{i}]"}
                 if not mount.volume:
@@ -281,7 +412,16 @@ def static_problems(job: Job) -> list[Problem]:
                     out.append(
                         Problem(f, f'volume mount has an invalid SELinux label: "{mount.selinux_label}"', **where)
                     )
-                if not mount.destination.startswith("/"):
+                if "\x00" in mount.destination or ".." in mount.destination.split("/"):
+                    out.append(
+                        Problem(
+                            f,
+                            f"destination {show(mount.destination)} must be a plain path inside the task, without "
+                            '".." or NUL characters',
+                            **where,
+                        )
+                    )
+                elif not mount.destination.startswith("/"):
                     out.append(
                         Problem(
                             f,
@@ -295,12 +435,64 @@ def static_problems(job: Job) -> list[Problem]:
     return out
 
 
+def _task_problems(task: Task) -> list[str]:
+    """Resources, durations, signals and logs: what the runner and its drivers would otherwise
+    only find (or crash on) once the task is started."""
+    from driversdk.runner.supervisor import parse_duration  # supervisor imports this module
+
+    out = []
+    # Nomad's MeetsMinResources and Resources.Validate, in its words.
+    if task.cpu < MIN_CPU:
+        out.append(f"resources: minimum CPU value is {MIN_CPU}; got {task.cpu}")
+    elif task.cpu > MAX_CPU:
+        out.append(f"resources: cpu {task.cpu} is more than Linux allows as cpu shares (at most {MAX_CPU})")
+    if task.memory < MIN_MEMORY_MB:
+        out.append(f"resources: minimum MemoryMB value is {MIN_MEMORY_MB}; got {task.memory}")
+    for what, value in (("memory", task.memory), ("memory_max", task.memory_max)):
+        if value > MAX_MEMORY_MB:
+            out.append(f"resources: {what} {value} MB is more than any host has (at most {MAX_MEMORY_MB} MB)")
+    if task.memory_max < 0:
+        # Nomad reads -1 as "no limit"; our drivers always set a hard limit, so refuse rather
+        # than pass a negative number to them.
+        out.append(f"resources: memory_max can't be negative, got {task.memory_max}; leave it unset for no maximum")
+    elif task.memory_max and task.memory_max < task.memory:
+        out.append(
+            f"resources: MemoryMaxMB value ({task.memory_max}) should be larger than MemoryMB value ({task.memory})"
+        )
+    durations = [("kill_timeout", task.kill_timeout)]
+    if task.csi_plugin is not None:
+        durations.append(("csi_plugin.health_timeout", task.csi_plugin.health_timeout))
+    for what, text in durations:
+        try:
+            parse_duration(text, what)
+        except ConfigError as err:
+            out.append(str(err))
+        except ValueError:  # parse_duration lets float() fail on a lone "."
+            out.append(f'{what} {text!r} is not a duration such as "30s" or "1m30s"')
+    if task.kill_signal:
+        try:
+            signal_name(task.kill_signal)
+        except UnknownSignalError as err:
+            out.append(f"kill_signal: {err}")
+    # Nomad's LogConfig.Validate.
+    if task.logs_max_files < 1:
+        out.append(f"logs: minimum number of files is 1; got {task.logs_max_files}")
+    if task.logs_max_file_size < 1:
+        out.append(f"logs: minimum file size is 1MB; got {task.logs_max_file_size}")
+    return out
+
+
 def _volume_problems(job: Job, group: Group, req: VolumeRequest) -> list[str]:
     if req.type not in ("host", "csi"):
         return [f'volume has unrecognized type {req.type!r}; use "host" or "csi"']
     out = []
     if not req.source:
         out.append("volume has an empty source; set source to the host volume or CSI volume id")
+    elif req.per_alloc and req.type == "csi" and group.count > 0 and check_name(req.source, "") is None:
+        # per_alloc claims "<source>[<index>]": the longest of those must still be a name.
+        problem = check_name(f"{req.source}[{group.count - 1}]", "source with its per_alloc index")
+        if problem is not None:
+            out.append(problem)
     if req.per_alloc and job.type in ("system", "sysbatch"):
         out.append("volume cannot be per_alloc for system or sysbatch jobs")
     if req.per_alloc and req.sticky:
@@ -351,6 +543,15 @@ def _csi_plugin_problems(job: Job, group: Group, task: Task, cfg: CSIPluginConfi
                 **where,
             )
         )
+    for what, path in (("mount_dir", cfg.mount_dir), ("stage_publish_base_dir", cfg.stage_publish_base_dir)):
+        if "\x00" in path or ".." in path.split("/"):
+            out.append(
+                Problem(
+                    job.file,
+                    f"{what} {show(path)} must be a plain path inside the task, without \"..\" or NUL characters",
+                    **where,
+                )
+            )
     mount_dir = os.path.normpath(cfg.mount_dir)
     base = os.path.normpath(cfg.stage_publish_base_dir)
     if base == mount_dir or base.startswith(mount_dir.rstrip("/") + "/"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from driversdk.errors import ConfigError
+from driversdk.paths import show
 
 
 @dataclass(frozen=True)
@@ -17,16 +18,18 @@ class Problem:
     field: str = ""
 
     def __str__(self) -> str:
-        where = [self.file]
+        where = [self.file] if self.file else []
+        # Names come from the job file: a hostile one is shown escaped and shortened, so it can
+        # neither flood the output nor forge lines of it.
         if self.job:
-            where.append(f'job "{self.job}"')
+            where.append(f"job {show(self.job)}")
         if self.group:
-            where.append(f'group "{self.group}"')
+            where.append(f"group {show(self.group)}")
         if self.task:
-            where.append(f'task "{self.task}"')
+            where.append(f"task {show(self.task)}")
         if self.field:
             where.append(self.field)
-        return f"{', '.join(where)}: {self.message}"
+        return f"{', '.join(where)}: {self.message}" if where else self.message
 
     def as_dict(self) -> dict[str, str]:
         return {

@@ -14,11 +14,13 @@ from typing import Any
 from driversdk.client import DriverClient, launch
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.hclspec import Spec, encode
+from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap, BlockSet, Default, Object, input_name
 from driversdk.model import Capabilities
 from driversdk.mounts import MountRequest, MountValidationError, check_mounts
-from driversdk.runner.clientconfig import ClientConfig
-from driversdk.runner.jobspec import Group, Job, Task, parse_job, static_problems
-from driversdk.runner.problems import Problem
+from driversdk.paths import check_name, show
+from driversdk.runner.clientconfig import ClientConfig, load_client
+from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
+from driversdk.runner.problems import Problem, ValidationFailed
 
 
 @dataclass
@@ -43,6 +45,34 @@ class Report:
                 "checked": self.checked}  # fmt: skip
 
 
+def _block_shapes(spec: Spec, body: dict[str, Any], key: str, path: str) -> list[str]:
+    """Fields the schema reads as blocks but the config gives another value (``gc = false``).
+
+    The codec reads such a value as "no block written" and applies the block's defaults, which
+    turns ``gc = false`` into garbage collection on: refused here, before the plugin sees it.
+    """
+    if isinstance(spec, Object):
+        return [p for k, child in spec.attributes.items() for p in _block_shapes(child, body, k, path)]
+    if isinstance(spec, Default):
+        return _block_shapes(spec.primary, body, key, path)
+    if isinstance(spec, Array):
+        return [p for child in spec.values for p in _block_shapes(child, body, key, path)]
+    if not isinstance(spec, Block | BlockList | BlockSet | BlockMap | BlockAttrs):
+        return []
+    name = input_name(spec, key) or key
+    raw = body.get(name)
+    here = f"{path}.{name}" if path else name
+    if raw is None:
+        return []
+    bodies = [raw] if isinstance(raw, dict) else raw if isinstance(raw, list) else None
+    if bodies is None or not all(isinstance(b, dict) for b in bodies):
+        text = repr(raw).lower() if isinstance(raw, bool) else repr(raw)
+        return [f"{here} must be a block ({name} {{ … }}), not {show(text)[1:-1]}"]
+    if isinstance(spec, Block | BlockList | BlockSet):
+        return [p for b in bodies for p in _block_shapes(spec.nested, b, "", here)]
+    return []
+
+
 def _driver_facts(
     driver: str,
     client: ClientConfig,
@@ -65,10 +95,19 @@ def _driver_facts(
         plugin: DriverClient | None = None
         try:
             plugin = launch(command, timeout=60, name=driver)
-            plugin.set_config(client.plugin_config(driver))
+            config = client.plugin_config(driver)
+            schema = plugin.config_schema()
+            shapes = _block_shapes(schema, config, "", "config") if schema is not None else []
+            if shapes:
+                raise ConfigError(f'plugin "{driver}" {"; ".join(shapes)}')
+            plugin.set_config(config)
             result = DriverFacts(plugin.capabilities(), plugin.task_config_schema())
         except DriverSDKError as err:
             result = Problem(client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name)
+        except OSError as err:  # e.g. a plugin command that cannot be executed
+            result = Problem(
+                client.file or job.file, f'driver "{driver}" could not be started: {err.strerror or err}', job=job.name
+            )
         finally:
             if plugin is not None:
                 if keep is not None and isinstance(result, DriverFacts):
@@ -105,7 +144,7 @@ def _mount_requests(
                 MountRequest(
                     volume=req.name,
                     destination=mount.destination,
-                    host_path=volume.path,
+                    host_path=volume.host_path,
                     kind="host",
                     propagation=mount.propagation_mode,
                     read_only=volume.read_only or req.read_only or mount.read_only,
@@ -215,6 +254,14 @@ def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, Driver
     there (configured, not yet initialised) instead of being shut down."""
     job, problems = parse_job(path)
     report = Report(job.name, problems + static_problems(job), parsed=job)
+    if any(check_name(value, what) for value, what in path_names(job)):
+        # Names that would escape or break a path must not reach the state store, the host or a
+        # plugin: stop at the static problems, before anything is opened or launched.
+        return report
+    report.checked += _host_volume_lines(job, client)
+    for group in job.groups:
+        if group.count == 0:
+            report.checked.append(f"group {show(group.name)}: count = 0, `driversdk run` starts no allocation of it")
     report.problems += _csi_problems(job, client)
     from driversdk.runner.supervisor import socket_path_problem
 
@@ -237,6 +284,9 @@ def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, Driver
                 continue
             report.checked.append(f'task "{task.name}": driver "{task.driver}" loaded')
             try:
+                shapes = _block_shapes(facts.task_schema, task.config, "", "config")
+                if shapes:
+                    raise ConfigError("; ".join(shapes))
                 encode(facts.task_schema, task.config, what="config")
             except ConfigError as err:
                 report.problems.append(Problem(job.file, str(err), **where))
@@ -262,3 +312,33 @@ def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, Driver
             if host or csi:
                 report.checked.append(f'task "{task.name}": {len(host) + len(csi)} mount(s) checked')
     return report
+
+
+def _host_volume_lines(job: Job, client: ClientConfig) -> list[str]:
+    """Where each host volume the job uses really is: resolved once, when the config was read."""
+    names = sorted({r.source for g in job.groups for r in g.volumes.values() if r.type == "host"})
+    out = []
+    for name in names:
+        volume = client.host_volumes.get(name)
+        if volume is None:
+            continue  # reported with the mount that needs it
+        note = " (symlink resolved)" if volume.host_path != os.path.normpath(volume.path) else ""
+        out.append(f"host volume {show(name)} → {volume.host_path}{note}")
+    return out
+
+
+def check_files(job_path: str, client_path: str | None) -> Report:
+    """What `driversdk validate` answers: a verdict for any pair of files, never an exception
+    for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too)."""
+    try:
+        client = load_client(client_path)
+    except ValidationFailed as err:
+        return Report(job="", problems=list(err.problems))
+    except DriverSDKError as err:
+        return Report(job="", problems=[Problem("", str(err))])  # the sentence names the file
+    try:
+        return validate_job(job_path, client)
+    except ValidationFailed as err:
+        return Report(job="", problems=list(err.problems))
+    except DriverSDKError as err:
+        return Report(job="", problems=[Problem("", str(err))])

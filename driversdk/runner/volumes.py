@@ -25,7 +25,8 @@ from driversdk.csi.model import (
     VolumeCapability,
 )
 from driversdk.errors import ConfigError
-from driversdk.runner.hclload import load_hcl, single
+from driversdk.paths import check_name, show
+from driversdk.runner.hclload import is_blocks, load_hcl, single
 from driversdk.statedb import connect
 
 _KEYS = {"id", "name", "namespace", "type", "plugin_id", "external_id", "capability", "mount_options", "secrets",
@@ -66,13 +67,36 @@ def _claim_refusal(current: str, mode: str, readers: int, writers: int) -> str |
     return None
 
 
+def _string(data: dict[str, Any], key: str, problems: list[str]) -> str:
+    """A string argument; numbers, bools and blocks are refused rather than turned into text."""
+    value = data.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        problems.append(f"{key} must be a string, not {show(repr(value))[1:-1]}")
+        return ""
+    return value
+
+
+def _string_map(data: dict[str, Any], key: str, problems: list[str]) -> dict[str, str]:
+    value = data.get(key)
+    body = single(value)
+    if value is not None and not (isinstance(value, dict) or is_blocks(value)):
+        problems.append(f"{key} must be a block ({key} {{ … }})")
+    return {str(k): str(v) for k, v in body.items()}
+
+
 def parse_volume_file(path: str | Path) -> Volume:
     data = load_hcl(path)
     problems = [f"unsupported argument or block {k!r}" for k in sorted(set(data) - _KEYS)]
     if (data.get("type") or "csi") != "csi":
         problems.append(f'type {data.get("type")!r} is not supported here; register CSI volumes (type = "csi")')
     caps = []
-    for i, block in enumerate(data.get("capability") or []):
+    blocks = data.get("capability")
+    if blocks is not None and not is_blocks(blocks):
+        problems.append("capability must be blocks (capability { access_mode = …, attachment_mode = … })")
+    cap_blocks: list[dict[str, Any]] = blocks if is_blocks(blocks) else []
+    for i, block in enumerate(cap_blocks):
         try:
             caps.append(
                 VolumeCapability(
@@ -82,25 +106,39 @@ def parse_volume_file(path: str | Path) -> Volume:
             )
         except ConfigError as err:
             problems.append(f"capability[{i}]: {err}")
-    opts = single(data.get("mount_options"))
+    raw_opts = data.get("mount_options")
+    if raw_opts is not None and not (isinstance(raw_opts, dict) or is_blocks(raw_opts)):
+        problems.append("mount_options must be a block (mount_options { … })")
+    opts = single(raw_opts)
+    flags = opts.get("mount_flags") or []
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        problems.append("mount_options.mount_flags must be a list of strings")
+        flags = []
+    fs_type = opts.get("fs_type") or ""
+    if not isinstance(fs_type, str):
+        problems.append("mount_options.fs_type must be a string")
+        fs_type = ""
     volume = Volume(
-        id=str(data.get("id") or ""),
-        plugin_id=str(data.get("plugin_id") or ""),
-        namespace=str(data.get("namespace") or "default"),
-        name=str(data.get("name") or ""),
-        external_id=str(data.get("external_id") or ""),
+        id=_string(data, "id", problems),
+        plugin_id=_string(data, "plugin_id", problems),
+        namespace=_string(data, "namespace", problems) or "default",
+        name=_string(data, "name", problems),
+        external_id=_string(data, "external_id", problems),
         capabilities=caps,
-        mount_options=MountOptions(str(opts.get("fs_type") or ""), tuple(opts.get("mount_flags") or ()))
-        if opts
-        else None,
-        secrets=Secrets({str(k): str(v) for k, v in single(data.get("secrets")).items()}),
-        parameters={str(k): str(v) for k, v in single(data.get("parameters")).items()},
-        context={str(k): str(v) for k, v in single(data.get("context")).items()},
+        mount_options=MountOptions(fs_type, tuple(flags)) if opts else None,
+        secrets=Secrets(_string_map(data, "secrets", problems)),
+        parameters=_string_map(data, "parameters", problems),
+        context=_string_map(data, "context", problems),
     )
     if not volume.id:
         problems.append("missing id")
     if not volume.plugin_id:
         problems.append("missing plugin_id")
+    # The id, plugin id and namespace become directory names (staging and publish paths).
+    for value, what in ((volume.id, "id"), (volume.plugin_id, "plugin_id"), (volume.namespace, "namespace")):
+        problem = check_name(value, what) if value else None
+        if problem is not None:
+            problems.append(problem)
     if not caps and not any(p.startswith("capability") for p in problems):
         problems.append("at least one capability { access_mode, attachment_mode } block is required")
     if problems:
