@@ -95,7 +95,7 @@ def parse_volume_file(path: str | Path) -> Volume:
     blocks = data.get("capability")
     if blocks is not None and not is_blocks(blocks):
         problems.append("capability must be blocks (capability { access_mode = …, attachment_mode = … })")
-    cap_blocks: list[dict[str, Any]] = blocks if is_blocks(blocks) else []
+    cap_blocks: list[dict[str, Any]] = data["capability"] if is_blocks(blocks) else []
     for i, block in enumerate(cap_blocks):
         try:
             caps.append(
