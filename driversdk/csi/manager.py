@@ -21,6 +21,7 @@ from driversdk.csi.errors import CSIError
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
 from driversdk.csi.state import StateStore, UsageRow
 from driversdk.mountinfo import read_mountinfo
+from driversdk.paths import resolve_under
 from driversdk.pb import csi_pb2
 
 _PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
@@ -99,12 +100,18 @@ class NodeVolumeManager:
             return self._locks.setdefault((volume.namespace, volume.id), threading.Lock())
 
     def staging_paths(self, volume: Volume, usage: UsageOptions) -> tuple[str, str]:
-        rel = os.path.join("staging", volume.namespace, volume.id, usage.key)
-        return os.path.join(self.host_root, rel), os.path.join(self.plugin_root, rel)
+        return self._paths(f'the staging path of volume "{volume.id}"', "staging", volume.namespace, volume.id,
+                           usage.key)  # fmt: skip
 
     def publish_paths(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> tuple[str, str]:
-        rel = os.path.join("per-alloc", alloc_id, volume.id, usage.key)
-        return os.path.join(self.host_root, rel), os.path.join(self.plugin_root, rel)
+        return self._paths(f'the publish path of volume "{volume.id}"', "per-alloc", alloc_id, volume.id, usage.key)
+
+    def _paths(self, what: str, *parts: str) -> tuple[str, str]:
+        """The host path and the plugin's view of it. Names come from volume files and the plugin's
+        tree is writable by the plugin, so the host side is resolved and must stay under the root."""
+        host = resolve_under(self.host_root, *parts, what=what)
+        rel = os.path.relpath(host, os.path.realpath(self.host_root))
+        return host, os.path.join(self.plugin_root, rel)
 
     def _usage_row(self, volume: Volume, alloc_id: str, usage: UsageOptions, phase: str) -> UsageRow:
         return UsageRow(

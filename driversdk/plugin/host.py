@@ -134,6 +134,11 @@ class PluginProcess:
             return self._popen.poll() is None
         return pid_alive(self.pid)
 
+    def exited_within(self, timeout: float) -> bool:
+        """True once the process has exited, waiting at most ``timeout`` seconds: a stream broken by
+        a plugin's death can be seen a moment before the process is gone."""
+        return self._wait_exit(timeout)
+
     def _wait_exit(self, timeout: float) -> bool:
         if self._popen is not None:
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import signal
 import threading
@@ -36,8 +37,10 @@ from driversdk.model import (
     NetworkIsolationSpec,
     Resources,
     TaskConfig,
+    TaskHandle,
 )
 from driversdk.mounts import MountRequest, check_mounts
+from driversdk.paths import UnsafePathError, check_name, resolve_under
 from driversdk.plugin.host import ReattachConfig, pid_alive
 from driversdk.runner import logcollect
 from driversdk.runner.clientconfig import ClientConfig
@@ -50,6 +53,10 @@ from driversdk.runner.validate import validate_job
 from driversdk.runner.volumes import VolumeStore
 
 Say = Callable[[str], None]
+
+# How often a driver plugin may die under one running task before the task counts as lost.
+MAX_PLUGIN_RELAUNCHES = 3
+SECRETS_DIR_MODE = 0o700
 
 
 class RunRefused(ConfigError):
@@ -78,6 +85,7 @@ class RunningTask:
     client: DriverClient
     logmon: logcollect.Logmon | None = None
     supervisor: PluginSupervisor | None = None
+    handle: TaskHandle | None = None
     result: ExitResult | None = None
     started: bool = False
     failure: str = ""
@@ -135,8 +143,11 @@ class AllocRun:
         self.node = node
         self.state = node.state
         self.alloc_id = alloc_id or str(uuid.uuid4())
-        self.alloc_dir = os.path.join(client.data_dir, "allocs", self.alloc_id)
+        # The alloc id is ours (a UUID) or read back from state.db; resolved all the same.
+        self.alloc_dir = resolve_under(client.data_dir, "allocs", self.alloc_id, what="the alloc dir")
         self.plugins: dict[str, DriverClient] = {}
+        # Held while a dead plugin is replaced, so tasks that lost it together relaunch it once.
+        self._plugin_lock = threading.Lock()
         # Plugins validation already launched (and configured): taken instead of launching anew.
         self.spare_plugins = spare_plugins if spare_plugins is not None else {}
         self.tasks: list[RunningTask] = []
@@ -266,10 +277,12 @@ class AllocRun:
         logmon: logcollect.Logmon | None,
         extra_mounts: list[MountRequest],
         extra_env: dict[str, str],
+        task_id: str | None = None,
     ) -> TaskConfig:
-        task_dir = os.path.join(self.alloc_dir, task.name)
-        for sub in ("local", "secrets", "private", "tmp"):
+        task_dir = resolve_under(self.alloc_dir, task.name, what=f'the task dir of task "{task.name}"')
+        for sub in ("local", "private", "tmp"):
             os.makedirs(os.path.join(task_dir, sub), exist_ok=True)
+        make_secrets_dir(os.path.join(task_dir, "secrets"), task_owner(task.user, caps.fs_isolation))
         mounts = check_mounts(
             self._volume_requests(task) + extra_mounts,
             task=task.name,
@@ -292,7 +305,7 @@ class AllocRun:
         if logmon is not None:
             stdout, stderr = logmon.stdout_fifo, logmon.stderr_fifo
         return TaskConfig(
-            id=f"{self.alloc_id}/{task.name}/{secrets.token_hex(4)}",
+            id=task_id or f"{self.alloc_id}/{task.name}/{secrets.token_hex(4)}",
             name=task.name,
             alloc_id=self.alloc_id,
             job_name=self.job.name,
@@ -319,6 +332,9 @@ class AllocRun:
         if task.logs_disabled or caps.disable_log_collection:
             return None
         logs = os.path.join(self.alloc_dir, "alloc", "logs")
+        problem = check_name(task.name, "task name")
+        if problem is not None:  # the collector's file names start with the task name
+            raise UnsafePathError(f'task "{task.name}": {problem}')
         return logcollect.spawn(logs, task.name, task.logs_max_files, task.logs_max_file_size * MIB)
 
     def _supervisor(self, task: Task, caps: Capabilities) -> PluginSupervisor | None:
@@ -333,24 +349,31 @@ class AllocRun:
             fs_isolated=caps.fs_isolation != FSIsolation.NONE,
         )
 
-    def _start_task(self, task: Task) -> None:
+    def _start_task(self, task: Task, task_id: str | None = None) -> None:
         plugin = self._plugin(task.driver)
         caps = plugin.capabilities()
         supervisor = self._supervisor(task, caps)
         extra_mounts, extra_env = supervisor.prestart() if supervisor else ([], {})
         logmon = self._logmon(task, caps)
         running: RunningTask | None = None
+        recorded = False
         try:
-            config = self._task_config(task, caps, logmon, extra_mounts, extra_env)
+            config = self._task_config(task, caps, logmon, extra_mounts, extra_env, task_id)
             running = RunningTask(task, config, plugin, logmon, supervisor)
+            self.state.starting(self.alloc_id, self.job.name, self.group.name, task.name, task.driver, config.id,
+                                self.alloc_dir, logmon.pid if logmon else 0)  # fmt: skip
+            recorded = True
             handle = plugin.start_task(config)
         except BaseException:
+            if recorded:
+                self.state.start_failed(self.alloc_id, task.name)
             if logmon is not None:
                 logcollect.stop(logmon)
             if supervisor is not None:
                 supervisor.cleanup()
             raise
         running.started = True
+        running.handle = handle
         self.tasks.append(running)
         self.state.started(
             self.alloc_id, self.job.name, self.group.name, task.name, task.driver, config.id,
@@ -371,11 +394,7 @@ class AllocRun:
         self._stop_task(running)
 
     def _wait(self, running: RunningTask) -> None:
-        try:
-            running.result = running.client.wait_task(running.config.id)
-        except DriverSDKError as err:
-            self._say_task(running.task.name, f"wait failed: {err}")
-            running.result = ExitResult(exit_code=1)
+        running.result = self._wait_through_plugin_deaths(running)
         r = running.result
         if running.failure and r.successful:
             r = running.result = ExitResult(exit_code=1, signal=r.signal)
@@ -384,6 +403,44 @@ class AllocRun:
         oom = " (killed: out of memory)" if r.oom_killed else ""
         self._say_task(running.task.name, f"finished with {how}{oom}")
         running.done.set()
+
+    def _wait_through_plugin_deaths(self, running: RunningTask) -> ExitResult:
+        """WaitTask; when the driver plugin dies meanwhile, relaunch it and RecoverTask, as Nomad's
+        driver manager does, so the task's real exit code is recorded and nothing is left behind."""
+        relaunches = 0
+        while True:
+            client = running.client
+            try:
+                return client.wait_task(running.config.id)
+            except DriverSDKError as err:
+                if self._closed or running.handle is None or not client.process.exited_within(1.0):
+                    self._say_task(running.task.name, f"wait failed: {err}")
+                    return ExitResult(exit_code=1)
+                if relaunches >= MAX_PLUGIN_RELAUNCHES:
+                    why = f"the {running.task.driver} driver plugin died {relaunches + 1} times while the task ran"
+                    self._say_task(running.task.name, f"lost: {why}")
+                    running.failure = why
+                    return ExitResult(exit_code=1)
+            relaunches += 1
+            self._say_task(running.task.name, f"driver plugin {running.task.driver!r} exited; relaunching it and "
+                           "recovering the task")  # fmt: skip
+            try:
+                running.client = self._replace_plugin(running.task.driver, client)
+                running.client.recover_task(running.handle)
+            except DriverSDKError as err:
+                why = f"could not be recovered after its driver plugin exited: {err}"
+                self._say_task(running.task.name, why)
+                running.failure = why
+                return ExitResult(exit_code=1)
+            self._say_task(running.task.name, f"recovered ({running.task.driver}, alloc {self.alloc_id[:8]})")
+
+    def _replace_plugin(self, driver: str, dead: DriverClient) -> DriverClient:
+        """A fresh plugin in place of one that died; tasks that lost the same plugin share it."""
+        with self._plugin_lock:
+            if self.plugins.get(driver) is dead:
+                del self.plugins[driver]
+                dead.kill()  # reaps the process and removes its socket
+            return self._plugin(driver)
 
     # --- start / recover -----------------------------------------------------------------------
 
@@ -435,8 +492,34 @@ class AllocRun:
             found = records.get(task.name)
             if found is None:
                 self._start_task(task)  # the killed run had not got to it
+            elif found.state == "starting":
+                self._finish_interrupted_start(task, found)
             else:
                 self._recover_task(task, found)
+
+    def _finish_interrupted_start(self, task: Task, record: TaskRecord) -> None:
+        """The killed run was inside StartTask: the task may exist without a handle we could recover.
+        A plugin that survived and knows it removes it; then the task starts again under the same id,
+        which lets a driver adopt (docker: a running container labelled with that id) or replace what
+        a plugin that died with the run left, instead of starting a second copy next to it."""
+        if record.logmon_pid:  # the interrupted start's collector: one collector per fifo pair
+            logs = os.path.join(self.alloc_dir, "alloc", "logs")
+            logcollect.stop(logcollect.Logmon(record.logmon_pid, *logcollect.fifo_paths(logs, task.name)))
+        plugin = self._plugin(task.driver)
+        try:
+            plugin.inspect_task(record.task_id)
+        except DriverSDKError:
+            pass  # the plugin does not know it: the driver finds it by its id at StartTask, if it exists
+        else:
+            self._say_task(task.name, "was being started when the previous run was killed; replacing it")
+            try:
+                plugin.destroy_task(record.task_id, force=True)
+            except DriverSDKError as err:
+                raise RunRefused(
+                    f'task "{task.name}": the previous run was killed while starting it, and the half-started task '
+                    f"could not be removed: {err}; remove it by hand, then run the job again"
+                ) from None
+        self._start_task(task, task_id=record.task_id)
 
     def _recover_task(self, task: Task, record: TaskRecord) -> None:
         handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
@@ -444,7 +527,7 @@ class AllocRun:
         logs = os.path.join(self.alloc_dir, "alloc", "logs")
         stdout_fifo, stderr_fifo = logcollect.fifo_paths(logs, task.name)
         logmon = logcollect.Logmon(record.logmon_pid, stdout_fifo, stderr_fifo) if record.logmon_pid else None
-        running = RunningTask(task, handle.config, plugin, logmon, started=True)
+        running = RunningTask(task, handle.config, plugin, logmon, started=True, handle=handle)
         self.tasks.append(running)
         if record.state != "running":
             running.result = ExitResult(record.exit_code or 0, record.signal or 0, record.oom)
@@ -517,6 +600,42 @@ class AllocRun:
         self.state.alloc_update(self.alloc_id, state="failed" if failures else "stopped")
         if self.provides_plugins:
             release_shared(csi_dir(self.client.data_dir))
+
+
+def task_owner(user: str, isolation: FSIsolation) -> tuple[int, int] | None:
+    """The host uid/gid a task's user maps to, where that can be known: a numeric ``uid[:gid]``
+    always; a name only for drivers that run tasks as host users (their root file system is the
+    host's). A name inside a container image (docker) has no host meaning: None."""
+    name, _, group = user.partition(":")
+    if not name:
+        return (0, 0)
+    if name.isdigit():
+        uid = int(name)
+        gid = int(group) if group.isdigit() else uid
+        return (uid, gid)
+    if isolation == FSIsolation.IMAGE:
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return (entry.pw_uid, entry.pw_gid)
+
+
+def make_secrets_dir(path: str, owner: tuple[int, int] | None) -> None:
+    """``secrets/`` is 0700 and belongs to the task's user: no other local user reads a task's
+    secrets. Created without following a symlink a task may have planted there."""
+    try:
+        os.mkdir(path, SECRETS_DIR_MODE)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, SECRETS_DIR_MODE)
+        if owner is not None:
+            os.fchown(fd, *owner)
+    finally:
+        os.close(fd)
 
 
 def _handle_proto(data: bytes) -> Any:

@@ -117,6 +117,32 @@ class RunState:
         with self._lock:
             self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))
 
+    def starting(
+        self,
+        alloc_id: str,
+        job: str,
+        group: str,
+        task: str,
+        driver: str,
+        task_id: str,
+        alloc_dir: str,
+        logmon_pid: int = 0,
+    ) -> None:
+        """Recorded before StartTask: a run killed during the call leaves this row, and the next run
+        knows which task id the interrupted start used (so it adopts or removes what it made)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO run_tasks VALUES (?, ?, ?, ?, ?, ?, 'starting', NULL, NULL, 0, NULL, ?, ?, ?)",
+                (alloc_id, job, group, task, driver, task_id, alloc_dir, time.time(), logmon_pid),
+            )
+
+    def start_failed(self, alloc_id: str, task: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE run_tasks SET state='failed', updated=? WHERE alloc_id=? AND task=? AND state='starting'",
+                (time.time(), alloc_id, task),
+            )
+
     def started(
         self,
         alloc_id: str,

@@ -23,6 +23,7 @@ from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.mountinfo import find_mount, read_mountinfo
 from driversdk.mounts import MountRequest
+from driversdk.paths import resolve_under
 from driversdk.runner.jobspec import Task
 
 PROBE_INTERVAL = 5.0
@@ -137,8 +138,11 @@ class PluginSupervisor:
         self.say = say
         self.fs_isolated = fs_isolated
         self.csi_dir = csi_dir(data_dir)
-        self.root = os.path.join(self.csi_dir, self.plugin.type, self.plugin.id)
-        self.socket_dir = os.path.join(self.csi_dir, "plugins", alloc_id)
+        # csi_plugin.id and type come from the job file: validate refuses unsafe names, and this
+        # refuses any path that would still leave the CSI dir (it is mounted rshared into the task).
+        where = f'task "{task.name}": the CSI plugin directory of csi_plugin.id {self.plugin.id!r}'
+        self.root = resolve_under(self.csi_dir, self.plugin.type, self.plugin.id, what=where)
+        self.socket_dir = resolve_under(self.csi_dir, "plugins", alloc_id, what=f'task "{task.name}": the socket dir')
         self.socket_path = os.path.join(self.socket_dir, "csi.sock")
         self.health_timeout = parse_duration(self.plugin.health_timeout or "30s", "csi_plugin.health_timeout")
         self._stop = threading.Event()

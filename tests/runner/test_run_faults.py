@@ -1,0 +1,227 @@
+"""Faults under `driversdk run`: a driver plugin that dies while its task runs, a run killed inside
+StartTask. Real CLI, real docker engine, real plugin processes; each test ends in a leak check."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+
+from drivers.docker.container import LABEL_TASK_ID
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = "driversdk-test/busybox:local"
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "driversdk.cli", *args]
+
+
+def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
+    return [
+        c.name
+        for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
+        if any(str(data_dir) in b for b in c.attrs["HostConfig"].get("Binds") or [])
+    ]
+
+
+def processes(needle: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def write_job(tmp_path: Path, script: str, driver: str = "docker") -> tuple[Path, Path, Path]:
+    data = tmp_path / "data"
+    if driver == "docker":
+        config = f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "{script}"]'
+    else:
+        config = f'command = "/bin/sh"\n        args = ["-c", "{script}"]'
+    job = tmp_path / "job.hcl"
+    job.write_text(
+        f"""job "faulty" {{
+  group "g" {{
+    task "work" {{
+      driver = "{driver}"
+      kill_timeout = "1s"
+      config {{
+        {config}
+      }}
+    }}
+  }}
+}}
+"""
+    )
+    client = tmp_path / "client.hcl"
+    client.write_text(
+        f'data_dir = "{data}"\n'
+        'plugin "docker" {\n  config {\n    gc {\n      image = false\n    }\n  }\n}\n'
+        f'plugin "exec" {{\n  config {{\n    state_dir = "{tmp_path / "exec-state"}"\n  }}\n}}\n'
+    )
+    return job, client, data
+
+
+def db_rows(data: Path, query: str) -> list[tuple[object, ...]]:
+    db = data / "state.db"
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return conn.execute(query).fetchall()
+    except sqlite3.OperationalError:
+        return []  # the run has not created its tables yet
+    finally:
+        conn.close()
+
+
+def wait_for(what: str, check: object, timeout: float = 60.0, every: float = 0.05) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check() if callable(check) else None
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def plugin_pid(data: Path, driver: str) -> int:
+    rows = db_rows(data, f"SELECT reattach FROM run_plugins WHERE driver='{driver}'")
+    return int(json.loads(str(rows[0][0]))["pid"]) if rows else 0
+
+
+def start_run(job: Path, client: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        cli("run", str(job), "--client", str(client)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def test_docker_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    job, client, data = write_job(tmp_path, "echo up; sleep 4; exit 7")
+    proc = start_run(job, client)
+    try:
+        pid = int(str(wait_for("the docker plugin", lambda: plugin_pid(data, "docker"))))
+        wait_for("the task to run", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "driver plugin 'docker' exited; relaunching it and recovering the task" in out, out
+    assert '==> task "work" recovered (docker' in out
+    assert '==> task "work" finished with exit code 7' in out, out
+    assert "Traceback" not in out + err
+    status = subprocess.run(cli("status", "--data-dir", str(data)), capture_output=True, text=True, cwd=ROOT)
+    assert "failed exit=7" in status.stdout, status.stdout
+    assert ours(engine, data) == []
+    assert processes(str(data)) == []
+
+
+def test_exec_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(tmp_path: Path) -> None:
+    job, client, data = write_job(tmp_path, "echo up; sleep 4; exit 7", driver="exec")
+    proc = start_run(job, client)
+    try:
+        pid = int(str(wait_for("the exec plugin", lambda: plugin_pid(data, "exec"))))
+        wait_for("the task to run", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert '==> task "work" recovered (exec' in out, out
+    assert '==> task "work" finished with exit code 7' in out, out
+    tasks = tmp_path / "exec-state" / "tasks"
+    assert not tasks.exists() or list(tasks.iterdir()) == []
+    assert processes(str(data)) == []
+    assert processes(str(tmp_path / "exec-state")) == []
+
+
+def _kill_during_start(job: Path, client: Path, data: Path, whole_group: bool) -> None:
+    """SIGKILL the run while its StartTask call is under way (the 'starting' row is written just
+    before the call); with ``whole_group`` its plugin dies with it."""
+    proc = subprocess.Popen(
+        cli("run", str(job), "--client", str(client)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            "StartTask to begin",
+            lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='starting'"),
+            every=0.002,
+        )
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert db_rows(data, "SELECT state FROM run_tasks") == [("starting",)], "the kill came after StartTask returned"
+
+
+def _run_again_and_count(engine: docker.DockerClient, job: Path, client: Path, data: Path) -> str:
+    proc = start_run(job, client)
+    try:
+        assert proc.stdout is not None
+        seen = [""]
+        while '==> task "work" started' not in seen[-1]:
+            seen.append(proc.stdout.readline())
+            assert seen[-1], "the run ended before starting the task: " + proc.communicate()[1]
+        time.sleep(1.0)  # a second start, if there were one, would have created its container by now
+        running = [c for c in engine.containers.list(filters={"label": LABEL_TASK_ID}) if c.name in ours(engine, data)]
+        assert len(running) == 1, [c.name for c in running]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in out + err
+    return "".join(seen) + out
+
+
+def test_run_killed_inside_start_task_replaces_what_the_live_plugin_started(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    job, client, data = write_job(tmp_path, "echo up; sleep 300")
+    _kill_during_start(job, client, data, whole_group=False)
+    out = _run_again_and_count(engine, job, client, data)
+    assert "recovering alloc" in out
+    assert '==> task "work" was being started when the previous run was killed; replacing it' in out
+    assert ours(engine, data) == []
+    assert processes(str(data)) == []
+
+
+def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    job, client, data = write_job(tmp_path, "echo up; sleep 300")
+    _kill_during_start(job, client, data, whole_group=True)
+    out = _run_again_and_count(engine, job, client, data)
+    assert "recovering alloc" in out
+    assert "replacing it" not in out  # the new plugin did not know it: docker adopted the container by its id
+    assert ours(engine, data) == []
+    assert processes(str(data)) == []
