@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import asdict
 from enum import Enum
@@ -28,11 +30,23 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
     from driversdk.client import launch
     from driversdk.hclspec import decode
 
+    config: dict[str, Any] = {}
+    if args.config:
+        # Checked before the plugin is launched: a typo should not cost a plugin start.
+        try:
+            parsed = json.loads(args.config)
+        except json.JSONDecodeError as err:
+            raise CLIError(
+                f"--config is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); "
+                'give the plugin config as a JSON object, e.g. --config \'{"gc": {"image": false}}\''
+            ) from None
+        if not isinstance(parsed, dict):
+            raise CLIError(f"--config must be a JSON object ({{...}}), not {type(parsed).__name__}")
+        config = parsed
     client = launch(args.command, timeout=args.timeout)
     try:
         info = client.plugin_info()
         schema = client.config_schema()
-        config: dict[str, Any] = json.loads(args.config) if args.config else {}
         client.set_config(config)
         client.init()
         caps = client.capabilities()
@@ -63,21 +77,14 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
-    from driversdk.runner.clientconfig import load_client
-    from driversdk.runner.problems import ValidationFailed
-    from driversdk.runner.validate import Report, validate_job
+    from driversdk.runner.validate import check_files
 
-    try:
-        client = load_client(args.client)
-        report = validate_job(args.job, client)
-    except ValidationFailed as err:
-        report = Report(job="", problems=err.problems)
-    except DriverSDKError as err:  # e.g. a file that is not HCL
-        if args.json:
-            print(json.dumps({"job": "", "valid": False, "problems": [{"text": str(err)}], "checked": []}, indent=2))
-        else:
-            print(f"error: {err}", file=sys.stderr)
-        return 1
+    report = check_files(args.job, args.client)
+    if not report.job and report.problems and not report.checked and len(report.problems) == 1:
+        problem = report.problems[0]
+        if not problem.file and not args.json:  # a file that cannot be read as HCL at all
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
@@ -86,7 +93,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(f"error {problem}")
         verdict = "valid" if report.valid else f"{len(report.problems)} problem(s)"
-        print(f"job {report.job or args.job!r}: {verdict}")
+        name = report.job or args.job
+        # repr escapes control characters; a hostile 5000-character name is shortened.
+        print(f"job {name if len(name) <= 60 else name[:60] + '...'!r}: {verdict}")
     return 0 if report.valid else 1
 
 
@@ -98,17 +107,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_job(args.job, load_client(args.client), say=lambda line: print(line, flush=True))
 
 
-def _data_dir(args: argparse.Namespace) -> str:
+class CLIError(DriverSDKError):
+    """A command line that cannot be acted on (bad --config, a data dir that does not exist)."""
+
+
+def _data_dir(args: argparse.Namespace, *, existing: bool = False) -> str:
+    """The data dir the command works on; ``existing`` for commands that only read it, which
+    must not create an empty one (and then report that nothing ran) when the path is wrong."""
     from driversdk.runner.clientconfig import load_client
 
-    return str(getattr(args, "data_dir", None) or load_client(getattr(args, "client", None)).data_dir)
+    path = str(getattr(args, "data_dir", None) or load_client(getattr(args, "client", None)).data_dir)
+    if existing and not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise CLIError(
+            f"data dir {path} {what}; nothing has been run with it (check --data-dir or the client config's data_dir)"
+        )
+    return path
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Tasks that `driversdk run` started on this client, newest last."""
     from driversdk.runner.runstate import RunState
 
-    records = RunState(_data_dir(args)).tasks()
+    records = RunState(_data_dir(args, existing=True)).tasks()
     if args.json:
         print(json.dumps([{k: v for k, v in r.__dict__.items() if k != "handle"} for r in records], indent=2))
         return 0
@@ -128,7 +149,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from driversdk.runner.run import log_files
     from driversdk.runner.runstate import RunState, RunStateError
 
-    state = RunState(_data_dir(args))
+    state = RunState(_data_dir(args, existing=True))
     records = [
         r for r in state.tasks() if r.task == args.task and (not args.alloc or r.alloc_id.startswith(args.alloc))
     ]
@@ -156,10 +177,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
         time.sleep(0.5)
 
 
-def _volume_store(args: argparse.Namespace) -> Any:
+def _volume_store(args: argparse.Namespace, *, existing: bool = False) -> Any:
     from driversdk.runner.volumes import VolumeStore
 
-    return VolumeStore.for_data_dir(_data_dir(args))
+    return VolumeStore.for_data_dir(_data_dir(args, existing=existing))
 
 
 def cmd_volume_register(args: argparse.Namespace) -> int:
@@ -174,7 +195,7 @@ def cmd_volume_register(args: argparse.Namespace) -> int:
 def cmd_volume_status(args: argparse.Namespace) -> int:
     from driversdk.runner.volumes import VolumeError, public_view
 
-    store = _volume_store(args)
+    store = _volume_store(args, existing=True)
     if args.id:
         volume = store.get(args.id, args.namespace)
         if volume is None:
@@ -199,16 +220,14 @@ def cmd_volume_status(args: argparse.Namespace) -> int:
 
 def cmd_plugin_status(args: argparse.Namespace) -> int:
     """CSI plugin instances registered on this client, each probed now."""
-    import os
-
     from driversdk.csi.client import CSIClient
     from driversdk.csi.errors import CSIError
     from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistry
     from driversdk.csi.state import StateStore
 
-    data_dir = _data_dir(args)
+    data_dir = _data_dir(args, existing=True)
     store = StateStore(os.path.join(data_dir, "state.db"))
-    volumes = _volume_store(args).list()
+    volumes = _volume_store(args, existing=True).list()
     rows: list[dict[str, Any]] = []
     for kind in PLUGIN_TYPES:
         for name in sorted(PluginRegistry(store).plugins(kind)):
@@ -251,13 +270,14 @@ def cmd_plugin_status(args: argparse.Namespace) -> int:
 
 
 def cmd_volume_deregister(args: argparse.Namespace) -> int:
-    _volume_store(args).deregister(args.id, args.namespace)
+    _volume_store(args, existing=True).deregister(args.id, args.namespace)
     print(f'deregistered CSI volume "{args.id}"')
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="driversdk", description="Nomad-compatible task-driver plugins in Python.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
     sub = parser.add_subparsers(dest="cmd", required=True)
     plugin = sub.add_parser("plugin", help="work with driver plugin binaries")
     plugin_sub = plugin.add_subparsers(dest="plugin_cmd", required=True)
@@ -320,15 +340,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(args: argparse.Namespace) -> str:
+    words = [args.cmd] + [getattr(args, k) for k in ("plugin_cmd", "volume_cmd") if getattr(args, k, None)]
+    return "driversdk " + " ".join(words)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
     except DriverSDKError as err:
+        if args.debug:
+            traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # the last stop before a traceback would reach an operator
+        if args.debug:
+            traceback.print_exc()
+        # One sentence: what failed, where, and how to see more; the traceback is for --debug.
+        where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
+        detail = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)) or type(err).__name__
+        print(
+            f"error: `{_command(args)}` failed unexpectedly: {type(err).__name__}: {detail}{where}"
+            + ("" if args.debug else "; run again with --debug for the traceback"),
+            file=sys.stderr,
+        )
+        return 1
     return code
 
 

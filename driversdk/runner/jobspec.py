@@ -166,9 +166,7 @@ class _Parser:
         value = body.get(key)
         if value is None or is_blocks(value) or isinstance(value, dict):
             return True
-        self.problems.append(
-            Problem(self.file, f"{key} must be a block ({key} {{ … }}), not {_shown(value)}", **where)
-        )
+        self.problems.append(Problem(self.file, f"{key} must be a block ({key} {{ … }}), not {_shown(value)}", **where))
         return False
 
     def strings(self, value: Any, what: str, **where: str) -> tuple[str, ...]:
@@ -548,7 +546,7 @@ def _csi_plugin_problems(job: Job, group: Group, task: Task, cfg: CSIPluginConfi
             out.append(
                 Problem(
                     job.file,
-                    f"{what} {show(path)} must be a plain path inside the task, without \"..\" or NUL characters",
+                    f'{what} {show(path)} must be a plain path inside the task, without ".." or NUL characters',
                     **where,
                 )
             )
