@@ -7,100 +7,321 @@ The reader is a small detached process per task (:func:`spawn`), not a thread of
 run``: a task writing straight into its fifo (exec) would die of SIGPIPE the moment the run
 process is killed, and a restarted run could not recover it. This module imports only the
 standard library so that process starts in a few tens of milliseconds.
+
+The collector runs as root, and ``alloc/logs`` is writable by the task (exec mounts the alloc
+dir), so every name in it is the task's to change at any moment. The collector therefore holds
+the logs dir open once and works only relative to that descriptor, never follows a symlink, and
+writes only to regular files it owns that have no other name (a hard link to a host file is
+refused like a symlink). A refused log file is left where it is and the collector moves on to the
+next index, so no output is lost; each refusal is one line in an events file outside the task's
+view (``<alloc>/<task>/private``, which no driver shows the task), which the runner reads with
+:func:`read_events` and prints as a task event.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import select
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
+LOG_MODE = 0o640  # the operator's group may read a task's logs; nobody else
+# A task that keeps planting entries must not fill the disk with our complaints about them.
+MAX_EVENTS = 100
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+_KINDS = {
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a fifo",
+    stat.S_IFREG: "a regular file",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
+
+
+class Refused(Exception):
+    """An entry the collector will not read or write; ``what`` says why, as in "is a symlink"."""
+
+    def __init__(self, what: str, fmt: int) -> None:
+        super().__init__(what)
+        self.what = what
+        self.fmt = fmt
+
+    def as_log_file(self) -> str:
+        """The middle of a log-file refusal sentence."""
+        if self.fmt == stat.S_IFLNK:
+            return "was replaced by a symlink; the collector did not follow it"
+        if self.fmt != stat.S_IFREG:
+            return f"{self.what}, not a regular file; the collector did not write to it"
+        return f"{self.what}; the collector did not write to it"
+
+
+def _check(st: os.stat_result, want: int) -> None:
+    fmt = stat.S_IFMT(st.st_mode)
+    if fmt != want:
+        raise Refused(f"is {_KINDS.get(fmt, 'not a file')}", fmt)
+    if st.st_uid != os.geteuid():
+        raise Refused(f"is owned by uid {st.st_uid}, not by the collector", fmt)
+    if st.st_nlink != 1:
+        raise Refused("is a hard link to another file", fmt)
+
+
+def open_dir(path: str) -> int:
+    """The logs dir, opened once; a symlink in its place is refused (ELOOP / ENOTDIR)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Refused("is a symlink or not a directory", 0) from None
+        raise
+
+
+def _open_entry(dir_fd: int, name: str, want: int, flags: int) -> int:
+    """Open ``name`` in the logs dir only when it is a ``want`` (S_IFREG, S_IFIFO) of ours."""
+    # O_PATH opens nothing (no fifo blocks, no device node the task made wakes up) and with
+    # O_NOFOLLOW pins the entry itself, symlink included: the checks and the real open below see
+    # one inode, whatever the task renames meanwhile.
+    pin = os.open(name, os.O_PATH | _NOFOLLOW, dir_fd=dir_fd)
+    try:
+        _check(os.fstat(pin), want)
+        # Through /proc/self/fd the kernel reopens the pinned inode, not what the name means now
+        # (that magic link is the one link followed here, so no O_NOFOLLOW on this open).
+        fd = os.open(f"/proc/self/fd/{pin}", flags | os.O_CLOEXEC | os.O_NOCTTY)
+    finally:
+        os.close(pin)
+    try:
+        _check(os.fstat(fd), want)
+    except Refused:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_log(dir_fd: int, name: str) -> int:
+    """A log file to append to: a new one we create, or an existing one that passes the checks."""
+    for _ in range(3):
+        try:
+            # O_EXCL: a fresh regular file of ours, or EEXIST for anything there (a dangling symlink too).
+            fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | _NOFOLLOW, LOG_MODE, dir_fd=dir_fd)
+        except FileExistsError:
+            try:
+                return _open_entry(dir_fd, name, stat.S_IFREG, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+            except FileNotFoundError:
+                continue  # removed between the two opens: create it after all
+        os.fchmod(fd, LOG_MODE)  # the collector's umask does not decide who may read the logs
+        return fd
+    raise Refused("keeps appearing and disappearing", 0)
+
+
+class Events:
+    """The collector's side of its events file: one sentence a line, appended."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.count = 0
+
+    def __call__(self, sentence: str) -> None:
+        if not self.path or self.count >= MAX_EVENTS:
+            return
+        self.count += 1
+        if self.count == MAX_EVENTS:
+            sentence += f"; the collector reports no more than {MAX_EVENTS} of these"
+        line = (sentence.replace("\n", " ") + "\n").encode(errors="replace")
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
+            try:
+                os.write(fd, line)  # one write with O_APPEND: a reader never sees half a line from us
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the report is lost, never the task's output
 
 
 class RotatingFile:
-    def __init__(self, directory: str, base: str, max_files: int, max_size: int) -> None:
-        self.directory = directory
+    """One output stream of a task, appended to ``<base>.<N>`` in the logs dir.
+
+    ``directory`` is the logs dir's path or a descriptor of it (the collector shares one between
+    stdout and stderr); every file is opened, created and removed relative to it.
+    """
+
+    def __init__(
+        self,
+        directory: str | int,
+        base: str,
+        max_files: int,
+        max_size: int,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self._own_dir = isinstance(directory, str)
+        self.dir_fd = open_dir(directory) if isinstance(directory, str) else directory
         self.base = base
         self.max_files = max(1, max_files)
         self.max_size = max(1, max_size)
-        pattern = re.compile(re.escape(base) + r"\.(\d+)$")
-        existing = [int(m.group(1)) for n in os.listdir(directory) if (m := pattern.match(n))]
-        self.index = max(existing, default=0)  # resume at the highest existing index
-        self._file = open(self._path(self.index), "ab")  # noqa: SIM115 - kept open across writes
+        self._report = report or (lambda _sentence: None)
+        self._pattern = re.compile(re.escape(base) + r"\.([0-9]{1,9})")
+        self._fd = -1
+        self._size = 0
+        self.index = max(self._indexes(), default=0)  # resume at the highest existing index
+        self._open(self.index)
 
-    def _path(self, index: int) -> str:
-        return os.path.join(self.directory, f"{self.base}.{index}")
+    def _indexes(self) -> list[int]:
+        return [int(m.group(1)) for n in os.listdir(self.dir_fd) if (m := self._pattern.fullmatch(n))]
+
+    def _open(self, index: int) -> None:
+        refused: list[tuple[str, Refused]] = []
+        while True:
+            name = f"{self.base}.{index}"
+            try:
+                fd = _open_log(self.dir_fd, name)
+                break
+            except Refused as err:
+                refused.append((name, err))  # left in place: renaming in the task's dir is one more race
+                index += 1
+        self._fd, self.index = fd, index
+        self._size = os.fstat(fd).st_size
+        for bad, why in refused:
+            self._report(f'log file "{bad}" in alloc/logs {why.as_log_file()} and writes to "{name}"')
 
     def write(self, data: bytes) -> None:
-        while data:
-            room = self.max_size - self._file.tell()
+        view = memoryview(data)
+        while view:
+            room = self.max_size - self._size
             if room <= 0:
                 self._rotate()
                 continue
-            chunk, data = data[:room], data[room:]
-            self._file.write(chunk)
-        self._file.flush()
+            written = os.write(self._fd, view[:room])
+            self._size += written
+            view = view[written:]
 
     def _rotate(self) -> None:
-        self._file.close()
-        self.index += 1
-        self._file = open(self._path(self.index), "ab")  # noqa: SIM115
-        for old in range(self.index - self.max_files, -1, -1):
-            try:
-                os.unlink(self._path(old))
-            except FileNotFoundError:
-                break
+        os.close(self._fd)
+        self._fd = -1
+        self._open(self.index + 1)
+        # Listing instead of counting down from the index: indexes may have gaps (refused
+        # entries, or a huge one the task planted), and unlink never follows a symlink.
+        keep_from = self.index - self.max_files + 1
+        for old in self._indexes():
+            if old < keep_from:
+                try:
+                    os.unlink(f"{self.base}.{old}", dir_fd=self.dir_fd)
+                except OSError:
+                    pass  # gone already, or a directory the task made: not ours to remove
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._own_dir:
+            os.close(self.dir_fd)
+
+
+def events_path(logs_dir: str, task: str) -> str:
+    """``<alloc>/<task>/private/logmon.events``: Nomad's task-private dir, never shown to the task."""
+    alloc_dir = os.path.dirname(os.path.dirname(os.path.abspath(logs_dir)))
+    return os.path.join(alloc_dir, task, "private", "logmon.events")
 
 
 @dataclass(frozen=True)
 class Logmon:
-    """A running log monitor: its pid and the two fifos it reads."""
+    """A running log monitor: its pid, the two fifos it reads and the file it reports to."""
 
     pid: int
     stdout_fifo: str
     stderr_fifo: str
+    events: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.events:  # adopted from state.db, which records the pid only
+            task = os.path.basename(self.stdout_fifo)[1 : -len(".stdout.fifo")]
+            object.__setattr__(self, "events", events_path(os.path.dirname(self.stdout_fifo), task))
 
 
 def fifo_paths(logs_dir: str, task: str) -> tuple[str, str]:
     return os.path.join(logs_dir, f".{task}.stdout.fifo"), os.path.join(logs_dir, f".{task}.stderr.fifo")
 
 
-def spawn(logs_dir: str, task: str, max_files: int, max_size: int, timeout: float = 10.0) -> Logmon:
-    """Create the task's fifos (0600) and start a detached reader; returns once it holds them open."""
-    stdout_fifo, stderr_fifo = fifo_paths(logs_dir, task)
-    for fifo in (stdout_fifo, stderr_fifo):
-        if not os.path.exists(fifo):
-            os.mkfifo(fifo, 0o600)
-    args = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--dir", logs_dir, "--task", task,
-            "--max-files", str(max_files), "--max-size", str(max_size)]  # fmt: skip
-    child = subprocess.Popen(
-        args,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # Ctrl-C in the terminal goes to the run, which decides
-        close_fds=True,
+def _dir_refusal(task: str, logs_dir: str, err: Refused) -> str:
+    return (
+        f'the log collector for task "{task}" refused the logs dir "{logs_dir}": it {err.what}; remove it and run '
+        "the task again"
     )
-    assert child.stdout is not None
-    ready, _, _ = select.select([child.stdout], [], [], timeout)
-    line = child.stdout.readline() if ready else b""
-    child.stdout.close()
-    if line.strip() != b"ready":
-        child.kill()
-        child.wait()
-        raise OSError(f'the log collector for task "{task}" did not start within {timeout:g}s')
+
+
+def _fifo_refusal(task: str, kind: str, name: str, err: Refused) -> str:
+    return (
+        f'the log collector for task "{task}" refused its {kind} fifo "{name}" in alloc/logs: it {err.what}, not '
+        "the fifo the collector made; remove it and run the task again"
+    )
+
+
+def spawn(
+    logs_dir: str, task: str, max_files: int, max_size: int, timeout: float = 10.0, events: str | None = None
+) -> Logmon:
+    """Create the task's fifos (0600) and start a detached reader; returns once it holds them open.
+
+    ``events`` is where the collector reports what it refused; by default the task's private dir.
+    """
+    # Imported here: the collector process itself must start on the standard library alone.
+    from driversdk.errors import DriverError
+
+    events = events or events_path(logs_dir, task)
+    os.makedirs(os.path.dirname(events), mode=0o700, exist_ok=True)
+    try:
+        dir_fd = open_dir(logs_dir)
+    except Refused as err:
+        raise DriverError(_dir_refusal(task, logs_dir, err)) from None
+    made: list[str] = []
+    try:
+        for fifo in fifo_paths(logs_dir, task):
+            try:
+                os.mkfifo(os.path.basename(fifo), 0o600, dir_fd=dir_fd)
+                made.append(os.path.basename(fifo))
+            except FileExistsError:
+                pass  # a restarted run adopts its task's fifos; the collector checks what is there
+        args = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--dir", logs_dir, "--task", task,
+                "--max-files", str(max_files), "--max-size", str(max_size), "--events", events]  # fmt: skip
+        child = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the terminal goes to the run, which decides
+            close_fds=True,
+        )
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], timeout)
+        line = child.stdout.readline().decode(errors="replace").strip() if ready else ""
+        child.stdout.close()
+        if line != "ready":
+            child.kill()
+            child.wait()
+            if line.startswith("refused "):
+                raise DriverError(line.removeprefix("refused "))
+            raise OSError(f'the log collector for task "{task}" did not start within {timeout:g}s')
+    except BaseException:
+        for name in made:  # nothing leaks: only the fifos this call made, never the task's
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
+        raise
+    finally:
+        os.close(dir_fd)
     _children[child.pid] = child
-    return Logmon(child.pid, stdout_fifo, stderr_fifo)
+    stdout_fifo, stderr_fifo = fifo_paths(logs_dir, task)
+    return Logmon(child.pid, stdout_fifo, stderr_fifo, events)
 
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
@@ -142,14 +363,58 @@ def stop(logmon: Logmon, timeout: float = 5.0) -> None:
             deadline = time.monotonic() + timeout
             while os.path.exists(f"/proc/{logmon.pid}") and time.monotonic() < deadline:
                 time.sleep(0.02)
-    for fifo in (logmon.stdout_fifo, logmon.stderr_fifo):
-        try:
-            os.unlink(fifo)
-        except FileNotFoundError:
-            pass
+    try:
+        dir_fd = open_dir(os.path.dirname(logmon.stdout_fifo))
+    except (Refused, FileNotFoundError):
+        return  # the task swapped the logs dir for something else: nothing in there is ours to remove
+    try:
+        for fifo in (logmon.stdout_fifo, logmon.stderr_fifo):
+            try:
+                os.unlink(os.path.basename(fifo), dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(dir_fd)
 
 
-def _collect(logs_dir: str, task: str, max_files: int, max_size: int) -> None:
+def is_log_file(path: str) -> bool:
+    """For readers of the logs: a regular file with one name, never what a symlink points at."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def read_events(path: str, offset: int) -> tuple[list[str], int]:
+    """The complete lines a collector reported after ``offset``, and the offset to read from next."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except FileNotFoundError:
+        return [], offset
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.pread(fd, 65536, offset + sum(map(len, chunks))):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+    return data[:end].decode(errors="replace").splitlines(), offset + end
+
+
+_event_offsets: dict[str, int] = {}
+_event_lock = threading.Lock()
+
+
+def new_events(logmon: Logmon) -> list[str]:
+    """What this collector reported since the last call for it in this process."""
+    with _event_lock:
+        lines, _event_offsets[logmon.events] = read_events(logmon.events, _event_offsets.get(logmon.events, 0))
+    return lines
+
+
+def _collect(logs_dir: str, task: str, max_files: int, max_size: int, events: str | None) -> None:
     stopping = False
 
     def on_term(*_: object) -> None:
@@ -162,11 +427,22 @@ def _collect(logs_dir: str, task: str, max_files: int, max_size: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sinks = {}
+    report = Events(events)
+    fifos: dict[str, int] = {}
+    try:
+        dir_fd = open_dir(logs_dir)
+    except Refused as err:
+        sys.stdout.write(f"refused {_dir_refusal(task, logs_dir, err)}\n")
+        return
     for fifo, kind in zip(fifo_paths(logs_dir, task), ("stdout", "stderr"), strict=True):
-        # Read-write: the reader never sees end-of-file when a writer goes and comes back.
-        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
-        sinks[fd] = RotatingFile(logs_dir, f"{task}.{kind}", max_files, max_size)
+        name = os.path.basename(fifo)
+        try:
+            # Read-write: the reader never sees end-of-file when a writer goes and comes back.
+            fifos[kind] = _open_entry(dir_fd, name, stat.S_IFIFO, os.O_RDWR | os.O_NONBLOCK)
+        except Refused as err:
+            sys.stdout.write(f"refused {_fifo_refusal(task, kind, name, err)}\n")
+            return
+    sinks = {fd: RotatingFile(dir_fd, f"{task}.{kind}", max_files, max_size, report) for kind, fd in fifos.items()}
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:
@@ -191,6 +467,7 @@ def _collect(logs_dir: str, task: str, max_files: int, max_size: int) -> None:
     for fd, sink in sinks.items():
         os.close(fd)
         sink.close()
+    os.close(dir_fd)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,8 +476,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", required=True)
     parser.add_argument("--max-files", type=int, default=10)
     parser.add_argument("--max-size", type=int, default=10 * MIB)
+    parser.add_argument("--events", default=None, help="file to append one line per refused entry to")
     args = parser.parse_args(argv)
-    _collect(args.dir, args.task, args.max_files, args.max_size)
+    _collect(args.dir, args.task, args.max_files, args.max_size, args.events)
 
 
 if __name__ == "__main__":

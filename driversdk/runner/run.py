@@ -71,11 +71,14 @@ def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
     """A task's rotated log files of one kind, oldest first."""
     logs = os.path.join(alloc_dir, "alloc", "logs")
     prefix = f"{task}.{kind}."
+    if os.path.islink(logs):  # the task may swap its logs dir, or a log file, for a link to a host path
+        return []
     try:
         names = [n for n in os.listdir(logs) if n.startswith(prefix) and n[len(prefix) :].isdigit()]
     except FileNotFoundError:
         return []
-    return [os.path.join(logs, n) for n in sorted(names, key=lambda n: int(n[len(prefix) :]))]
+    paths = [os.path.join(logs, n) for n in sorted(names, key=lambda n: int(n[len(prefix) :]))]
+    return [p for p in paths if logcollect.is_log_file(p)]
 
 
 @dataclass
@@ -384,9 +387,20 @@ class AllocRun:
 
     def _watch(self, running: RunningTask) -> None:
         threading.Thread(target=self._wait, args=(running,), daemon=True).start()
+        threading.Thread(target=self._log_events, args=(running, running.done), daemon=True).start()
         if running.supervisor is not None:
             running.supervisor.start(lambda why, r=running: self._plugin_failed(r, why), running.done)  # type: ignore[misc]
             self.node.supervisors.append(running.supervisor)
+
+    def _log_events(self, running: RunningTask, until: threading.Event | None = None) -> None:
+        """Print what the log collector refused (a log file the task swapped for a symlink, say) as
+        task events. The collector outlives this process, so it reports through a file in the
+        task's private dir; with ``until``, keep polling it until that is set."""
+        while running.logmon is not None:
+            for sentence in logcollect.new_events(running.logmon):
+                self._say_task(running.task.name, f"event: {sentence}")
+            if until is None or until.wait(0.5):
+                return
 
     def _plugin_failed(self, running: RunningTask, why: str) -> None:
         running.failure = why
@@ -588,6 +602,7 @@ class AllocRun:
                     self._say_task(running.task.name, f"destroy failed: {err}")
             if running.logmon is not None:
                 logcollect.stop(running.logmon)
+                self._log_events(running)  # what the collector reported while draining
             if running.supervisor is not None:
                 running.supervisor.cleanup()
         failures = self.csi.postrun() if self.csi is not None else []
