@@ -194,6 +194,21 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     if not requests:
         return []
     db = os.path.join(client.data_dir, "state.db")
+    if not os.path.isfile(db):
+        # Nothing was ever registered here; opening the store would create the data dir, and
+        # validate changes nothing on the host.
+        return [
+            Problem(
+                job.file,
+                f'CSI volume "{source}" is not registered in namespace "{job.namespace}" (no volume has been '
+                f"registered with data dir {client.data_dir}); register it with `driversdk volume register <file>`",
+                job=job.name,
+                group=group.name,
+                field=f'volume "{req.name}"',
+            )
+            for group, req in requests
+            for source in [f"{req.source}[0]" if req.per_alloc else req.source]
+        ]
     volumes = VolumeStore(db)
     registry = PluginRegistry(StateStore(db))
     provided = {t.csi_plugin.id for g in job.groups for t in g.tasks if t.csi_plugin is not None}
