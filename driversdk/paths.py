@@ -16,6 +16,7 @@ from driversdk.errors import DriverSDKError
 # NAME_MAX on Linux (and every filesystem the runner writes to): longer components fail with
 # ENAMETOOLONG at mkdir time, after part of the job has already started.
 NAME_MAX = 255
+PATH_MAX = 4096
 
 # How much of a hostile value a message shows: enough to recognise it, never 5000 characters.
 _SHOWN = 60
@@ -25,9 +26,10 @@ class UnsafePathError(DriverSDKError):
     """A path built from job, client or volume data would leave the directory it belongs under."""
 
 
-def show(value: str) -> str:
-    """The value quoted for a message: control characters escaped, long values shortened."""
-    text = value if len(value) <= _SHOWN else value[:_SHOWN] + "..."
+def show(value: str, limit: int = _SHOWN) -> str:
+    """The value quoted for a message: control characters escaped, values over ``limit`` shortened
+    (paths pass PATH_MAX: an operator needs all of a path to find it)."""
+    text = value if len(value) <= limit else value[:limit] + "..."
     # repr escapes NUL, newlines and other control characters, so a name cannot forge extra
     # lines or terminal sequences in the operator's output.
     quoted = repr(text)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driversdk.paths import check_name, show
+from driversdk.paths import PATH_MAX, check_name, show
 from driversdk.runner.hclload import is_blocks, labelled, load_hcl
 from driversdk.runner.problems import Problem, ValidationFailed
 
@@ -97,9 +97,10 @@ def _absolute(value: Any, what: str) -> str | None:
     if not isinstance(value, str):
         return f"{what} must be an absolute path in quotes, not {_shown(value)}"
     if "\x00" in value:
-        return f"{what} {show(value)} contains a NUL character"
+        return f"{what} {show(value, PATH_MAX)} contains a NUL character"
     if not os.path.isabs(value):
-        return f"{what} {show(value)} must be an absolute path (it would depend on the directory driversdk runs in)"
+        shown = show(value, PATH_MAX)
+        return f"{what} {shown} must be an absolute path (it would depend on the directory driversdk runs in)"
     return None
 
 
@@ -129,7 +130,7 @@ def _host_volume(file: str, name: str, body: dict[str, Any], problems: list[Prob
         problems.append(
             Problem(
                 file,
-                f"path {show(path)} resolves to /{via}, the host's whole filesystem; refusing to mount it "
+                f"path {show(path, PATH_MAX)} resolves to /{via}, the host's whole filesystem; refusing to mount it "
                 "into tasks: point the host volume at a directory",
                 field=where,
             )

@@ -13,7 +13,7 @@ from typing import Any
 
 from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
-from driversdk.paths import check_name, show
+from driversdk.paths import PATH_MAX, check_name, show
 from driversdk.runner.hclload import is_blocks, labelled, load_hcl, single
 from driversdk.runner.problems import Problem, ValidationFailed
 from driversdk.signals import UnknownSignalError, signal_name
@@ -414,8 +414,8 @@ def static_problems(job: Job) -> list[Problem]:
                     out.append(
                         Problem(
                             f,
-                            f"destination {show(mount.destination)} must be a plain path inside the task, without "
-                            '".." or NUL characters',
+                            f"destination {show(mount.destination, PATH_MAX)} must be a plain path inside the task, "
+                            'without ".." or NUL characters',
                             **where,
                         )
                     )
