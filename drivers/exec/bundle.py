@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import pwd
 import re
 import stat
@@ -19,7 +20,7 @@ from typing import Any
 from drivers.exec.config import PluginConfig, TaskExecConfig
 from driversdk.errors import ConfigError
 from driversdk.model import Device, DNSConfig, NetworkIsolationMode, TaskConfig
-from driversdk.mounts import Propagation
+from driversdk.mounts import Mount, Propagation
 
 OCI_VERSION = "1.0.2"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -65,6 +66,32 @@ class Bundle:
         with open(tmp, "w") as fh:
             json.dump(spec, fh)
         os.replace(tmp, self.config_path)
+
+
+def mount_destination(mount: Mount, *, task: str) -> str:
+    """The task path a volume is mounted at, normalised; refuses what docker refuses.
+
+    An empty or relative destination has no meaning inside the task, and "/" (also written as
+    "/..", "//" or "/a/.."), would put the volume over the task's whole root.
+    """
+    dest = mount.task_path
+    name = f"volume {mount.request_name!r}" if mount.request_name else "a volume"
+    where = f"task {task!r}: {name} (host path {mount.host_path!r})"
+    if not dest.startswith("/"):
+        what = "is empty" if not dest else f"{dest!r} is not an absolute path"
+        raise ConfigError(f"{where}: its destination {what}; give an absolute path inside the task such as /data")
+    # normpath keeps a leading "//" (POSIX allows it a meaning); inside the task it is just "/".
+    normalized = posixpath.normpath("/" + dest.lstrip("/"))
+    if normalized == "/":
+        raise ConfigError(
+            f"{where}: its destination {dest!r} is the task's root directory; mount it at a path below /, such as /data"
+        )
+    return normalized
+
+
+def check_mount_destinations(mounts: list[Mount], *, task: str) -> None:
+    for mount in mounts:
+        mount_destination(mount, task=task)
 
 
 def _bind(source: str, destination: str, *options: str) -> dict[str, Any]:
@@ -215,7 +242,11 @@ def build_spec(
     if bundle_dir and resolv_conf(task.dns) is not None:
         mounts.append(_bind(Bundle(bundle_dir).resolv_conf, "/etc/resolv.conf", "ro", "rprivate"))
     for m in task.mounts:
-        mounts.append(_bind(m.host_path, m.task_path, "ro" if m.readonly else "rw", m.propagation.linux))
+        # runc resolves the destination inside the container's root (symlinks the task planted in
+        # its own dirs included) and creates missing directories there, never on the host: this
+        # driver creates nothing host-side for a volume's destination.
+        destination = mount_destination(m, task=task.name)
+        mounts.append(_bind(m.host_path, destination, "ro" if m.readonly else "rw", m.propagation.linux))
     # runc mounts in list order: parents first, or a chroot_env dir below /tmp (a checkout in
     # /tmp, say) would be hidden by the task's /tmp mounted after it. The sort is stable, so
     # mounts at the same depth keep their order.

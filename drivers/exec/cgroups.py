@@ -12,6 +12,7 @@ import contextlib
 import errno
 import functools
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -260,6 +261,22 @@ class TaskCgroup:
             if os.path.isdir(path):
                 found.append(path)
         return sorted(found)
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process left in the task's cgroups (all hierarchies, children included).
+
+        For a task whose StartTask never finished there is no container state to trust: runc's
+        init may be half-way through creating it. The cgroup is the one complete list.
+        """
+        killed: set[int] = set()
+        for base in self.existing():
+            for dirpath, _dirs, _files in os.walk(base):
+                with contextlib.suppress(OSError):
+                    for pid in _read(f"{dirpath}/cgroup.procs").split():
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
+                            killed.add(int(pid))
+        return sorted(killed)
 
     def remove(self, timeout: float = 5.0) -> None:
         """Remove the task's cgroups in every hierarchy (runc creates its child in all of them)."""

@@ -23,6 +23,10 @@ DEFAULT_STATE_DIR = "/var/lib/driversdk-exec"
 DEFAULT_BRIDGE = "dsxbr0"
 DEFAULT_SUBNET = "10.231.0.0/24"
 DEFAULT_CGROUP_PARENT = "driversdk-exec"
+# How often the reconciler looks for what killed plugins left, and how long a half-made task or
+# network must have been abandoned first (Nomad's docker dangling-container defaults).
+DEFAULT_RECONCILE_PERIOD = "5m"
+DEFAULT_RECONCILE_GRACE = "5m"
 MODES = ("private", "host")
 
 
@@ -43,8 +47,44 @@ def plugin_spec() -> hs.Spec:
             "bridge_name": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_BRIDGE}"')),
             "bridge_subnet": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_SUBNET}"')),
             "cgroup_parent": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_CGROUP_PARENT}"')),
+            # Named after Nomad docker's gc.dangling_containers block, which does the same for containers.
+            "reconcile": hs.default(
+                hs.block(
+                    hs.obj(
+                        {
+                            "enabled": hs.default(hs.attr("bool"), hs.literal("true")),
+                            "period": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_RECONCILE_PERIOD}"')),
+                            "creation_grace": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_RECONCILE_GRACE}"')),
+                        }
+                    )
+                ),
+                hs.literal(
+                    f'{{enabled = true, period = "{DEFAULT_RECONCILE_PERIOD}", '
+                    f'creation_grace = "{DEFAULT_RECONCILE_GRACE}"}}'
+                ),
+            ),
         }
     )
+
+
+def parse_duration(text: str, field: str) -> float:
+    """Go-style durations as Nomad configs write them ("500ms", "30s", "5m", "1h30m") in seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total, number, i = 0.0, "", 0
+    while i < len(text):
+        if text[i].isdigit() or text[i] == ".":
+            number += text[i]
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else text[i]
+        if unit not in units or not number or number.count(".") > 1:
+            break
+        total += float(number) * units[unit]
+        number, i = "", i + len(unit)
+    else:
+        if not number and text:
+            return total
+    raise ConfigError(f'{field} {text!r} is not a duration; use a form such as "30s", "5m" or "1h30m"')
 
 
 def task_spec() -> hs.Spec:
@@ -83,6 +123,9 @@ class PluginConfig:
     bridge_name: str = DEFAULT_BRIDGE
     bridge_subnet: str = DEFAULT_SUBNET
     cgroup_parent: str = DEFAULT_CGROUP_PARENT
+    reconcile_enabled: bool = True
+    reconcile_period: float = 300.0
+    reconcile_creation_grace: float = 300.0
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
@@ -113,6 +156,13 @@ class PluginConfig:
         bridge = cfg.get("bridge_name") or DEFAULT_BRIDGE
         if len(bridge) > 15:
             raise ConfigError(f"plugin config bridge_name {bridge!r} is longer than 15 characters; use a shorter name")
+        reconcile = cfg.get("reconcile") or {}
+        period = parse_duration(reconcile.get("period") or DEFAULT_RECONCILE_PERIOD, "plugin config reconcile.period")
+        if period <= 0:
+            raise ConfigError(f"plugin config reconcile.period {reconcile.get('period')!r} must be longer than 0s")
+        grace = parse_duration(
+            reconcile.get("creation_grace") or DEFAULT_RECONCILE_GRACE, "plugin config reconcile.creation_grace"
+        )
         return cls(
             runtime_path=cfg.get("runtime_path") or "runc",
             state_dir=state_dir,
@@ -124,6 +174,9 @@ class PluginConfig:
             bridge_name=bridge,
             bridge_subnet=str(net),
             cgroup_parent=cgroup_parent,
+            reconcile_enabled=reconcile.get("enabled", True) is not False,
+            reconcile_period=period,
+            reconcile_creation_grace=grace,
         )
 
 

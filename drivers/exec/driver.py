@@ -7,7 +7,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import shutil
 import signal as signals
 import subprocess
 import threading
@@ -16,14 +15,16 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from drivers.exec import owner, supervisor
 from drivers.exec import rootfs as task_root
-from drivers.exec import supervisor
-from drivers.exec.bundle import Bundle, build_spec, resolv_conf
+from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, resolv_conf
 from drivers.exec.cgroups import TaskCgroup
 from drivers.exec.config import PluginConfig, TaskExecConfig, plugin_spec, task_spec
 from drivers.exec.fingerprint import fingerprint as read_fingerprint
 from drivers.exec.logs import open_logs
 from drivers.exec.network import NetworkManager
+from drivers.exec.owner import ProcessIdentity, TaskRecord
+from drivers.exec.reconcile import Reconciler, ReconcileSettings, claim
 from drivers.exec.runc import Runc
 from drivers.exec.stats import task_stats
 from drivers.exec.store import DriverState, ExecTask, TaskStore
@@ -48,7 +49,6 @@ from driversdk.model import (
     TaskStats,
     TaskStatus,
 )
-from driversdk.mountinfo import read_mountinfo
 from driversdk.mounts import ensure_mounts_usable
 
 log = logging.getLogger("driversdk.exec")
@@ -80,6 +80,7 @@ class ExecDriver(DriverPlugin):
         self.config = PluginConfig()
         self._tasks = TaskStore()
         self._detected = False
+        self._reconciler = Reconciler(self._reconcile_settings, self._tasks.container_ids)
 
     # --- configuration ---------------------------------------------------------------------
 
@@ -88,6 +89,25 @@ class ExecDriver(DriverPlugin):
 
     def set_config(self, config: dict[str, Any], agent: AgentConfig | None) -> None:
         self.config = PluginConfig.from_decoded(config)
+        # Not in Nomad's config-validation launch (no agent config): that process lives for a
+        # moment and runs no tasks. The thread reads self.config on each pass, so a later
+        # SetConfig changes its period and grace.
+        if agent is not None and self.config.reconcile_enabled:
+            self._reconciler.start()
+
+    def _reconcile_settings(self) -> ReconcileSettings:
+        c = self.config
+        return ReconcileSettings(
+            state_dir=c.state_dir,
+            runtime_path=c.runtime_path,
+            period=c.reconcile_period,
+            creation_grace=c.reconcile_creation_grace,
+            bridge_name=c.bridge_name,
+            bridge_subnet=c.bridge_subnet,
+        )
+
+    def shutdown(self) -> None:
+        self._reconciler.stop()
 
     def task_config_schema(self) -> Spec:
         return task_spec()
@@ -123,6 +143,7 @@ class ExecDriver(DriverPlugin):
             raise DriverError(f"task with ID {task.id!r} already started")
         # Everything that can be refused is checked before anything is created.
         cfg = TaskExecConfig.from_decoded(task.driver_config, self.config, task=task.name)
+        check_mount_destinations(task.mounts, task=task.name)
         ensure_mounts_usable(task.mounts, task=task.name)
         for path, what in ((task.shared_alloc_dir, "alloc"), (task.local_dir, "local"), (task.secrets_dir, "secrets")):
             if not os.path.isdir(path):
@@ -137,9 +158,29 @@ class ExecDriver(DriverPlugin):
 
         fds: tuple[int, int] | None = None
         created_dir = False
+        record = TaskRecord(
+            container_id=cid,
+            task_dir=task_dir,
+            phase="starting",
+            owner_pid=0,
+            owner_start_time=0,
+            since=0.0,
+            cgroup_v2=cgroup.v2,
+            cgroup_parent=cgroup.parent,
+            runc_path=runc.path,
+            runc_root=runc.root,
+        ).moved_to("starting", ProcessIdentity.current())
+        pid = 0
+        os.makedirs(os.path.dirname(task_dir), mode=0o700, exist_ok=True)
+        # The record comes first and goes last: whatever a kill mid-start leaves hangs off it
+        # (reconcile.py). The container id derives from the (unique per start) task id: an
+        # existing record or dir means a task with this id was started before and not destroyed.
+        if not owner.create(record):
+            raise DriverError(
+                f"task {task.name!r}: state of task id {task.id!r} already exists at {record.path!r}; "
+                "destroy the earlier task with this id first"
+            )
         try:
-            # The container id derives from the (unique per start) task id: an existing dir means a
-            # task with this id was started before and not destroyed.
             try:
                 os.makedirs(task_dir, mode=0o700)
             except FileExistsError:
@@ -168,12 +209,24 @@ class ExecDriver(DriverPlugin):
                 cgroup_parent=cgroup.parent,
             )
             pid = supervisor.spawn(runc.command(), task_dir, cid, state.status_file, fds[0], fds[1])
+            # From here the host gets the handle, and with it the duty to recover or destroy the task.
+            owner.save(record.moved_to("started", ProcessIdentity.current()))
         except BaseException:
+            if pid:
+                # Only the phase change failed: take the just-spawned task down again.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signals.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                cgroup.kill_all()
+                with contextlib.suppress(DriverError):
+                    runc.delete_force(cid)
             if created_dir:
                 with contextlib.suppress(DriverError):
                     cgroup.remove()
                 task_root.unmount(Bundle(task_dir).rootfs)
-                _remove_tree(task_dir)
+                task_root.remove_task_dir(task_dir)
+            owner.remove(task_dir)
             raise
         finally:
             if fds is not None:
@@ -181,9 +234,9 @@ class ExecDriver(DriverPlugin):
                     os.close(fd)
 
         state = dataclasses.replace(state, supervisor_pid=pid)
-        record = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(started, UTC), own_child=True)
-        self._tasks.put(record)
-        self._watch(record)
+        tracked = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(started, UTC), own_child=True)
+        self._tasks.put(tracked)
+        self._watch(tracked)
         log.info("started task %s as runc container %s (supervisor pid %d)", task.id, cid, pid)
         return TaskHandle(config=task, driver_state=state.encode(), state=TaskState.RUNNING)
 
@@ -221,6 +274,11 @@ class ExecDriver(DriverPlugin):
         if self._tasks.has(task.id):
             return
         state = DriverState.decode(handle.driver_state, handle.version)
+        # The host holds a handle, so the task is "started" and ours from now on. A task started
+        # by an older plugin version has no record yet: it gets one.
+        tasks_dir = os.path.dirname(state.task_dir)
+        if os.path.isdir(tasks_dir):
+            claim(_record_of(state), os.path.dirname(tasks_dir))
         finished = supervisor.read_status(state.status_file) is not None
         alive = supervisor.is_supervisor(state.supervisor_pid, state.container_id)
         if not finished and not alive:
@@ -281,12 +339,17 @@ class ExecDriver(DriverPlugin):
         self._tasks.remove(task_id)
 
     def _release(self, state: DriverState) -> None:
-        """Remove the container, the task's cgroups and its bundle; safe to repeat."""
+        """Remove the container, the task's cgroups, its bundle and its record; safe to repeat."""
+        record = owner.load(owner.record_path(state.task_dir))
+        if record is not None:
+            # Should this plugin die half-way, the next one's reconciler finishes the removal.
+            owner.save(record.moved_to("destroying", ProcessIdentity.current()))
         runc = Runc(state.runc_path, state.runc_root)
         runc.delete_force(state.container_id)
         TaskCgroup(state.container_id, state.cgroup_v2, state.cgroup_parent).remove()
         task_root.unmount(Bundle(state.task_dir).rootfs)
-        _remove_tree(state.task_dir)
+        task_root.remove_task_dir(state.task_dir)
+        owner.remove(state.task_dir)
 
     # --- inspect / signal / exec / stats ----------------------------------------------------
 
@@ -400,15 +463,17 @@ class ExecDriver(DriverPlugin):
         self.networks.destroy(alloc_id)
 
 
-def _remove_tree(path: str) -> None:
-    """rm -r of a task dir, refusing to descend into anything still mounted below it."""
-    if not os.path.exists(path):
-        return
-    prefix = path.rstrip("/") + "/"
-    mounted = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(prefix) or e.mount_point == path]
-    if mounted:
-        raise DriverError(
-            f"refusing to remove task dir {path!r}: {', '.join(sorted(mounted))} still mounted below it; "
-            "unmount them and destroy the task again"
-        )
-    shutil.rmtree(path)
+def _record_of(state: DriverState) -> TaskRecord:
+    """The record a task started by an older plugin version (without one) is given on recovery."""
+    return TaskRecord(
+        container_id=state.container_id,
+        task_dir=state.task_dir,
+        phase="started",
+        owner_pid=0,
+        owner_start_time=0,
+        since=state.started_at,
+        cgroup_v2=state.cgroup_v2,
+        cgroup_parent=state.cgroup_parent,
+        runc_path=state.runc_path,
+        runc_root=state.runc_root,
+    )

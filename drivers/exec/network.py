@@ -5,13 +5,17 @@ Layout for allocation A on bridge B with subnet N:
 - a veth pair: ``dsv<hash>`` on the host, enslaved to B; its peer is ``eth0`` inside the netns;
 - eth0 gets the lowest free address of N, the default route goes via B's address (N's first host).
 Which address each allocation holds is recorded in ``<state_dir>/networks/<alloc id>.json`` so a
-relaunched plugin neither hands it out twice nor forgets to free it.
+relaunched plugin neither hands it out twice nor forgets to free it. The record is written, in
+phase "creating" and naming the plugin process that builds the namespace, before anything is
+built, and moves to "created" when CreateNetwork returns: a namespace a plugin killed in the middle
+of CreateNetwork left is then found and removed by a later plugin's reconciler (reconcile.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import hashlib
 import ipaddress
@@ -19,12 +23,14 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import IPRoute, NetlinkError
 
+from drivers.exec.owner import ProcessIdentity
 from driversdk.errors import DriverError
 from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
 
@@ -126,6 +132,16 @@ class AllocNetwork:
     prefixlen: int
     gateway: str
     hostname: str = ""
+    # Records written before these fields existed describe finished networks: "created".
+    phase: str = "created"
+    """"creating" until CreateNetwork returns, then "created" (the host's to destroy)."""
+    owner_pid: int = 0
+    owner_start_time: int = 0
+    since: float = 0.0
+
+    @property
+    def owner(self) -> ProcessIdentity:
+        return ProcessIdentity(self.owner_pid, self.owner_start_time)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -185,7 +201,10 @@ class NetworkManager:
     def create(self, alloc_id: str, hostname: str) -> tuple[NetworkIsolationSpec, bool]:
         with self._locked():
             existing = self.find(alloc_id)
-            if existing is not None and os.path.exists(netns_path(existing.netns)):
+            if existing is not None and existing.phase == "creating":
+                # Under the lock, "creating" can only be a CreateNetwork whose plugin died: rebuild.
+                self._teardown(existing)
+            elif existing is not None and os.path.exists(netns_path(existing.netns)):
                 return existing.spec, False
             used = {r.address for r in self.records() if r.alloc_id != alloc_id}
             free = next((a for a in self.pool if str(a) not in used), None)
@@ -195,6 +214,7 @@ class NetworkManager:
                     "widen the plugin's bridge_subnet or stop other allocations",
                     recoverable=True,
                 )
+            me = ProcessIdentity.current()
             net = AllocNetwork(
                 alloc_id=alloc_id,
                 netns=netns_name(alloc_id),
@@ -203,21 +223,52 @@ class NetworkManager:
                 prefixlen=self.subnet.prefixlen,
                 gateway=str(self.gateway),
                 hostname=hostname,
+                phase="creating",
+                owner_pid=me.pid,
+                owner_start_time=me.start_time,
+                since=time.time(),
             )
+            # Recorded before anything is built: a kill from here on leaves a record to reconcile by.
+            self._write(net)
             try:
                 self._ensure_bridge()
                 self._build(net)
             except Exception as err:
                 self._teardown(net)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self._record_path(alloc_id))
                 self._remove_bridge_if_unused(exclude=alloc_id)
                 reason = err.message if isinstance(err, DriverError) else str(err)
                 raise DriverError(
                     f"allocation {alloc_id!r}: failed to create its network namespace: {reason}",
                     recoverable=True,
                 ) from None
-            with open(self._record_path(alloc_id), "w") as fh:
-                fh.write(net.to_json())
+            net = dataclasses.replace(net, phase="created", since=time.time())
+            self._write(net)
             return net.spec, True
+
+    def _write(self, net: AllocNetwork) -> None:
+        path = self._record_path(net.alloc_id)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(net.to_json())
+        os.replace(tmp, path)
+
+    def reap_abandoned(self, grace: float, *, now: float | None = None) -> list[AllocNetwork]:
+        """Remove networks whose CreateNetwork never returned: still "creating", their plugin
+        dead, and older than ``grace``. A "created" network is the host's (DestroyNetwork)."""
+        now = time.time() if now is None else now
+        reaped = []
+        with self._locked():
+            for net in self.records():
+                if net.phase != "creating" or now - net.since < grace or net.owner.alive():
+                    continue
+                self._teardown(net)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self._record_path(net.alloc_id))
+                self._remove_bridge_if_unused(exclude=net.alloc_id)
+                reaped.append(net)
+        return reaped
 
     def destroy(self, alloc_id: str) -> None:
         with self._locked():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 
 from driversdk.errors import DriverError
 from driversdk.mountinfo import read_mountinfo
@@ -43,3 +44,17 @@ def unmount(rootfs: str) -> None:
         if _libc.umount2(rootfs.encode(), MNT_DETACH) != 0:
             code = ctypes.get_errno()
             raise DriverError(f"failed to unmount the task root {rootfs!r}: {os.strerror(code)}; unmount it by hand")
+
+
+def remove_task_dir(path: str) -> None:
+    """rm -r of a task dir, refusing to descend into anything still mounted below it."""
+    if not os.path.exists(path):
+        return
+    prefix = path.rstrip("/") + "/"
+    mounted = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(prefix) or e.mount_point == path]
+    if mounted:
+        raise DriverError(
+            f"refusing to remove task dir {path!r}: {', '.join(sorted(mounted))} still mounted below it; "
+            "unmount them and destroy the task again"
+        )
+    shutil.rmtree(path)

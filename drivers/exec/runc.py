@@ -63,9 +63,13 @@ class Runc:
         return state
 
     def containers(self) -> list[str]:
+        return list(self.bundles())
+
+    def bundles(self) -> dict[str, str]:
+        """Container id -> bundle dir of every container runc knows under its root."""
         proc = self._run("list", "--format", "json")
         items = json.loads(proc.stdout or "null") or []
-        return [str(item["id"]) for item in items]
+        return {str(item["id"]): str(item.get("bundle", "")) for item in items}
 
     def kill(self, container_id: str, signal: str, *, all_processes: bool = False) -> bool:
         """Send a signal; False when the container is already gone or stopped."""

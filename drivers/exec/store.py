@@ -105,3 +105,7 @@ class TaskStore:
     def remove(self, task_id: str) -> None:
         with self._lock:
             self._tasks.pop(task_id, None)
+
+    def container_ids(self) -> set[str]:
+        with self._lock:
+            return {t.state.container_id for t in self._tasks.values()}

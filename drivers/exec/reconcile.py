@@ -1,0 +1,243 @@
+"""Removing what a killed plugin left half-made: the exec driver's dangling-task reconciler.
+
+A plugin SIGKILLed in the middle of StartTask never hands the host a handle, so nobody will
+ever call RecoverTask or DestroyTask for that task: its runc container, bundle, cgroups and the
+supervisor would stay forever. A plugin killed in the middle of CreateNetwork likewise leaves a
+namespace and a veth nobody will destroy. Each plugin therefore runs a background pass every
+``period`` (as Nomad's docker driver reconciles dangling containers) that removes a task only when
+all of these hold, which keeps it safe while several plugins share a state dir and cgroup parent:
+
+- its record (owner.py) is not in phase "started": a started task belongs to the host, which
+  recovers it on a relaunched plugin (RecoverTask) or destroys it; it is never reaped here;
+- it has been in its phase for longer than ``creation_grace``;
+- the plugin process named as its owner (pid and start time) is gone;
+- this plugin does not track it (RecoverTask also makes the recovering plugin the owner).
+
+Networks follow the same rule with their "creating" phase (network.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from drivers.exec import owner
+from drivers.exec import rootfs as task_root
+from drivers.exec.bundle import Bundle
+from drivers.exec.cgroups import TaskCgroup
+from drivers.exec.network import NetworkManager
+from drivers.exec.owner import TaskRecord
+from drivers.exec.runc import Runc
+from driversdk.errors import DriverError
+
+log = logging.getLogger("driversdk.exec.reconcile")
+
+DELETE_WAIT = 5.0
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    state_dir: str
+    runtime_path: str
+    period: float
+    creation_grace: float
+    bridge_name: str
+    bridge_subnet: str
+
+
+def task_processes(container_id: str) -> list[int]:
+    """Pids whose argv carries the container id as one argument: the task's supervisor shell,
+    its ``runc run`` and any ``runc exec``. Nothing else is started with that exact argument."""
+    wanted = container_id.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in argv:
+            found.append(int(name))
+    return found
+
+
+def release_orphan(record: TaskRecord) -> list[str]:
+    """Remove everything of a task whose StartTask (or DestroyTask) died with its plugin; returns
+    what was removed, each logged. Safe to repeat: each step skips what is already gone."""
+    cid = record.container_id
+    fields = {"container_id": cid, "task_dir": record.task_dir, "phase": record.phase, "owner_pid": record.owner_pid}
+    removed: list[str] = []
+    # The supervisor first, so it cannot record an exit (or respawn anything) while we clean up.
+    for pid in task_processes(cid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            log.info("reconciler: killed process %d of abandoned task container %s", pid, cid, extra=fields)
+    cgroup = TaskCgroup(cid, record.cgroup_v2, record.cgroup_parent)
+    cgroup.kill_all()
+    runc = Runc(record.runc_path, record.runc_root)
+    if runc.state(cid) is not None:
+        deadline = time.monotonic() + DELETE_WAIT
+        while True:
+            try:
+                runc.delete_force(cid)
+                break
+            except DriverError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        removed.append("runc container")
+        log.info("reconciler: removed runc container %s of a task whose plugin died", cid, extra=fields)
+    if cgroup.existing():
+        cgroup.remove()
+        removed.append("cgroup")
+        log.info("reconciler: removed cgroup %s of a task whose plugin died", cgroup.relative, extra=fields)
+    task_root.unmount(Bundle(record.task_dir).rootfs)
+    if os.path.exists(record.task_dir):
+        task_root.remove_task_dir(record.task_dir)
+        removed.append("bundle")
+        log.info("reconciler: removed bundle %s of a task whose plugin died", record.task_dir, extra=fields)
+    owner.remove(record.task_dir)
+    log.info("reconciler: removed state record of abandoned task container %s", cid, extra=fields)
+    return removed
+
+
+def is_orphan(record: TaskRecord, *, tracked: set[str], grace: float, now: float) -> bool:
+    if record.phase == "started" or record.container_id in tracked:
+        return False
+    return now - record.since >= grace and not record.owner.alive()
+
+
+@contextlib.contextmanager
+def _exclusive(state_dir: str, *, wait: bool = False) -> Iterator[bool]:
+    """One reconciler pass at a time per state dir; a plugin that finds the lock taken skips.
+
+    RecoverTask takes the same lock (waiting) to claim a task, so a pass never removes a task
+    between deciding it is an orphan and a RecoverTask making it owned."""
+    os.makedirs(state_dir, exist_ok=True)
+    fd = os.open(os.path.join(state_dir, "reconcile.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def claim(record: TaskRecord, state_dir: str) -> TaskRecord:
+    """Make this plugin the owner of a task the host is recovering (phase "started")."""
+    with _exclusive(state_dir, wait=True):
+        current = owner.load(record.path) or record
+        claimed = current.moved_to("started", owner.ProcessIdentity.current())
+        owner.save(claimed)
+        return claimed
+
+
+def reconcile_once(settings: ReconcileSettings, tracked: set[str]) -> list[str]:
+    """One pass; returns the container ids (and "netns:<name>") removed."""
+    removed: list[str] = []
+    with _exclusive(settings.state_dir) as mine:
+        if not mine:
+            return removed
+        tasks_dir = os.path.join(settings.state_dir, "tasks")
+        now = time.time()
+        for path in owner.list_records(tasks_dir):
+            try:
+                record = owner.load(path)
+            except (ValueError, KeyError, TypeError, OSError) as err:
+                log.warning("reconciler: skipping unreadable task record %s: %s", path, err)
+                continue
+            if record is None or not is_orphan(record, tracked=tracked, grace=settings.creation_grace, now=now):
+                continue
+            try:
+                release_orphan(record)
+                removed.append(record.container_id)
+            except (DriverError, OSError) as err:
+                message = err.message if isinstance(err, DriverError) else str(err)
+                log.warning("reconciler: failed to remove abandoned task %s: %s", record.container_id, message)
+        _remove_stale_temp_files(tasks_dir, settings.creation_grace, now)
+        removed += _remove_bundleless_containers(settings, tasks_dir)
+        nets = NetworkManager(settings.state_dir, settings.bridge_name, settings.bridge_subnet)
+        for net in nets.reap_abandoned(settings.creation_grace, now=now):
+            removed.append(f"netns:{net.netns}")
+            log.info(
+                "reconciler: removed network namespace %s and veth %s of allocation %s whose CreateNetwork never "
+                "returned (plugin pid %d gone)",
+                net.netns,
+                net.veth,
+                net.alloc_id,
+                net.owner_pid,
+                extra={"alloc_id": net.alloc_id},
+            )
+    return removed
+
+
+def _remove_stale_temp_files(tasks_dir: str, grace: float, now: float) -> None:
+    """Temp files of a record write the writer did not live to rename."""
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(tasks_dir):
+            if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    if now - entry.stat(follow_symlinks=False).st_mtime >= grace:
+                        os.remove(entry.path)
+
+
+def _remove_bundleless_containers(settings: ReconcileSettings, tasks_dir: str) -> list[str]:
+    """runc containers whose bundle lies in our tasks dir but has neither record nor bundle left.
+
+    Nothing can run or recover such a container (its config and status file are gone); it can
+    only be left by a removal interrupted halfway, so it is deleted without a grace."""
+    removed: list[str] = []
+    prefix = tasks_dir.rstrip("/") + "/"
+    try:
+        bundles = Runc(settings.runtime_path).bundles()
+    except DriverError as err:
+        log.warning("reconciler: cannot list runc containers: %s", err.message)
+        return removed
+    for cid, bundle in bundles.items():
+        if not bundle.startswith(prefix) or os.path.exists(bundle) or os.path.exists(owner.record_path(bundle)):
+            continue
+        with contextlib.suppress(DriverError):
+            Runc(settings.runtime_path).delete_force(cid)
+            removed.append(cid)
+            log.info("reconciler: removed runc container %s whose bundle %s is gone", cid, bundle)
+    return removed
+
+
+class Reconciler:
+    """The background thread: a pass at start, then one every ``period``."""
+
+    def __init__(self, settings: Callable[[], ReconcileSettings], tracked: Callable[[], set[str]]) -> None:
+        self._settings = settings
+        self._tracked = tracked
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="exec-reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            settings = self._settings()
+            try:
+                reconcile_once(settings, self._tracked())
+            except Exception:  # the thread must outlive one bad pass
+                log.exception("reconciler: pass over %s failed", settings.state_dir)
+            self._stop.wait(settings.period)
