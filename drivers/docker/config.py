@@ -16,6 +16,7 @@ DEFAULT_ALLOW_CAPS = [
 ]  # fmt: skip
 # Docker's own default capability set (Nomad's defaults plus NET_RAW).
 DOCKER_DEFAULT_CAPS = [*DEFAULT_ALLOW_CAPS, "net_raw"]
+DANGLING_DEFAULTS = '{enabled = true, period = "5m", creation_grace = "5m", dry_run = false}'
 
 
 def plugin_spec() -> hs.Spec:
@@ -45,10 +46,26 @@ def plugin_spec() -> hs.Spec:
                             "image": hs.default(hs.attr("bool"), hs.literal("true")),
                             "image_delay": hs.default(hs.attr("string"), hs.literal('"3m"')),
                             "container": hs.default(hs.attr("bool"), hs.literal("true")),
+                            # Nomad's names and defaults (drivers/docker/config.go).
+                            "dangling_containers": hs.default(
+                                hs.block(
+                                    hs.obj(
+                                        {
+                                            "enabled": hs.default(hs.attr("bool"), hs.literal("true")),
+                                            "period": hs.default(hs.attr("string"), hs.literal('"5m"')),
+                                            "creation_grace": hs.default(hs.attr("string"), hs.literal('"5m"')),
+                                            "dry_run": hs.default(hs.attr("bool"), hs.literal("false")),
+                                        }
+                                    )
+                                ),
+                                hs.literal(DANGLING_DEFAULTS),
+                            ),
                         }
                     )
                 ),
-                hs.literal('{image = true, image_delay = "3m", container = true}'),
+                hs.literal(
+                    f'{{image = true, image_delay = "3m", container = true, dangling_containers = {DANGLING_DEFAULTS}}}'
+                ),
             ),
             "pull_activity_timeout": hs.default(hs.attr("string"), hs.literal('"2m"')),
             "image_pull_timeout": hs.default(hs.attr("string"), hs.literal('"5m"')),
@@ -125,6 +142,31 @@ def parse_duration(text: str, field_name: str) -> float:
 
 
 @dataclass(frozen=True)
+class DanglingContainers:
+    """gc.dangling_containers: the reconciler of containers no live plugin owns (reconcile.py)."""
+
+    enabled: bool = True
+    dry_run: bool = False
+    period: float = 300.0
+    creation_grace: float = 300.0
+
+    @classmethod
+    def from_decoded(cls, cfg: dict[str, Any]) -> DanglingContainers:
+        period = parse_duration(cfg.get("period") or "5m", "period")
+        if period <= 0:
+            raise ConfigError(f"gc.dangling_containers.period {cfg.get('period')!r} must be longer than zero")
+        # Nomad refuses a creation_grace under 1m. We accept shorter ones (tests use seconds):
+        # here the grace is not what keeps a live task safe; the owner check is (reconcile.py).
+        grace = parse_duration(cfg.get("creation_grace") or "5m", "creation_grace")
+        return cls(
+            enabled=cfg.get("enabled", True) is not False,
+            dry_run=bool(cfg.get("dry_run")),
+            period=period,
+            creation_grace=grace,
+        )
+
+
+@dataclass(frozen=True)
 class PluginConfig:
     endpoint: str | None = None
     disable_log_collection: bool = False
@@ -135,6 +177,7 @@ class PluginConfig:
     gc_image: bool = True
     gc_image_delay: float = 180.0
     gc_container: bool = True
+    dangling: DanglingContainers = DanglingContainers()
     pull_activity_timeout: float = 120.0
     image_pull_timeout: float = 300.0
     extra_labels: tuple[str, ...] = ()
@@ -157,6 +200,7 @@ class PluginConfig:
             gc_image=gc.get("image", True) is not False,
             gc_image_delay=parse_duration(gc.get("image_delay") or "3m", "image_delay"),
             gc_container=gc.get("container", True) is not False,
+            dangling=DanglingContainers.from_decoded(gc.get("dangling_containers") or {}),
             pull_activity_timeout=activity,
             image_pull_timeout=parse_duration(cfg.get("image_pull_timeout") or "5m", "image_pull_timeout"),
             extra_labels=tuple(cfg.get("extra_labels") or ()),

@@ -10,14 +10,17 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import docker
 import requests
-from docker.errors import APIError, NotFound
+from docker.errors import APIError, DockerException, NotFound
 
 from drivers.docker import container as containers
+from drivers.docker import reconcile
 from drivers.docker.config import PluginConfig, TaskDockerConfig, plugin_spec, task_spec
 from drivers.docker.fingerprint import fingerprint as read_fingerprint
 from drivers.docker.handle import STATE_VERSION, ContainerHandle, DriverState
@@ -51,6 +54,8 @@ log = logging.getLogger("driversdk.docker")
 
 CREATE_ATTEMPTS = 5
 PAUSE_PREFIX = "nomad_init_"
+# How long a stats request waits for an engine that went away before ending the stream.
+STATS_ENGINE_WAIT = 60.0
 
 
 def _docker_time(text: str | None) -> datetime | None:
@@ -59,6 +64,26 @@ def _docker_time(text: str | None) -> datetime | None:
     main, _, frac = text.rstrip("Z").partition(".")
     when = datetime.fromisoformat(main).replace(tzinfo=UTC)
     return when.replace(microsecond=int(frac[:6].ljust(6, "0"))) if frac else when
+
+
+def _unreachable(err: BaseException) -> bool:
+    """The engine did not answer (refused, reset, timed out), as opposed to answering with an error."""
+    if isinstance(err, APIError):
+        return False
+    return isinstance(err, requests.exceptions.RequestException | DockerException)
+
+
+@contextmanager
+def _engine_call(what: str) -> Iterator[None]:
+    """Turn an engine that does not answer into a sentence (and no traceback in our log)."""
+    try:
+        yield
+    except Exception as err:
+        if not _unreachable(err):
+            raise
+        raise DriverError(
+            f"{what}: cannot reach the docker daemon ({err}); check that dockerd is running", recoverable=True
+        ) from None
 
 
 def _signal_name(name: str) -> str:
@@ -84,6 +109,7 @@ class DockerDriver(DriverPlugin):
         self._healthy: bool | None = None
         self._watcher: threading.Thread | None = None
         self._images = ImageGC()
+        self._reconciler: reconcile.Reconciler | None = None
 
     # --- configuration ---------------------------------------------------------------------
 
@@ -93,6 +119,20 @@ class DockerDriver(DriverPlugin):
     def set_config(self, config: dict[str, Any], agent: AgentConfig | None) -> None:
         self.config = PluginConfig.from_decoded(config)
         self._api = None
+        # Nomad starts its reconciler on the first Fingerprint, for want of a post-config hook;
+        # SetConfig is ours, and every host (Nomad, the runner, the test harness) sends it.
+        if self._reconciler is not None:
+            self._reconciler.stop()
+        self._reconciler = reconcile.Reconciler(self.config.dangling, self.api, self._tracked_containers)
+        self._reconciler.start()
+
+    def shutdown(self) -> None:
+        if self._reconciler is not None:
+            self._reconciler.stop()
+
+    def _tracked_containers(self) -> set[str]:
+        with self._lock:
+            return {h.state.container_id for h in self._tasks.values()}
 
     def task_config_schema(self) -> Spec:
         return task_spec()
@@ -163,6 +203,10 @@ class DockerDriver(DriverPlugin):
         # Everything knowable on this host is checked before anything is created.
         ensure_mounts_usable(task.mounts, task=task.name)
         spec = containers.build(task, cfg, self.config)
+        # Who made the container, so a reconciler of any plugin sharing this engine can tell
+        # whether its owner still lives (reconcile.py); ours, whatever the job's labels say.
+        spec.kwargs["labels"][reconcile.LABEL_OWNER] = reconcile.identity()
+        spec.kwargs["labels"][reconcile.LABEL_TASK_DIR] = task.task_dir
         try:
             api = self.api()
             image_id = ensure_image(api, task, cfg, self.config)
@@ -173,6 +217,7 @@ class DockerDriver(DriverPlugin):
                 recoverable=True,
             ) from None
         try:
+            reconcile.claim(task.task_dir, container_id)
             if not adopted:
                 api.start(container_id)
             started = datetime.now(UTC)
@@ -195,6 +240,12 @@ class DockerDriver(DriverPlugin):
             if isinstance(err, APIError):
                 raise DriverError(
                     f"task {task.name!r}: failed to start container: {err.explanation or err}", recoverable=True
+                ) from None
+            if _unreachable(err):
+                raise DriverError(
+                    f"task {task.name!r}: the docker daemon went away while the container was started ({err}); "
+                    "check that dockerd is running",
+                    recoverable=True,
                 ) from None
             raise
         if self.config.gc_image:
@@ -239,42 +290,147 @@ class DockerDriver(DriverPlugin):
             api.remove_container(container_id, force=True)
         except (APIError, NotFound):
             pass
+        except Exception as err:
+            if not _unreachable(err):
+                raise
+            # gc.dangling_containers removes it once the engine is back and we are gone.
+            log.warning(
+                "cannot remove container: the docker daemon does not answer", extra={"container_id": container_id}
+            )
 
     def _track(self, handle: ContainerHandle) -> None:
         with self._lock:
             self._tasks[handle.task.id] = handle
         threading.Thread(target=self._wait_container, args=(handle,), daemon=True).start()
 
+    def _fresh_client(self, timeout: float) -> Any:
+        """A client on a new connection: a kept-alive one may still be served by an engine that
+        already refuses new connections (dockerd closes its listener before stopping containers)."""
+        version = getattr(self._api, "api_version", None) or "auto"
+        if self.config.endpoint:
+            return docker.APIClient(base_url=self.config.endpoint, version=version, timeout=timeout)
+        return docker.from_env(version=version, timeout=timeout).api
+
+    def _engine_answers(self) -> bool:
+        try:
+            client = self._fresh_client(5.0)
+        except Exception:
+            return False
+        try:
+            return bool(client.ping())
+        except Exception:
+            return False
+        finally:
+            client.close()
+
     def _wait_container(self, handle: ContainerHandle) -> None:
+        try:
+            self._follow_container(handle)
+        except Exception as err:  # never a traceback from a background thread; always an end for WaitTask
+            log.error(
+                "waiting for the container failed",
+                extra={"container_id": handle.state.container_id, "error": str(err)},
+            )
+            if not handle.done.is_set():
+                handle.finish(ExitResult(exit_code=1), err=f"the docker driver lost track of the container: {err}")
+
+    def _follow_container(self, handle: ContainerHandle) -> None:
         cid = handle.state.container_id
-        while True:
+        lost = False  # the engine went away while the container ran and may have ended it
+        while not handle.done.is_set():
             try:
-                self.api().wait(cid, timeout=None)
-                info = self.api().inspect_container(cid)
-                break
+                status = self.api().wait(cid, timeout=None)
             except NotFound:
-                handle.finish(ExitResult(exit_code=0))
+                self._finish_gone(handle, lost)
                 return
-            except Exception:
-                # The engine went away: the container's fate is unknown until it answers again.
-                time.sleep(1.0)
-                try:
-                    info = self.api().inspect_container(cid)
-                    if not info["State"]["Running"]:
-                        break
-                except NotFound:
-                    handle.finish(ExitResult(exit_code=0))
+            except Exception as err:
+                if not _unreachable(err):
+                    raise
+                lost = True
+                if not self._await_engine(handle):
                     return
-                except Exception:
-                    continue
-        state = info["State"]
+                continue
+            if not self._engine_answers():
+                # The wait answered on its old connection while new ones are refused: dockerd is
+                # shutting down and stopped the container. Report now; the engine may stay away.
+                code = int(status.get("StatusCode", 0))
+                self._end(handle, ExitResult(exit_code=code), None, self._engine_sentence(f"exit code {code}"))
+                return
+            try:
+                state = self.api().inspect_container(cid)["State"]
+            except NotFound:
+                self._finish_gone(handle, lost)
+                return
+            except Exception as err:
+                if not _unreachable(err):
+                    raise
+                lost = True
+                continue
+            if state.get("Running"):
+                continue  # a wait that returned early (e.g. the engine restarted with live-restore)
+            code = int(state.get("ExitCode", 0))
+            result = ExitResult(exit_code=code, signal=0, oom_killed=bool(state.get("OOMKilled")))
+            finished = _docker_time(state.get("FinishedAt"))
+            # A container that outlived the outage (live-restore) and ended later ended on its own.
+            away = lost and (finished is None or handle.engine_back_at is None or finished <= handle.engine_back_at)
+            self._end(handle, result, finished, self._engine_sentence(f"exit code {code}") if away else None)
+            return
+
+    def _await_engine(self, handle: ContainerHandle) -> bool:
+        """Block until the engine answers again (True), or the task was finished meanwhile."""
+        if handle.engine_lost_at is None:
+            handle.engine_lost_at = datetime.now(UTC)
+            log.warning(
+                "the docker daemon does not answer; waiting for it to come back",
+                extra={"container_id": handle.state.container_id, "task_id": handle.task.id},
+            )
+            self._event(handle.task, "Docker engine is unreachable; waiting for it to come back")
+        while not self._engine_answers():
+            if handle.done.wait(1.0):
+                return False
+        handle.engine_back_at = datetime.now(UTC)
+        handle.engine_lost_at = None
+        log.info("the docker daemon answers again", extra={"container_id": handle.state.container_id})
+        # The log copiers stopped when the engine went away; new ones resume from their
+        # position files, for a container that still runs or for the last lines of one that ended.
+        if handle.logs is not None:
+            handle.logs.stop()
+            handle.logs = LogCollector(
+                self.api(),
+                handle.state.container_id,
+                handle.task.stdout_path,
+                handle.task.stderr_path,
+                handle.state.log_state_dir,
+                handle.state.tty,
+            )
+            handle.logs.start()
+        return True
+
+    @staticmethod
+    def _engine_sentence(outcome: str) -> str:
+        return f"the Docker engine stopped while the task ran; the container ended with {outcome}"
+
+    def _finish_gone(self, handle: ContainerHandle, lost: bool) -> None:
+        if lost:
+            self._end(
+                handle,
+                ExitResult(exit_code=1),
+                None,
+                "the Docker engine stopped while the task ran; when it came back the container was gone, "
+                "so its exit code is unknown",
+            )
+        else:
+            handle.finish(ExitResult(exit_code=0))
+
+    def _end(self, handle: ContainerHandle, result: ExitResult, finished: datetime | None, err: str | None) -> None:
         if handle.logs is not None:
             handle.logs.drain(10.0)
-        handle.finish(
-            ExitResult(exit_code=int(state.get("ExitCode", 0)), signal=0, oom_killed=bool(state.get("OOMKilled"))),
-            _docker_time(state.get("FinishedAt")),
-        )
-        self._event(handle.task, f"Container exited with code {state.get('ExitCode', 0)}")
+        handle.finish(result, finished, err)
+        if err:
+            log.warning(err, extra={"container_id": handle.state.container_id, "task_id": handle.task.id})
+            self._event(handle.task, err[:1].upper() + err[1:])
+        else:
+            self._event(handle.task, f"Container exited with code {result.exit_code}")
 
     # --- recover -----------------------------------------------------------------------------
 
@@ -284,11 +440,14 @@ class DockerDriver(DriverPlugin):
             if task.id in self._tasks:
                 return
         state = DriverState.decode(handle.driver_state, handle.version)
-        api = self.api()
-        try:
-            info = api.inspect_container(state.container_id)
-        except (APIError, NotFound) as err:
-            raise DriverError(f"failed to inspect container for id {state.container_id!r}: {err}") from None
+        with _engine_call(f"failed to recover task {task.name!r}"):
+            api = self.api()
+            try:
+                info = api.inspect_container(state.container_id)
+            except (APIError, NotFound) as err:
+                raise DriverError(f"failed to inspect container for id {state.container_id!r}: {err}") from None
+        # The recovering plugin is the owner now; the creator named in the label is gone.
+        reconcile.claim(task.task_dir, state.container_id)
         started = _docker_time(info["State"].get("StartedAt")) or datetime.now(UTC)
         recovered = ContainerHandle(task, state, started)
         if state.logs and info["State"]["Running"]:
@@ -313,14 +472,19 @@ class DockerDriver(DriverPlugin):
         handle = self._get(task_id)
         handle.done.wait()
         assert handle.result is not None
+        if handle.err:
+            # WaitTaskResponse.err in Nomad's protocol; our SDK carries a driver's sentence as the
+            # call's error status (the exit code is in the sentence).
+            raise DriverError(handle.err)
         return handle.result
 
     def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
         handle = self._get(task_id)
         if handle.done.is_set():
             return
-        api, cid = self.api(), handle.state.container_id
+        cid = handle.state.container_id
         try:
+            api = self.api()
             if not signal:
                 # The image's STOPSIGNAL (or SIGTERM), then SIGKILL after the timeout.
                 api.stop(cid, timeout=math.ceil(timeout))
@@ -334,23 +498,39 @@ class DockerDriver(DriverPlugin):
             if err.status_code in (304, 409):
                 return
             raise DriverError(f"Failed to stop container {cid[:12]}: {err.explanation or err}") from None
+        except Exception as err:
+            if not _unreachable(err):
+                raise
+            if handle.done.is_set():
+                return  # the engine's going away ended it already
+            raise DriverError(
+                f"Failed to stop container {cid[:12]}: cannot reach the docker daemon ({err}); "
+                "check that dockerd is running",
+                recoverable=True,
+            ) from None
         handle.done.wait(30)
 
     def destroy_task(self, task_id: str, force: bool) -> None:
         handle = self._get(task_id)
-        api, cid = self.api(), handle.state.container_id
-        if not handle.done.is_set():
-            if not force:
-                raise DriverError("must call StopTask for the given task before Destroy or set force to true")
-            try:
-                api.stop(cid, timeout=0)
-            except (APIError, NotFound):
-                pass
-            handle.done.wait(30)
+        cid = handle.state.container_id
+        if not handle.done.is_set() and not force:
+            raise DriverError("must call StopTask for the given task before Destroy or set force to true")
+        # The task stays tracked (and so safe from gc.dangling_containers) until this succeeds.
+        with _engine_call(f"failed to destroy task {handle.task.name!r} (container {cid[:12]})"):
+            api = self.api()
+            if not handle.done.is_set():
+                try:
+                    api.stop(cid, timeout=0)
+                except (APIError, NotFound):
+                    pass
+                handle.done.wait(30)
+            if self.config.gc_container:
+                try:
+                    api.remove_container(cid, force=True)
+                except (APIError, NotFound):
+                    pass
         if handle.logs is not None:
             handle.logs.stop()
-        if self.config.gc_container:
-            self._remove_quietly(api, cid)
         if self.config.gc_image:
             self._images.release(api, handle.state.image_id, task_id, self.config.gc_image_delay)
         with self._lock:
@@ -372,43 +552,71 @@ class DockerDriver(DriverPlugin):
     def signal_task(self, task_id: str, signal: str) -> None:
         handle = self._get(task_id)
         try:
-            self.api().kill(handle.state.container_id, signal=_signal_name(signal))
+            with _engine_call(f"failed to signal task {handle.task.name!r}"):
+                self.api().kill(handle.state.container_id, signal=_signal_name(signal))
         except APIError as err:
             raise DriverError(f"failed to signal task {handle.task.name!r}: {err.explanation or err}") from None
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         handle = self._get(task_id)
-        if handle.done.is_set():
-            return None
-        return sample_stats(self.api(), handle)
+        deadline = time.monotonic() + STATS_ENGINE_WAIT
+        while not handle.done.is_set():
+            try:
+                return sample_stats(self.api(), handle)
+            except NotFound:
+                return None
+            except APIError as err:
+                raise DriverError(
+                    f"failed to read stats of task {handle.task.name!r}: {err.explanation or err}"
+                ) from None
+            except Exception as err:
+                if not _unreachable(err):
+                    raise
+                # Keep the stream: the engine may come back, or the task ends (and so does the stream).
+                if time.monotonic() >= deadline:
+                    raise DriverError(
+                        f"failed to read stats of task {handle.task.name!r}: the docker daemon has not answered "
+                        f"for {STATS_ENGINE_WAIT:.0f}s; check that dockerd is running",
+                        recoverable=True,
+                    ) from None
+                handle.done.wait(1.0)
+        return None
 
     # --- exec --------------------------------------------------------------------------------
 
     def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
         handle = self._get(task_id)
-        api = self.api()
-        exec_id = api.exec_create(handle.state.container_id, command, stdout=True, stderr=True)["Id"]
+        with _engine_call(f"exec in task {handle.task.name!r} failed"):
+            api = self.api()
+            exec_id = api.exec_create(handle.state.container_id, command, stdout=True, stderr=True)["Id"]
         output: dict[str, Any] = {}
 
         def run() -> None:
-            output["streams"] = api.exec_start(exec_id, demux=True)
+            try:
+                output["streams"] = api.exec_start(exec_id, demux=True)
+            except Exception as err:
+                output["error"] = err
 
         runner = threading.Thread(target=run, daemon=True)
         runner.start()
         runner.join(timeout)
         if runner.is_alive():
             raise DriverError(f"exec in task {handle.task.name!r} did not finish within {timeout}s")
+        with _engine_call(f"exec in task {handle.task.name!r} failed"):
+            if "error" in output:
+                raise output["error"]
+            code = api.exec_inspect(exec_id).get("ExitCode") or 0
         out, err = output.get("streams") or (b"", b"")
-        code = api.exec_inspect(exec_id).get("ExitCode") or 0
         return ExecResult(out or b"", err or b"", ExitResult(exit_code=int(code)))
 
     def exec_task_streaming(self, session: ExecSession) -> ExitResult:
         handle = self._get(session.task_id)
-        api = self.api()
-        exec_id = api.exec_create(
-            handle.state.container_id, session.command, stdin=True, stdout=True, stderr=True, tty=session.tty
-        )["Id"]
-        raw = api.exec_start(exec_id, tty=session.tty, socket=True)
+        with _engine_call(f"exec in task {handle.task.name!r} failed"):
+            api = self.api()
+            exec_id = api.exec_create(
+                handle.state.container_id, session.command, stdin=True, stdout=True, stderr=True, tty=session.tty
+            )["Id"]
+            raw = api.exec_start(exec_id, tty=session.tty, socket=True)
         sock: socket.socket = getattr(raw, "_sock", raw)
         size = session.terminal_size()
         if session.tty:
@@ -442,7 +650,8 @@ class DockerDriver(DriverPlugin):
         finally:
             sock.close()
         for _ in range(100):
-            info = api.exec_inspect(exec_id)
+            with _engine_call(f"exec in task {handle.task.name!r} failed"):
+                info = api.exec_inspect(exec_id)
             if not info.get("Running"):
                 return ExitResult(exit_code=int(info.get("ExitCode") or 0))
             time.sleep(0.1)
@@ -467,6 +676,10 @@ class DockerDriver(DriverPlugin):
     # --- networking --------------------------------------------------------------------------
 
     def create_network(self, alloc_id: str, hostname: str) -> tuple[NetworkIsolationSpec, bool]:
+        with _engine_call(f"failed to create the network of allocation {alloc_id}"):
+            return self._create_network(alloc_id, hostname)
+
+    def _create_network(self, alloc_id: str, hostname: str) -> tuple[NetworkIsolationSpec, bool]:
         api = self.api()
         name = f"{PAUSE_PREFIX}{alloc_id}"
         created = False
@@ -506,6 +719,10 @@ class DockerDriver(DriverPlugin):
         return spec, created
 
     def destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
+        with _engine_call(f"failed to destroy the network of allocation {alloc_id}"):
+            self._destroy_network(alloc_id, spec)
+
+    def _destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
         api = self.api()
         target = spec.labels.get("docker_sandbox_container_id") or f"{PAUSE_PREFIX}{alloc_id}"
         try:

@@ -56,8 +56,14 @@ class ContainerHandle:
     result: ExitResult | None = None
     completed_at: datetime | None = None
     previous_cpu: dict[str, Any] | None = None
+    # Why the task ended, when it was not the task's own doing (e.g. the engine stopped).
+    err: str | None = None
+    # When the engine was first found unreachable while the container ran, and when it answered again.
+    engine_lost_at: datetime | None = None
+    engine_back_at: datetime | None = None
 
-    def finish(self, result: ExitResult, completed_at: datetime | None = None) -> None:
+    def finish(self, result: ExitResult, completed_at: datetime | None = None, err: str | None = None) -> None:
         self.result = result
+        self.err = err
         self.completed_at = completed_at or datetime.now(UTC)
         self.done.set()
