@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from drivers.exec import owner, supervisor
+from drivers.exec import owner, reconcile, supervisor
 from drivers.exec import rootfs as task_root
 from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, resolv_conf
 from drivers.exec.cgroups import TaskCgroup
@@ -175,7 +175,7 @@ class ExecDriver(DriverPlugin):
         # The record comes first and goes last: whatever a kill mid-start leaves hangs off it
         # (reconcile.py). The container id derives from the (unique per start) task id: an
         # existing record or dir means a task with this id was started before and not destroyed.
-        if not owner.create(record):
+        if not owner.create(record) and not reconcile.replace_abandoned(record, self.config.state_dir):
             raise DriverError(
                 f"task {task.name!r}: state of task id {task.id!r} already exists at {record.path!r}; "
                 "destroy the earlier task with this id first"

@@ -144,6 +144,25 @@ def claim(record: TaskRecord, state_dir: str) -> TaskRecord:
         return claimed
 
 
+def replace_abandoned(record: TaskRecord, state_dir: str) -> bool:
+    """Take a task id whose earlier start died with its plugin: the host starts the same id again
+    when its own run was killed inside StartTask and never got the handle. What the dead start
+    left (in any phase: without the handle nobody can recover it) is removed, then ``record`` is
+    created. False when a live plugin still owns the id."""
+    with _exclusive(state_dir, wait=True):
+        existing = owner.load(record.path)
+        if existing is not None:
+            if existing.owner.alive():
+                return False
+            log.info(
+                "replacing task container %s left by a start whose plugin died",
+                existing.container_id,
+                extra={"container_id": existing.container_id, "phase": existing.phase},
+            )
+            release_orphan(existing)
+        return owner.create(record)
+
+
 def reconcile_once(settings: ReconcileSettings, tracked: set[str]) -> list[str]:
     """One pass; returns the container ids (and "netns:<name>") removed."""
     removed: list[str] = []

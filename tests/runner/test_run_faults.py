@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -156,7 +157,9 @@ def test_exec_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorde
     assert processes(str(tmp_path / "exec-state")) == []
 
 
-def _kill_during_start(job: Path, client: Path, data: Path, whole_group: bool) -> None:
+def _kill_during_start(
+    job: Path, client: Path, data: Path, whole_group: bool, made: Callable[[], object] | None = None
+) -> None:
     """SIGKILL the run while its StartTask call is under way (the 'starting' row is written just
     before the call); with ``whole_group`` its plugin dies with it."""
     proc = subprocess.Popen(
@@ -172,6 +175,8 @@ def _kill_during_start(job: Path, client: Path, data: Path, whole_group: bool) -
             lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='starting'"),
             every=0.002,
         )
+        if made is not None:  # wait until the plugin has made something of the task
+            wait_for("the driver to create the task", made, every=0.002)
         if whole_group:
             os.killpg(proc.pid, signal.SIGKILL)
         else:
@@ -225,3 +230,36 @@ def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
     assert "replacing it" not in out  # the new plugin did not know it: docker adopted the container by its id
     assert ours(engine, data) == []
     assert processes(str(data)) == []
+
+
+def _exec_task_processes(tmp_path: Path) -> list[str]:
+    """The exec task supervisors (a shell running `runc run` on a bundle) under this test's state dir."""
+    return [p for p in processes(str(tmp_path / "exec-state")) if p.split(": ", 1)[1].startswith("/bin/sh -c")]
+
+
+def test_exec_run_and_plugin_killed_inside_start_task_leave_one_task(tmp_path: Path) -> None:
+    job, client, data = write_job(tmp_path, "echo up; sleep 300", driver="exec")
+    _kill_during_start(
+        job, client, data, whole_group=True, made=lambda: list((tmp_path / "exec-state" / "tasks").glob("*.json"))
+    )
+    proc = start_run(job, client)
+    try:
+        assert proc.stdout is not None
+        seen = [""]
+        while '==> task "work" started' not in seen[-1]:
+            seen.append(proc.stdout.readline())
+            assert seen[-1], "the run ended before starting the task: " + proc.communicate()[1]
+        time.sleep(1.0)
+        records = list((tmp_path / "exec-state" / "tasks").glob("*.json"))
+        assert len(records) == 1, records
+        assert len(_exec_task_processes(tmp_path)) == 1, _exec_task_processes(tmp_path)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in out + err
+    tasks = tmp_path / "exec-state" / "tasks"
+    assert not tasks.exists() or list(tasks.iterdir()) == []
+    assert processes(str(data)) == []
+    assert processes(str(tmp_path / "exec-state")) == []
