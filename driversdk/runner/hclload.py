@@ -41,8 +41,10 @@ def load_hcl(path: str | Path) -> dict[str, Any]:
         where = f"{path}:{line}:{column}" if line else str(path)
         first = (str(err).strip().splitlines() or ["syntax error"])[0]
         raise HCLFileError(f"{where}: this is not valid HCL ({first}); fix the syntax there") from None
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as err:
-        # python-hcl2's transformer fails with plain Python errors on some inputs that parse.
+    except Exception as err:
+        # python-hcl2's transformer fails with plain Python errors (ValueError, RuntimeError for
+        # an attribute and a block of the same name, ...) on some inputs that parse: whatever it
+        # raises on a file's content is a problem with the file, said as one sentence.
         raise HCLFileError(f"{path}: this HCL could not be read ({type(err).__name__}: {err}); fix it") from None
     if not isinstance(data, dict):
         raise HCLFileError(f"{path}: this HCL file has no body of arguments and blocks")
