@@ -16,6 +16,11 @@ DEFAULT_ALLOW_CAPS = [
 ]  # fmt: skip
 # Docker's own default capability set (Nomad's defaults plus NET_RAW).
 DOCKER_DEFAULT_CAPS = [*DEFAULT_ALLOW_CAPS, "net_raw"]
+# Nomad's default engine-side log of a task container (the plugin config's logging block): a
+# json-file log of at most two 2 MB files, so a task that floods its output cannot fill the
+# engine's disk. Our copier reads the container's output live, not from this log.
+DEFAULT_LOGGING_TYPE = "json-file"
+DEFAULT_LOGGING_CONFIG = {"max-file": "2", "max-size": "2m"}
 DANGLING_DEFAULTS = '{enabled = true, period = "5m", creation_grace = "5m", dry_run = false}'
 
 
@@ -71,6 +76,10 @@ def plugin_spec() -> hs.Spec:
             "image_pull_timeout": hs.default(hs.attr("string"), hs.literal('"5m"')),
             "extra_labels": hs.default(hs.attr("list(string)"), hs.literal("[]")),
             "infra_image": hs.default(hs.attr("string"), hs.literal('"registry.k8s.io/pause-amd64:3.3"')),
+            "logging": hs.default(
+                hs.block(hs.obj({"type": hs.attr("string"), "config": hs.block_attrs("string")})),
+                hs.literal('{type = "json-file", config = {max-file = "2", max-size = "2m"}}'),
+            ),
         }
     )
 
@@ -106,6 +115,9 @@ def task_spec() -> hs.Spec:
             "force_pull": hs.default(hs.attr("bool"), hs.literal("false")),
             "image_pull_timeout": hs.attr("string"),
             "load": hs.attr("string"),
+            "logging": hs.block(
+                hs.obj({"type": hs.attr("string"), "driver": hs.attr("string"), "config": hs.attr("list(map(string))")})
+            ),
             "auth": hs.block(
                 hs.obj(
                     {
@@ -182,11 +194,14 @@ class PluginConfig:
     image_pull_timeout: float = 300.0
     extra_labels: tuple[str, ...] = ()
     infra_image: str = "registry.k8s.io/pause-amd64:3.3"
+    logging_type: str = DEFAULT_LOGGING_TYPE
+    logging_config: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_LOGGING_CONFIG))
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
         volumes = cfg.get("volumes") or {}
         gc = cfg.get("gc") or {}
+        logging = cfg.get("logging")
         activity = parse_duration(cfg.get("pull_activity_timeout") or "2m", "pull_activity_timeout")
         if activity < 60:
             raise ConfigError("pull_activity_timeout is less than minimum, 1m0s")
@@ -205,6 +220,14 @@ class PluginConfig:
             image_pull_timeout=parse_duration(cfg.get("image_pull_timeout") or "5m", "image_pull_timeout"),
             extra_labels=tuple(cfg.get("extra_labels") or ()),
             infra_image=(cfg.get("infra_image") or "registry.k8s.io/pause-amd64:3.3").removeprefix("https://"),
+            # An absent block gets Nomad's default; a block given without one of its fields
+            # leaves that field empty, as Nomad does.
+            logging_type=str(logging.get("type") or "") if logging is not None else DEFAULT_LOGGING_TYPE,
+            logging_config=(
+                {str(k): str(v) for k, v in (logging.get("config") or {}).items()}
+                if logging is not None
+                else dict(DEFAULT_LOGGING_CONFIG)
+            ),
         )
 
 
@@ -246,6 +269,9 @@ class TaskDockerConfig:
     memory_hard_limit: int = 0
     cpu_hard_limit: bool = False
     cpu_cfs_period: int = 100000
+    # The task's logging block; both empty means "use the plugin config's logging".
+    logging_type: str = ""
+    logging_config: dict[str, str] | None = None
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any], task: str) -> TaskDockerConfig:
@@ -283,6 +309,13 @@ class TaskDockerConfig:
                 )
             )
         pull_timeout = cfg.get("image_pull_timeout")
+        logging = cfg.get("logging") or {}
+        log_options: dict[str, str] | None = None
+        if logging.get("config"):
+            # list(map(string)): each `config { ... }` block is one map; later keys win.
+            log_options = {}
+            for entry in logging["config"]:
+                log_options.update({str(k): str(v) for k, v in (entry or {}).items()})
         return cls(
             image=image,
             command=command,
@@ -305,4 +338,6 @@ class TaskDockerConfig:
             memory_hard_limit=int(cfg.get("memory_hard_limit") or 0),
             cpu_hard_limit=bool(cfg.get("cpu_hard_limit")),
             cpu_cfs_period=period,
+            logging_type=str(logging.get("type") or logging.get("driver") or ""),
+            logging_config=log_options,
         )

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from docker.types import LogConfig
 from docker.types import Mount as DockerMount
 
 from drivers.docker.config import DOCKER_DEFAULT_CAPS, PluginConfig, TaskDockerConfig
@@ -178,6 +179,17 @@ def _resources(task: TaskConfig, cfg: TaskDockerConfig) -> dict[str, Any]:
     return host
 
 
+def _log_config(cfg: TaskDockerConfig, plugin: PluginConfig) -> LogConfig:
+    """The engine-side log: the task's logging block, else the plugin's (json-file, 2 x 2m).
+
+    As in Nomad, a task that sets neither a type nor options gets the plugin's bounded log; the
+    engine default (an unbounded json-file) would let a flooding task fill the engine's disk.
+    """
+    if not cfg.logging_type and cfg.logging_config is None:
+        return LogConfig(type=plugin.logging_type, config=dict(plugin.logging_config))
+    return LogConfig(type=cfg.logging_type, config=dict(cfg.logging_config or {}))
+
+
 def build(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> ContainerSpec:
     if cfg.privileged and not plugin.allow_privileged:
         raise ConfigError(
@@ -203,6 +215,7 @@ def build(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> Cont
         "cap_add": cap_add or None,
         "cap_drop": cap_drop or None,
         "network_mode": network_mode or "default",
+        "log_config": _log_config(cfg, plugin),
         **_resources(task, cfg),
     }
     kwargs: dict[str, Any] = {

@@ -216,8 +216,15 @@ class DockerDriver(DriverPlugin):
                 f"task {task.name!r}: cannot reach the docker daemon ({err}); check that dockerd is running",
                 recoverable=True,
             ) from None
+        logs: LogCollector | None = None
         try:
             reconcile.claim(task.task_dir, container_id)
+            log_state_dir = os.path.join(task.task_dir, "private", "docker-logs")
+            if self._logging_enabled(task):
+                # Attached before it starts, so the copy begins at the task's first byte (logs.py).
+                logs = LogCollector(
+                    api, container_id, task.stdout_path, task.stderr_path, log_state_dir, cfg.tty, not adopted
+                )
             if not adopted:
                 api.start(container_id)
             started = datetime.now(UTC)
@@ -226,16 +233,16 @@ class DockerDriver(DriverPlugin):
                 image=cfg.image,
                 image_id=image_id,
                 tty=cfg.tty,
-                log_state_dir=os.path.join(task.task_dir, "private", "docker-logs"),
-                logs=self._logging_enabled(task),
+                log_state_dir=log_state_dir,
+                logs=logs is not None,
             )
             handle = ContainerHandle(task, state, started)
-            if state.logs:
-                handle.logs = LogCollector(
-                    api, container_id, task.stdout_path, task.stderr_path, state.log_state_dir, cfg.tty
-                )
-                handle.logs.start()
+            if logs is not None:
+                handle.logs = logs
+                logs.start()
         except BaseException as err:
+            if logs is not None:
+                logs.stop()
             self._remove_quietly(api, container_id)
             if isinstance(err, APIError):
                 raise DriverError(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from typing import Any
@@ -16,6 +18,10 @@ from driversdk.errors import DriverError
 from driversdk.model import TaskConfig
 
 log = logging.getLogger("driversdk.docker.images")
+
+# The largest image archive `load` may name. It bounds what one task can make the engine read
+# and store; Nomad has no limit, real images stay far below it.
+MAX_IMAGE_ARCHIVE_BYTES = 4 * 1024**3
 
 
 def split_reference(image: str) -> tuple[str, str]:
@@ -39,17 +45,7 @@ def ensure_image(api: Any, task: TaskConfig, cfg: TaskDockerConfig, plugin: Plug
         except (ImageNotFound, NotFound):
             pass
     if cfg.load:
-        archive = os.path.join(task.local_dir, cfg.load)
-        try:
-            with open(archive, "rb") as fh:
-                for _ in api.load_image(fh.read(), quiet=True) or ():
-                    pass
-        except OSError as err:
-            raise DriverError(f"task {task.name!r}: unable to open image archive: {err}") from None
-        except APIError as err:
-            raise DriverError(
-                f"task {task.name!r}: loading image archive {cfg.load!r} failed: {err.explanation}"
-            ) from None
+        _load_archive(api, task, cfg.load)
         try:
             return str(api.inspect_image(reference)["Id"])
         except (ImageNotFound, NotFound):
@@ -70,6 +66,112 @@ def ensure_image(api: Any, task: TaskConfig, cfg: TaskDockerConfig, plugin: Plug
             "and the registry could not provide it (load it with `docker load` or set `load` in the task config)",
             recoverable=not not_found,
         ) from None
+
+
+def _load_archive(api: Any, task: TaskConfig, load: str) -> None:
+    """Stream the archive `load` names, from inside the task's local/ dir, into the engine."""
+    fd = open_archive(task, load)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            # A file object is sent in pieces; the archive is never held in memory whole.
+            for event in api.load_image(fh, quiet=True) or ():
+                if isinstance(event, dict) and event.get("error"):
+                    raise APIError(str(event["error"]))
+    except APIError as err:
+        cause = getattr(err, "explanation", None) or str(err)
+        raise DriverError(
+            f"task {task.name!r}: loading image archive {load!r} (field `load`) failed: {cause}"
+        ) from None
+    except OSError as err:
+        raise DriverError(
+            f"task {task.name!r}: reading image archive {load!r} (field `load`) failed: {err.strerror or err}"
+        ) from None
+
+
+def open_archive(task: TaskConfig, load: str) -> int:
+    """A read-only fd of the regular file `load` names under the task's local/ dir.
+
+    Like Nomad, the name is joined to local/ (so "/image.tar" means local/image.tar). Unlike a
+    plain join, nothing may lead out of it: ".." past local/ is refused and each component is
+    opened relative to its parent without following symbolic links, so a link the task made
+    (to /etc/shadow, say) is refused instead of read by this root-owned plugin.
+    """
+    where = f"task {task.name!r}: `load` = {load!r}"
+    relative = os.path.normpath(load.lstrip("/") or ".")
+    if relative.split("/")[0] == "..":
+        raise DriverError(
+            f"{where} leads out of the task's local/ dir; name an image archive inside local/ "
+            "(for example one fetched there by an artifact block)"
+        )
+    parts = [p for p in relative.split("/") if p not in ("", ".")]
+    if not parts:
+        raise DriverError(f"{where} names no file; set it to an image archive inside the task's local/ dir")
+    try:
+        fd = os.open(task.local_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise DriverError(f"{where}: cannot open the task's local/ dir: {err.strerror}") from None
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                # lstat before open: opening a device or a fifo can itself have effects.
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise DriverError(
+                    f"{where}: no such file in the task's local/ dir ({'/'.join(parts[: i + 1])!r} does not exist)"
+                ) from None
+            kind = _kind(st.st_mode)
+            if kind == "symbolic link":
+                raise DriverError(
+                    f"{where}: {'/'.join(parts[: i + 1])!r} is a symbolic link; `load` reads only regular "
+                    "files inside the task's local/ dir and never follows links"
+                )
+            if not last:
+                if kind != "directory":
+                    raise DriverError(f"{where}: {'/'.join(parts[: i + 1])!r} is a {kind}, not a directory")
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                continue
+            if kind != "regular file":
+                raise DriverError(f"{where} is a {kind}; it must be a regular file (an image archive from docker save)")
+            child = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            # What was opened must be what was checked: the task may swap the name meanwhile.
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+                raise DriverError(f"{where} changed while it was being opened; it must be a regular file")
+            if opened.st_size > MAX_IMAGE_ARCHIVE_BYTES:
+                raise DriverError(
+                    f"{where} is {opened.st_size} bytes, over the {MAX_IMAGE_ARCHIVE_BYTES} byte limit "
+                    "for image archives (MAX_IMAGE_ARCHIVE_BYTES)"
+                )
+            os.set_blocking(fd, True)
+            return fd
+    except DriverError:
+        os.close(fd)
+        raise
+    except OSError as err:
+        os.close(fd)
+        detail = "it is or passes through a symbolic link" if err.errno == errno.ELOOP else err.strerror
+        raise DriverError(f"{where}: cannot open the image archive: {detail}") from None
+    raise AssertionError("unreachable")
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISREG, "regular file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
 
 
 class PullStalled(Exception):
