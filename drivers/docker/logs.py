@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from driversdk.logfifo import NotAFifoError, open_fifo_for_writing
+
 log = logging.getLogger("driversdk.docker.logs")
 
 # The engine stores (and returns) a line longer than this as several partial messages.
@@ -225,7 +227,10 @@ class StreamCopier:
         # Opening write-only blocks until the log collector reads; poll so stop() stays prompt.
         while not self._stop.is_set():
             try:
-                return os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)
+                return open_fifo_for_writing(self.fifo, task=f"container {self.container_id[:12]}", what=self.stream)
+            except NotAFifoError as err:
+                log.error("refusing the log fifo", extra={"fifo": self.fifo, "error": str(err)})
+                return None
             except OSError as err:
                 if err.errno not in (errno.ENXIO, errno.ENOENT):
                     log.error("cannot open log fifo", extra={"fifo": self.fifo, "error": str(err)})

@@ -10,6 +10,7 @@ import pytest
 
 from drivers.exec.logs import open_log
 from driversdk.errors import DriverError
+from driversdk.logfifo import NotAFifoError, open_fifo_for_writing
 
 
 def _planted(tmp_path: Path, kind: str) -> tuple[Path, Path]:
@@ -45,3 +46,11 @@ def test_exec_driver_opens_a_real_fifo_with_a_reader(tmp_path: Path) -> None:
         assert os.read(reader, 10) == b"hello"
     finally:
         os.close(reader)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "regular"])
+def test_the_sdk_fifo_opener_used_by_the_docker_driver_refuses_it_too(tmp_path: Path, kind: str) -> None:
+    host, fifo = _planted(tmp_path, kind)
+    with pytest.raises(NotAFifoError, match="refusing to write the task's output to it"):
+        open_fifo_for_writing(str(fifo), task="web", what="stdout")
+    assert host.read_bytes() == b"host data\n"
