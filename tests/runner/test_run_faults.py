@@ -45,6 +45,36 @@ def processes(needle: str) -> list[str]:
     return found
 
 
+def cgroup_parent(tmp_path: Path) -> str:
+    """A cgroup parent of this test's own, so its leak check sees no other test's tasks."""
+    return f"dsx-faults-{abs(hash(str(tmp_path))) % 10**8}"
+
+
+def leaks(engine: docker.DockerClient | None, tmp_path: Path) -> list[str]:
+    """Everything of this test still on the host: containers, runc state, cgroups, mounts,
+    processes, fifos."""
+    data = tmp_path / "data"
+    left = [f"container {n}" for n in ours(engine, data)] if engine is not None else []
+    tasks = tmp_path / "exec-state" / "tasks"
+    if tasks.exists():
+        left += [f"exec state {p.name}" for p in tasks.iterdir()]
+    parent = cgroup_parent(tmp_path)
+    for root in Path("/sys/fs/cgroup").glob("*"):
+        for where in (root / parent, root / "unified" / parent):
+            if where.is_dir():
+                left += [f"cgroup {c}" for c in where.iterdir() if c.is_dir()]
+    left += [f"mount {m}" for m in mount_points() if m.startswith(str(tmp_path))]
+    left += [f"process {p}" for p in processes(str(tmp_path))]
+    left += [f"fifo {f}" for f in data.glob("allocs/*/alloc/logs/.*.fifo")]
+    return left
+
+
+def mount_points() -> list[str]:
+    from driversdk.mountinfo import read_mountinfo
+
+    return [e.mount_point for e in read_mountinfo()]
+
+
 def write_job(tmp_path: Path, script: str, driver: str = "docker") -> tuple[Path, Path, Path]:
     data = tmp_path / "data"
     if driver == "docker":
@@ -70,7 +100,8 @@ def write_job(tmp_path: Path, script: str, driver: str = "docker") -> tuple[Path
     client.write_text(
         f'data_dir = "{data}"\n'
         'plugin "docker" {\n  config {\n    gc {\n      image = false\n    }\n  }\n}\n'
-        f'plugin "exec" {{\n  config {{\n    state_dir = "{tmp_path / "exec-state"}"\n  }}\n}}\n'
+        f'plugin "exec" {{\n  config {{\n    state_dir = "{tmp_path / "exec-state"}"\n'
+        f'    cgroup_parent = "{cgroup_parent(tmp_path)}"\n  }}\n}}\n'
     )
     return job, client, data
 
@@ -133,8 +164,7 @@ def test_docker_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recor
     assert "Traceback" not in out + err
     status = subprocess.run(cli("status", "--data-dir", str(data)), capture_output=True, text=True, cwd=ROOT)
     assert "failed exit=7" in status.stdout, status.stdout
-    assert ours(engine, data) == []
-    assert processes(str(data)) == []
+    assert leaks(engine, tmp_path) == []
 
 
 def test_exec_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(tmp_path: Path) -> None:
@@ -151,10 +181,7 @@ def test_exec_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorde
     assert proc.returncode == 1, out + err
     assert '==> task "work" recovered (exec' in out, out
     assert '==> task "work" finished with exit code 7' in out, out
-    tasks = tmp_path / "exec-state" / "tasks"
-    assert not tasks.exists() or list(tasks.iterdir()) == []
-    assert processes(str(data)) == []
-    assert processes(str(tmp_path / "exec-state")) == []
+    assert leaks(None, tmp_path) == []
 
 
 def _kill_during_start(
@@ -216,8 +243,7 @@ def test_run_killed_inside_start_task_replaces_what_the_live_plugin_started(
     out = _run_again_and_count(engine, job, client, data)
     assert "recovering alloc" in out
     assert '==> task "work" was being started when the previous run was killed; replacing it' in out
-    assert ours(engine, data) == []
-    assert processes(str(data)) == []
+    assert leaks(engine, tmp_path) == []
 
 
 def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
@@ -228,8 +254,7 @@ def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
     out = _run_again_and_count(engine, job, client, data)
     assert "recovering alloc" in out
     assert "replacing it" not in out  # the new plugin did not know it: docker adopted the container by its id
-    assert ours(engine, data) == []
-    assert processes(str(data)) == []
+    assert leaks(engine, tmp_path) == []
 
 
 def _exec_task_processes(tmp_path: Path) -> list[str]:
@@ -259,7 +284,4 @@ def test_exec_run_and_plugin_killed_inside_start_task_leave_one_task(tmp_path: P
         if proc.poll() is None:
             proc.kill()
     assert "Traceback" not in out + err
-    tasks = tmp_path / "exec-state" / "tasks"
-    assert not tasks.exists() or list(tasks.iterdir()) == []
-    assert processes(str(data)) == []
-    assert processes(str(tmp_path / "exec-state")) == []
+    assert leaks(None, tmp_path) == []
