@@ -156,7 +156,10 @@ def test_durations_signals_logs(tmp_path: Path, task: str, sentence: str | None)
     assert f'{WHERE.format(job=path)}, task "web": {sentence}' in done.stdout, done.stdout
 
 
-def test_a_good_signal_and_duration_pass_the_rules(tmp_path: Path) -> None:
+def test_a_signal_and_duration_are_refused_and_their_good_spellings_accepted(tmp_path: Path) -> None:
+    path = job(tmp_path, task='kill_timeout = "90 s"\nkill_signal = "TERMINATE"')
+    done = validate(tmp_path, path)
+    assert len([line for line in done.stdout.splitlines() if line.startswith("error")]) == 3, done.stdout
     path = job(tmp_path, task='kill_timeout = "1m30s"\nkill_signal = "term"')
     done = validate(tmp_path, path)
     # Only the unconfigured driver is left.
@@ -313,9 +316,3 @@ def test_an_unexpected_error_is_one_sentence_and_debug_shows_the_traceback(tmp_p
     assert debug.stderr.endswith(
         f"error: `driversdk volume register` failed unexpectedly: FileExistsError: File exists ({data})\n"
     )
-
-
-def test_an_unreadable_job_file_is_a_sentence(tmp_path: Path) -> None:
-    done = cli("validate", str(tmp_path), "--client", str(client(tmp_path)))
-    assert done.returncode == 1
-    assert done.stderr == f"error: {tmp_path}: cannot read the file: Is a directory\n"
