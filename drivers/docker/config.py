@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from driversdk import hclspec as hs
+from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 
 # Nomad's default allow_caps: Docker's defaults less NET_RAW.
@@ -133,24 +133,6 @@ def task_spec() -> hs.Spec:
             "cpu_cfs_period": hs.default(hs.attr("number"), hs.literal("100000")),
         }
     )
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-
-
-def parse_duration(text: str, field_name: str) -> float:
-    """Go-style durations such as "5m", "90s", "1h30m" to seconds."""
-    pos, total = 0, 0.0
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    while pos < len(text):
-        m = _DURATION.match(text, pos)
-        if not m:
-            raise ConfigError(f'failed to parse {field_name!r} duration {text!r}: use a form such as "90s" or "5m"')
-        total += float(m.group(1)) * units[m.group(2)]
-        pos = m.end()
-    if not text:
-        raise ConfigError(f"failed to parse {field_name!r} duration: it is empty")
-    return total
 
 
 @dataclass(frozen=True)

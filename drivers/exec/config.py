@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driversdk import hclspec as hs
+from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 
 # Nomad's default allow_caps for exec (Docker's defaults less NET_RAW).
@@ -65,26 +66,6 @@ def plugin_spec() -> hs.Spec:
             ),
         }
     )
-
-
-def parse_duration(text: str, field: str) -> float:
-    """Go-style durations as Nomad configs write them ("500ms", "30s", "5m", "1h30m") in seconds."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    total, number, i = 0.0, "", 0
-    while i < len(text):
-        if text[i].isdigit() or text[i] == ".":
-            number += text[i]
-            i += 1
-            continue
-        unit = "ms" if text.startswith("ms", i) else text[i]
-        if unit not in units or not number or number.count(".") > 1:
-            break
-        total += float(number) * units[unit]
-        number, i = "", i + len(unit)
-    else:
-        if not number and text:
-            return total
-    raise ConfigError(f'{field} {text!r} is not a duration; use a form such as "30s", "5m" or "1h30m"')
 
 
 def task_spec() -> hs.Spec:

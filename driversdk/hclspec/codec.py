@@ -60,14 +60,19 @@ def _is_meta(key: str) -> bool:
     return key.startswith("__") and key.endswith("__")
 
 
-def _blocks(raw: Any) -> list[dict[str, Any]] | None:
-    """The blocks written for one block type, as python-hcl2 or a plain dict gives them."""
+def _blocks(raw: Any, here: str, errs: _Errors) -> list[dict[str, Any]] | None:
+    """The blocks written for one block type, as python-hcl2 or a plain dict gives them.
+
+    A plain value where a block belongs (``gc = false`` for ``gc { … }``) is an error: read as
+    "no block", it would silently turn on the defaults the operator meant to switch off."""
     if raw is None:
         return None
     if isinstance(raw, Mapping):
         return [dict(raw)]
     if isinstance(raw, list) and all(isinstance(b, Mapping) for b in raw):
         return [dict(b) for b in raw]
+    name = here.rsplit(".", 1)[-1]
+    errs.add(f"{errs.where(here)} must be a block ({name} {{ … }}), not the value {raw!r}")
     return []
 
 
@@ -118,7 +123,7 @@ def _enc_child(spec: Spec, body: Mapping[str, Any], key: str, path: str, errs: _
             return None
         return _convert(raw, spec.parsed, here, errs)
     if isinstance(spec, Block):
-        blocks = _blocks(body.get(name))
+        blocks = _blocks(body.get(name), here, errs)
         if not blocks:
             if spec.required:
                 errs.add(f"{errs.where(here)} block is required; add a {name} {{ … }} block")
@@ -127,7 +132,7 @@ def _enc_child(spec: Spec, body: Mapping[str, Any], key: str, path: str, errs: _
             errs.add(f"{errs.where(here)} block is written {len(blocks)} times; only one is allowed")
         return _enc_body(spec.nested, blocks[0], here, errs)
     if isinstance(spec, BlockList | BlockSet):
-        blocks = _blocks(body.get(name)) or []
+        blocks = _blocks(body.get(name), here, errs) or []
         if len(blocks) < spec.min_items:
             errs.add(f"{errs.where(here)} needs at least {spec.min_items} block(s), found {len(blocks)}")
         if spec.max_items and len(blocks) > spec.max_items:
@@ -142,11 +147,11 @@ def _enc_child(spec: Spec, body: Mapping[str, Any], key: str, path: str, errs: _
         return items
     if isinstance(spec, BlockMap):
         out: dict[str, Any] = {}
-        for block in _blocks(body.get(name)) or []:
+        for block in _blocks(body.get(name), here, errs) or []:
             _enc_labelled(spec, _clean(block), list(spec.labels), out, here, errs)
         return out
     if isinstance(spec, BlockAttrs):
-        blocks = _blocks(body.get(name))
+        blocks = _blocks(body.get(name), here, errs)
         if not blocks:
             if spec.required:
                 errs.add(f"{errs.where(here)} block is required")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
 from driversdk.paths import PATH_MAX, check_name, show
@@ -436,8 +437,6 @@ def static_problems(job: Job) -> list[Problem]:
 def _task_problems(task: Task) -> list[str]:
     """Resources, durations, signals and logs: what the runner and its drivers would otherwise
     only find (or crash on) once the task is started."""
-    from driversdk.runner.supervisor import parse_duration  # supervisor imports this module
-
     out = []
     # Nomad's MeetsMinResources and Resources.Validate, in its words.
     if task.cpu < MIN_CPU:
@@ -465,8 +464,6 @@ def _task_problems(task: Task) -> list[str]:
             parse_duration(text, what)
         except ConfigError as err:
             out.append(str(err))
-        except ValueError:  # parse_duration lets float() fail on a lone "."
-            out.append(f'{what} {text!r} is not a duration such as "30s" or "1m30s"')
     if task.kill_signal:
         try:
             signal_name(task.kill_signal)

@@ -26,6 +26,7 @@ from driversdk import convert
 from driversdk.client import DriverClient, launch, reattach
 from driversdk.csi.registry import PluginRegistry
 from driversdk.csi.state import StateStore
+from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.model import (
     AgentConfig,
@@ -48,7 +49,7 @@ from driversdk.runner.csihook import CSIHook
 from driversdk.runner.jobspec import Group, Job, Task
 from driversdk.runner.logcollect import MIB
 from driversdk.runner.runstate import AllocRecord, RunState, TaskRecord
-from driversdk.runner.supervisor import PluginSupervisor, csi_dir, parse_duration, release_shared
+from driversdk.runner.supervisor import PluginSupervisor, csi_dir, release_shared
 from driversdk.runner.validate import validate_job
 from driversdk.runner.volumes import VolumeStore
 
@@ -258,7 +259,7 @@ class AllocRun:
                 host_path, kind, read_only = self.csi_sources[req.name], "csi", req.read_only or mount.read_only
             else:
                 volume = self.client.host_volumes[req.source]
-                host_path, kind = volume.path, "host"
+                host_path, kind = volume.host_path, "host"
                 read_only = volume.read_only or req.read_only or mount.read_only
             requests.append(
                 MountRequest(

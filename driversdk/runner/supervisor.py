@@ -20,7 +20,8 @@ from collections.abc import Callable
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
-from driversdk.errors import ConfigError, DriverSDKError
+from driversdk.durations import parse_duration
+from driversdk.errors import DriverSDKError
 from driversdk.mountinfo import find_mount, read_mountinfo
 from driversdk.mounts import MountRequest
 from driversdk.paths import resolve_under
@@ -34,26 +35,6 @@ ROLES = {"node": ("csi-node",), "controller": ("csi-controller",), "monolith": (
 
 class SupervisorError(DriverSDKError):
     """The plugin directories could not be prepared."""
-
-
-def parse_duration(text: str, what: str) -> float:
-    """Go-style durations as job files write them: "500ms", "30s", "1m", "1h", "1m30s"."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    total, number, i = 0.0, "", 0
-    while i < len(text):
-        ch = text[i]
-        if ch.isdigit() or ch == ".":
-            number += ch
-            i += 1
-            continue
-        unit = "ms" if text.startswith("ms", i) else ch
-        if unit not in units or not number or number.count(".") > 1:
-            raise ConfigError(f'{what} {text!r} is not a duration such as "30s" or "1m30s"')
-        total += float(number) * units[unit]
-        number, i = "", i + len(unit)
-    if number or not text:
-        raise ConfigError(f'{what} {text!r} is not a duration such as "30s" or "1m30s"')
-    return total
 
 
 def go_duration(seconds: float) -> str:

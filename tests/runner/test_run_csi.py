@@ -267,9 +267,10 @@ def test_unregistered_volume_is_refused_before_anything(env: Env) -> None:
     job = write_job(env, "noreg", plugin_group(), app_group("true"))
     done = env.cli("run", str(job), "--client", str(env.client))
     assert done.returncode == 1
+    # Nothing was ever registered with this data dir: validate says so and creates nothing.
     assert (
-        'group "app", volume "data": CSI volume "vol" is not registered in namespace "default"; register it with '
-        "`driversdk volume register <file>`" in done.stdout
+        'group "app", volume "data": CSI volume "vol" is not registered in namespace "default" (no volume has been '
+        f"registered with data dir {env.data}); register it with `driversdk volume register <file>`" in done.stdout
     )
     assert not (env.data / "allocs").exists()
     env.assert_clean()

@@ -350,3 +350,9 @@ def test_decode_error_sentences_name_the_path() -> None:
     )
     with pytest.raises(ConfigError, match=r"^cfg is a list, expected an object$"):
         hs.decode(spec, msgpack.packb([1, 2]), what="cfg")
+
+
+def test_a_plain_value_where_a_block_belongs_is_refused_not_read_as_no_block() -> None:
+    spec = hs.obj({"gc": hs.block(hs.obj({"image": hs.default(hs.attr("bool"), hs.literal("true"))}))})
+    with pytest.raises(ConfigError, match=r"gc must be a block \(gc \{ … \}\), not the value False"):
+        hs.encode(spec, {"gc": False}, what="plugin config")
