@@ -239,3 +239,16 @@ def private_engine(images: Sequence[str] = ()) -> Iterator[PrivateEngine]:
         yield engine
     finally:
         engine.close()
+
+
+def checked_private_engine(images: Sequence[str] = ()) -> Iterator[PrivateEngine]:
+    """The body of a pytest fixture: skip where no private engine can run, yield one with
+    ``images``, and fail the test if anything of it is left afterwards."""
+    import pytest
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    with private_engine(images) as engine:
+        yield engine
+    assert not engine.left_behind(), f"the private engine left: {engine.left_behind()}"

@@ -17,7 +17,7 @@ from driversdk.model import TaskEvent, TaskStats
 from driversdk.testing import AllocDir, DriverHarness
 
 from .conftest import IMAGE, PAUSE, PLUGIN, busybox
-from .private_engine import PrivateEngine, private_engine, unavailable
+from .private_engine import PrivateEngine, checked_private_engine
 
 
 class PluginLog(logging.Handler):
@@ -43,12 +43,7 @@ def plugin_log() -> Iterator[PluginLog]:
 
 @pytest.fixture
 def private(engine: docker.DockerClient) -> Iterator[PrivateEngine]:
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-    with private_engine([IMAGE]) as eng:
-        yield eng
-    assert not eng.left_behind(), f"the private engine left: {eng.left_behind()}"
+    yield from checked_private_engine([IMAGE])
 
 
 def _pump(stream: Iterator[Any], into: list[Any], errors: list[BaseException]) -> threading.Thread:

@@ -29,7 +29,7 @@ from driversdk.errors import PluginCallError
 from driversdk.testing import AllocDir, DriverHarness
 
 from .conftest import IMAGE, PAUSE, PLUGIN, busybox
-from .private_engine import PrivateEngine, private_engine, unavailable
+from .private_engine import PrivateEngine, checked_private_engine
 
 GRACE = 2.0
 PERIOD = 1.0
@@ -45,12 +45,7 @@ def plugin_config(endpoint: str, **dangling: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def private(engine: docker.DockerClient) -> Iterator[PrivateEngine]:
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-    with private_engine([IMAGE]) as eng:
-        yield eng
-    assert not eng.left_behind(), f"the private engine left: {eng.left_behind()}"
+    yield from checked_private_engine([IMAGE])
 
 
 @pytest.fixture

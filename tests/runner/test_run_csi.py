@@ -25,6 +25,7 @@ from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.mountinfo import read_mountinfo
 from driversdk.runner.volumes import VolumeStore
+from tests.hostcheck import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -113,19 +114,7 @@ class Env:
         assert self.registrations() == []
         exec_tasks = self.work / "exec-state" / "tasks"
         assert not exec_tasks.exists() or list(exec_tasks.iterdir()) == []
-        assert _processes(str(self.work)) == [], "log monitors or plugin tasks left running"
-
-
-def _processes(needle: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmdline and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmdline}")
-    return found
+        assert processes(str(self.work)) == [], "log monitors or plugin tasks left running"
 
 
 @pytest.fixture

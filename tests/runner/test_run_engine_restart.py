@@ -12,7 +12,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.docker.private_engine import PrivateEngine, private_engine, unavailable
+from tests.docker.private_engine import PrivateEngine, checked_private_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -20,12 +20,7 @@ IMAGE = "driversdk-test/busybox:local"
 
 @pytest.fixture
 def private(engine: docker.DockerClient) -> Iterator[PrivateEngine]:
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-    with private_engine([IMAGE]) as eng:
-        yield eng
-    assert not eng.left_behind(), f"the private engine left: {eng.left_behind()}"
+    yield from checked_private_engine([IMAGE])
 
 
 def test_engine_restart_under_driversdk_run_is_a_sentence_and_leaves_nothing(

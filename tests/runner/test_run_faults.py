@@ -14,8 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import docker
+import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
+from tests.hostcheck import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -31,18 +33,6 @@ def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
         for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
         if any(str(data_dir) in b for b in c.attrs["HostConfig"].get("Binds") or [])
     ]
-
-
-def processes(needle: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmdline and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmdline}")
-    return found
 
 
 def cgroup_parent(tmp_path: Path) -> str:
@@ -144,13 +134,14 @@ def start_run(job: Path, client: Path) -> subprocess.Popen[str]:
     )
 
 
-def test_docker_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(
-    engine: docker.DockerClient, tmp_path: Path
+@pytest.mark.parametrize("driver", ["docker", "exec"])
+def test_a_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(
+    engine: docker.DockerClient, tmp_path: Path, driver: str
 ) -> None:
-    job, client, data = write_job(tmp_path, "echo up; sleep 4; exit 7")
+    job, client, data = write_job(tmp_path, "echo up; sleep 4; exit 7", driver=driver)
     proc = start_run(job, client)
     try:
-        pid = int(str(wait_for("the docker plugin", lambda: plugin_pid(data, "docker"))))
+        pid = int(str(wait_for(f"the {driver} plugin", lambda: plugin_pid(data, driver))))
         wait_for("the task to run", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
@@ -158,30 +149,13 @@ def test_docker_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recor
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, out + err
-    assert "driver plugin 'docker' exited; relaunching it and recovering the task" in out, out
-    assert '==> task "work" recovered (docker' in out
+    assert f"driver plugin '{driver}' exited; relaunching it and recovering the task" in out, out
+    assert f'==> task "work" recovered ({driver}' in out
     assert '==> task "work" finished with exit code 7' in out, out
     assert "Traceback" not in out + err
     status = subprocess.run(cli("status", "--data-dir", str(data)), capture_output=True, text=True, cwd=ROOT)
     assert "failed exit=7" in status.stdout, status.stdout
     assert leaks(engine, tmp_path) == []
-
-
-def test_exec_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(tmp_path: Path) -> None:
-    job, client, data = write_job(tmp_path, "echo up; sleep 4; exit 7", driver="exec")
-    proc = start_run(job, client)
-    try:
-        pid = int(str(wait_for("the exec plugin", lambda: plugin_pid(data, "exec"))))
-        wait_for("the task to run", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
-        os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, out + err
-    assert '==> task "work" recovered (exec' in out, out
-    assert '==> task "work" finished with exit code 7' in out, out
-    assert leaks(None, tmp_path) == []
 
 
 def _kill_during_start(

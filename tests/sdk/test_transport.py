@@ -211,8 +211,9 @@ def test_hclog_lines_are_strings_with_go_timestamps() -> None:
     assert line.startswith("1|2|unix|") and line.rstrip().endswith("|grpc")
     time.sleep(1.0)
     popen.send_signal(signal.SIGTERM)
-    popen.wait(10)
-    entries = [json.loads(raw) for raw in popen.stderr.read().splitlines() if raw.strip()]
+    # communicate, not wait: a plugin blocked on a full stderr pipe nobody reads would never exit.
+    _, stderr = popen.communicate(timeout=30)
+    entries = [json.loads(raw) for raw in stderr.splitlines() if raw.strip()]
     assert entries, "the plugin logged nothing"
     for entry in entries:
         for key in ("@level", "@message", "@timestamp"):
