@@ -78,7 +78,7 @@ class CSIHook:
         volumes: VolumeStore,
         registry: PluginRegistry,
         store: StateStore,
-        say: Callable[[str], None],
+        say: Callable[[str, str], None],
         persist: Callable[[str], None],
         wait_for_plugin: float = WAIT_FOR_PLUGIN,
         plugin_failure: Callable[[str], str | None] | None = None,
@@ -198,7 +198,7 @@ class CSIHook:
             req.read_only, info.source, csi_node_id, controller_published, facts.requires_staging,
         )  # fmt: skip
         self.save()
-        self.say(f'==> volume "{req.name}": CSI volume "{volume.id}" mounted at {info.source}')
+        self.say(req.name, f'CSI volume "{volume.id}" mounted at {info.source}')
 
     def _manager(self, node: CSIClient, reg: PluginRegistration, requires_staging: bool) -> NodeVolumeManager:
         return NodeVolumeManager(
@@ -230,7 +230,7 @@ class CSIHook:
             try:
                 self._controller_unpublish(volume, csi_node_id)
             except CSIError as err:
-                self.say(f'==> volume "{volume.id}": controller unpublish failed: {err}')
+                self.say(volume.id, f"controller unpublish failed: {err}")
         self.volumes.release(volume.id, volume.namespace, self.alloc_id)
 
     def _controller_unpublish(self, volume: Volume, csi_node_id: str) -> None:
@@ -301,7 +301,7 @@ class CSIHook:
             self.volumes.release(stub.volume_id, stub.namespace, self.alloc_id)
             del self.stubs[name]
             self.save()
-            self.say(f'==> volume "{name}": CSI volume "{stub.volume_id}" unmounted and released')
+            self.say(name, f'CSI volume "{stub.volume_id}" unmounted and released')
         # Claims taken before a failure, with nothing mounted yet, are released by _undo_claim.
         return failures
 

@@ -27,7 +27,7 @@ from driversdk.csi.model import (
 from driversdk.errors import ConfigError
 from driversdk.paths import check_name, show
 from driversdk.runner.hclload import is_blocks, load_hcl, single
-from driversdk.statedb import connect
+from driversdk.statedb import open_state
 
 _KEYS = {"id", "name", "namespace", "type", "plugin_id", "external_id", "capability", "mount_options", "secrets",
          "parameters", "context"}  # fmt: skip
@@ -236,16 +236,7 @@ class VolumeStore:
     path: str
 
     def __post_init__(self) -> None:
-        self._db = connect(self.path)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS volumes (namespace TEXT NOT NULL, id TEXT NOT NULL, record TEXT NOT NULL, "
-            "PRIMARY KEY (namespace, id))"
-        )
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS volume_claims (namespace TEXT NOT NULL, volume_id TEXT NOT NULL, "
-            "alloc_id TEXT NOT NULL, job TEXT NOT NULL, mode TEXT NOT NULL, access_mode TEXT NOT NULL, "
-            "attachment_mode TEXT NOT NULL, PRIMARY KEY (namespace, volume_id, alloc_id))"
-        )
+        self._db = open_state(self.path)  # tables: driversdk.state.migrations
         self._lock = threading.Lock()
 
     @classmethod
