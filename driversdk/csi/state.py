@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from driversdk.statedb import open_state
 
 
-
 @dataclass(frozen=True)
 class UsageRow:
     plugin_id: str

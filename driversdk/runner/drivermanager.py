@@ -81,7 +81,13 @@ class DriverManager:
                 return current
             if current is not None:  # died between uses: same path as a death seen by a waiting task
                 return self._replace(driver, current)
-            plugin = self._reattach(driver) or self._launch(driver)
+            plugin = self._reattach(driver)
+            if plugin is None:
+                plugin = self._launch(driver)
+            else:
+                spare = self._spare.pop(driver, None)
+                if spare is not None:  # validation's instance is not needed: the reattached one runs the tasks
+                    spare.kill()
             self._plugins[driver] = plugin
             self._relay_events(plugin)
             return plugin

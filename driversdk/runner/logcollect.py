@@ -342,7 +342,9 @@ def alive(logmon: Logmon) -> bool:
         return False
     cmdline = _cmdline(logmon.pid)
     logs_dir = os.path.dirname(logmon.stdout_fifo)
-    return __file__.rsplit(".", 1)[0] in cmdline and logs_dir in cmdline
+    # The collector's module by its package path, not this file's absolute one: a run of an
+    # upgraded installation (another venv, another checkout) adopts what the previous one started.
+    return "driversdk/runner/logcollect.py" in cmdline and f"--dir {logs_dir} " in cmdline + " "
 
 
 def stop(logmon: Logmon, timeout: float = 5.0) -> None:

@@ -13,13 +13,13 @@ from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.csi.registry import PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.paths import UnsafePathError
-from driversdk.runner.clientconfig import ClientConfig
-from driversdk.runner.jobspec import CSIPluginConfig, Group, Job, Task
 from driversdk.runner.allocrunner import AllocRunner, NodeServices
+from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.drivermanager import DriverManager
 from driversdk.runner.hooks.task_dir import TaskDirHook
-from driversdk.runner.taskrunner import TaskRunner
+from driversdk.runner.jobspec import CSIPluginConfig, Group, Job, Task
 from driversdk.runner.supervisor import PluginSupervisor
+from driversdk.runner.taskrunner import TaskRunner
 
 
 def _node(data: Path) -> NodeServices:
