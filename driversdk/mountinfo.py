@@ -85,6 +85,18 @@ def read_mountinfo(pid: int | str = "self") -> list[MountEntry]:
         return [parse_line(line) for line in fh if line.strip()]
 
 
+def is_mount_point(path: str, entries: list[MountEntry] | None = None) -> bool:
+    """Whether something is mounted exactly at ``path``.
+
+    The kernel reports a mount point fully resolved (no symlinks, no ``..``) and with space,
+    tab, newline and backslash octal-escaped; read_mountinfo undoes the escapes, so resolving
+    ``path`` the same way makes the two comparable. Pass ``entries`` to test many paths
+    against one read of mountinfo.
+    """
+    real = os.path.realpath(path)
+    return any(e.mount_point == real for e in (entries if entries is not None else read_mountinfo()))
+
+
 def find_mount(path: str, entries: list[MountEntry] | None = None) -> MountEntry:
     """The mount ``path`` lives on: the longest matching mount point, the last one if stacked."""
     real = os.path.realpath(path)
