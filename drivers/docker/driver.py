@@ -310,7 +310,7 @@ class DockerDriver(DriverPlugin):
             self._tasks[handle.task.id] = handle
         threading.Thread(target=self._wait_container, args=(handle,), daemon=True).start()
 
-    def _fresh_client(self, timeout: float) -> Any:
+    def _fresh_client(self, timeout: int) -> Any:
         """A client on a new connection: a kept-alive one may still be served by an engine that
         already refuses new connections (dockerd closes its listener before stopping containers)."""
         version = getattr(self._api, "api_version", None) or "auto"
@@ -320,7 +320,7 @@ class DockerDriver(DriverPlugin):
 
     def _engine_answers(self) -> bool:
         try:
-            client = self._fresh_client(5.0)
+            client = self._fresh_client(5)
         except Exception:
             return False
         try:
