@@ -20,7 +20,7 @@ import grpc
 from google.protobuf import wrappers_pb2
 
 from driversdk.csi.hostpath.faults import Faults
-from driversdk.mountinfo import read_mountinfo
+from driversdk.mountinfo import is_mount_point
 from driversdk.pb import csi_pb2, csi_pb2_grpc
 
 NAME = "hostpath.csi.driversdk.io"
@@ -34,11 +34,6 @@ _SUPPORTED_MODES = {
     csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_SINGLE_WRITER,
     csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_MULTI_WRITER,
 }
-
-
-def is_mount_point(path: str) -> bool:
-    real = os.path.realpath(path)
-    return any(e.mount_point == real for e in read_mountinfo())
 
 
 def _run(*args: str) -> None:
