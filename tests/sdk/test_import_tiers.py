@@ -16,6 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 EXTRAS_ONLY = ("docker", "requests", "pyroute2", "hcl2", "lark")
 
@@ -33,7 +35,8 @@ SITECUSTOMIZE = textwrap.dedent(
             if name.partition(".")[0] in BLOCKED:
                 with open(LOG, "a") as fh:
                     fh.write(f"{os.getpid()} {sys.argv[0] or '-c'}: import {name}\\n")
-                raise ImportError(f"{name} belongs to an extra, not to the SDK tier", name=name)
+                # What a missing package raises, so code that handles one is exercised as it would be.
+                raise ModuleNotFoundError(f"{name} belongs to an extra, not to the SDK tier", name=name)
             return None
 
 
@@ -128,3 +131,13 @@ def test_launching_and_running_hello_driver_needs_no_extra(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     # The plugin process logs here too: nothing in the host or the plugin tried an extra.
     assert refused == ""
+
+
+@pytest.mark.parametrize(("driver", "missing"), [("docker", "docker"), ("exec", "pyroute2")])
+def test_a_bundled_driver_without_its_extra_says_which_to_install(tmp_path: Path, driver: str, missing: str) -> None:
+    done, refused = _run_blocked(tmp_path, f"import runpy; runpy.run_module('drivers.{driver}', run_name='__main__')")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"driversdk-{driver} needs the {driver} extra ({missing} is missing): pip install 'driversdk[{driver}]'"
+    )
+    assert f"import {missing}" in refused
