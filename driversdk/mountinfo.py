@@ -10,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from driversdk.errors import DriverSDKError
+
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
@@ -56,8 +58,8 @@ class MountEntry:
         return ",".join(kinds) or "private"
 
 
-class MountinfoError(ValueError):
-    pass
+class MountinfoError(DriverSDKError, ValueError):
+    """mountinfo that does not parse (a ValueError too, as it always was)."""
 
 
 def parse_line(line: str) -> MountEntry:

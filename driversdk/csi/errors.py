@@ -16,17 +16,23 @@ IGNORABLE = "CSI client error (ignorable)"
 class CSIError(DriverSDKError):
     """A CSI RPC failed. ``code`` is the gRPC code name; ``ignorable`` marks "already gone"."""
 
-    def __init__(self, message: str, *, code: str, call: str, volume: str = "", plugin_message: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        call: str,
+        volume: str = "",
+        plugin_message: str = "",
+        ignorable: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.call = call
         self.volume = volume
         self.plugin_message = plugin_message
-
-    @property
-    def ignorable(self) -> bool:
-        return self.message.startswith(IGNORABLE)
+        self.ignorable = ignorable
 
 
 class CSIConnectError(CSIError):
@@ -81,6 +87,17 @@ _MESSAGES: dict[tuple[str, grpc.StatusCode], str] = {
     ("NodeUnpublishVolume", grpc.StatusCode.NOT_FOUND): IGNORABLE + ': volume "{v}" could not be found',
 }
 
+# Teardown calls whose NOT_FOUND means "already gone": the spec makes them idempotent, so the
+# client treats the answer as done (Nomad's client does the same). Decided by call and code; the
+# sentence's IGNORABLE prefix is for the operator only.
+_IGNORABLE: frozenset[tuple[str, grpc.StatusCode]] = frozenset(
+    {
+        ("ControllerUnpublishVolume", grpc.StatusCode.NOT_FOUND),
+        ("NodeUnstageVolume", grpc.StatusCode.NOT_FOUND),
+        ("NodeUnpublishVolume", grpc.StatusCode.NOT_FOUND),
+    }
+)
+
 _CONTROLLER_CALLS = {
     "CreateVolume",
     "DeleteVolume",
@@ -106,4 +123,11 @@ def unpack(err: grpc.RpcError, call: str, *, plugin: str, volume: str = "", node
         head = f"CSI plugin {plugin!r} is not answering {call}; check that the plugin is running"
     else:
         head = f"CSI plugin {plugin!r} failed {call}" + (f' for volume "{volume}"' if volume else "")
-    return CSIError(f"{head}: {raw}", code=code.name, call=call, volume=volume, plugin_message=detail)
+    return CSIError(
+        f"{head}: {raw}",
+        code=code.name,
+        call=call,
+        volume=volume,
+        plugin_message=detail,
+        ignorable=(call, code) in _IGNORABLE,
+    )
