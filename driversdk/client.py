@@ -31,7 +31,7 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
-from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin
+from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin, rpc_call_of
 
 T = TypeVar("T")
 
@@ -45,7 +45,8 @@ class PluginInfo:
 
 
 def _recoverable(err: grpc.RpcError) -> bool:
-    status = rpc_status.from_call(err) if isinstance(err, grpc.Call) else None
+    call = rpc_call_of(err)
+    status = rpc_status.from_call(call) if call is not None else None
     if status is None:
         return False
     for detail in status.details:
@@ -58,8 +59,9 @@ def _recoverable(err: grpc.RpcError) -> bool:
 
 def call_error(err: grpc.RpcError, call: str, plugin: str) -> PluginCallError:
     """Turn an RpcError into one operator sentence that keeps the driver's own words."""
-    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = err.details() if isinstance(err, grpc.Call) else str(err)
+    failed = rpc_call_of(err)
+    code = failed.code() if failed is not None else grpc.StatusCode.UNKNOWN
+    details = failed.details() if failed is not None else str(err)
     name = code.name if code is not None else "UNKNOWN"
     if code == grpc.StatusCode.UNAVAILABLE:
         message = f"{plugin} plugin is not answering ({call}): {details}; check that the plugin process is running"

@@ -20,6 +20,7 @@ from driversdk.csi.errors import CSIConnectError, CSIError, unpack
 from driversdk.csi.model import AttachmentMode, Volume, VolumeCapability
 from driversdk.csi.retry import policy_for
 from driversdk.pb import csi_pb2, csi_pb2_grpc
+from driversdk.plugin.host import rpc_call_of
 
 log = logging.getLogger("driversdk.csi")
 T = TypeVar("T")
@@ -105,7 +106,8 @@ class CSIClient:
             try:
                 return fn(request, timeout=policy.attempt_timeout)
             except grpc.RpcError as err:
-                code = err.code() if isinstance(err, grpc.Call) else None
+                failed = rpc_call_of(err)
+                code = failed.code() if failed is not None else None
                 if attempt < policy.attempts and code in policy.codes:
                     wait = policy.backoff(attempt)
                     log.debug("retrying CSI call", extra={"call": call, "code": str(code), "wait": wait})
