@@ -8,6 +8,7 @@ import re
 import grpc
 
 from driversdk.errors import DriverSDKError
+from driversdk.plugin.host import rpc_call_of
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 IGNORABLE = "CSI client error (ignorable)"
@@ -110,8 +111,9 @@ _CONTROLLER_CALLS = {
 
 
 def unpack(err: grpc.RpcError, call: str, *, plugin: str, volume: str = "", node: str = "", path: str = "") -> CSIError:
-    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
-    detail = clean_detail(err.details() if isinstance(err, grpc.Call) else str(err))
+    failed = rpc_call_of(err)
+    code = failed.code() if failed is not None else grpc.StatusCode.UNKNOWN
+    detail = clean_detail(failed.details() if failed is not None else str(err))
     raw = f"rpc error: code = {_camel(code)} desc = {detail}"
     template = _MESSAGES.get((call, code))
     if template is not None:
