@@ -192,7 +192,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 if args.tail is None:
                     follower.drain(write)
                 return 0
-            logtail.follow(follower, write, running, state_dir=data_dir, collector_alive=collector_alive)
+            logtail.follow(follower, write, running, collector_alive=collector_alive)
         finally:
             follower.close()
     finally:

@@ -275,24 +275,22 @@ def follow(
     write: Callable[[bytes], None],
     running: Callable[[], bool],
     *,
-    state_dir: str | None = None,
     collector_alive: Callable[[], bool] = lambda: False,
     recheck: float = 1.0,
 ) -> None:
     """Copy the stream to ``write`` as it grows, until ``running()`` says the task has ended.
 
-    Data wakes the reader through inotify on the logs directory. ``running`` is asked on every
-    wake-up and at least every ``recheck`` seconds; when ``state_dir`` (the data dir) is given,
-    a write to its state.db wakes the reader too, so the end of the task is seen at once."""
+    Data wakes the reader through inotify on the logs directory; ``running`` is asked on every
+    wake-up and at least every ``recheck`` seconds. (A watch on state.db cannot replace that timer:
+    SQLite appends a commit to the WAL file, which wakes a watcher, before it publishes the commit
+    in the shared-memory index, which does not, so the woken reader may still see the old state.)"""
     inotify = Inotify()
     try:
         prefix = follower.logs.prefix
         inotify.watch(
             f"/proc/self/fd/{follower.logs.fd}", IN_MODIFY | IN_CREATE | IN_MOVED_TO, lambda n: n.startswith(prefix)
         )
-        if state_dir is not None:
-            inotify.watch(state_dir, IN_MODIFY, lambda n: n in ("state.db", "state.db-wal"))
-        # The watches exist before the first read: nothing written after it goes unnoticed.
+        # The watch exists before the first read: nothing written after it goes unnoticed.
         while True:
             alive = running()  # asked before reading, so what was written before the end is read
             follower.drain(write)
