@@ -36,14 +36,14 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def make_state(data: Path, state: str = "running") -> Path:
+def make_state(data: Path, state: str = "running", logmon_pid: int = 0) -> Path:
     """A data dir in which task "web" of job "shop" ran (or runs), as `driversdk run` records it;
     returns the task's logs dir."""
     alloc_dir = data / "allocs" / ALLOC
     logs = alloc_dir / "alloc" / "logs"
     logs.mkdir(parents=True)
     run = RunState(str(data))
-    run.started(ALLOC, "shop", "web", "web", "docker", "task-id", b"", str(alloc_dir))
+    run.started(ALLOC, "shop", "web", "web", "docker", "task-id", b"", str(alloc_dir), logmon_pid)
     if state != "running":
         run.finished(ALLOC, "web", 3, 0, False)
     run.close()
@@ -386,6 +386,37 @@ def test_logs_follow_appends_and_rotation_then_exits_when_the_task_ends(tmp_path
     seen += proc.stdout.read()
     assert bytes(seen) == b"old-2\nappended\npartial-rest\nrotated\n"
     assert proc.stderr.read() == b""
+
+
+def test_follow_ends_while_the_collector_lives_on(tmp_path: Path) -> None:
+    """The collector of an ended task may outlive it (the run stops it with the allocation): -f
+    reads what it still copies, then returns once the files are quiet, not when it exits."""
+    collector = subprocess.Popen(["sleep", "300"])
+    try:
+        data = tmp_path / "data"
+        logs = make_state(data, logmon_pid=collector.pid)
+        (logs / "web.stdout.0").write_text("before\n")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "driversdk.cli", "logs", "web", "-f", "--data-dir", str(data)],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        seen = bytearray()
+        try:
+            read_until(proc, b"before\n", seen)
+            finish(data)
+            with open(logs / "web.stdout.0", "a") as fh:
+                fh.write("last words\n")
+            assert proc.wait(timeout=30) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        assert bytes(seen) + proc.stdout.read() == b"before\nlast words\n"
+        assert collector.poll() is None
+    finally:
+        collector.kill()
+        collector.wait()
 
 
 FOLLOWER = """
