@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from grpc_status import rpc_status
@@ -34,6 +34,17 @@ from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, r
 from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin, rpc_call_of
 
 T = TypeVar("T")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Resp_co = TypeVar("Resp_co", covariant=True)
+
+
+class _ServerStream(Protocol[Resp_co]):
+    """What a server-streaming stub call returns: its messages, and a way to cancel the call."""
+
+    def __iter__(self) -> Iterator[Resp_co]: ...
+
+    def cancel(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,11 @@ def call_error(err: grpc.RpcError, call: str, plugin: str) -> PluginCallError:
 class ExecStream:
     """Output of a streaming exec: iterate ``(stream, data)`` pairs; ``result`` once finished."""
 
-    def __init__(self, responses: Iterator[Any], on_error: Callable[[grpc.RpcError], Exception]) -> None:
+    def __init__(
+        self,
+        responses: Iterator[driver_pb2.ExecTaskStreamingResponse],
+        on_error: Callable[[grpc.RpcError], Exception],
+    ) -> None:
         self._responses = responses
         self._on_error = on_error
         self.result: ExitResult | None = None
@@ -115,7 +130,9 @@ class DriverClient:
 
     # --- plumbing ----------------------------------------------------------------------------
 
-    def _unary(self, call: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+    def _unary(
+        self, call: str, fn: grpc.UnaryUnaryMultiCallable[Req, Resp], request: Req, timeout: float | None = None
+    ) -> Resp:
         try:
             return fn(request, timeout=timeout)
         except grpc.RpcError as err:
@@ -174,7 +191,7 @@ class DriverClient:
         resp = self._unary("Capabilities", self._driver.Capabilities, driver_pb2.CapabilitiesRequest(), 30)
         return convert.capabilities_from_proto(resp.capabilities)
 
-    def _stream(self, call: str, stream: Any, convert_one: Callable[[Any], T]) -> Iterator[T]:
+    def _stream(self, call: str, stream: _ServerStream[Resp], convert_one: Callable[[Resp], T]) -> Iterator[T]:
         """Yield converted messages of a server stream; closing the iterator cancels the call."""
         try:
             for resp in stream:

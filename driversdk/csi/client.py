@@ -10,9 +10,9 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -24,6 +24,7 @@ from driversdk.plugin.host import rpc_call_of
 
 log = logging.getLogger("driversdk.csi")
 T = TypeVar("T")
+Req = TypeVar("Req")
 
 _STAGE = csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME
 _PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
@@ -98,7 +99,14 @@ class CSIClient:
         self.channel.close()
 
     def _call(
-        self, call: str, fn: Callable[..., T], request: Any, *, volume: str = "", node: str = "", path: str = ""
+        self,
+        call: str,
+        fn: grpc.UnaryUnaryMultiCallable[Req, T],
+        request: Req,
+        *,
+        volume: str = "",
+        node: str = "",
+        path: str = "",
     ) -> T:
         policy = policy_for(call)
         for attempt in range(1, policy.attempts + 1):
