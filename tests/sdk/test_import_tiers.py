@@ -60,6 +60,7 @@ CORE_SCRIPT = textwrap.dedent(
     import driversdk.service
     import driversdk.testing
     import driversdk.testing.conformance
+    import driversdk.testing.pytest_plugin  # loaded by every pytest run where driversdk is installed
     from driversdk import DriverClient, DriverPlugin, ExecSession, launch, reattach, serve
 
     leaked = sorted(m for m in sys.modules if m.partition(".")[0] in sys.argv[1].split(","))
