@@ -455,6 +455,10 @@ def _command(args: argparse.Namespace) -> str:
     return "driversdk " + " ".join(words)
 
 
+# Packages that only an extra installs (pyproject's optional dependencies), by import name.
+_EXTRA_OF = {"hcl2": "runner", "lark": "runner", "docker": "docker", "requests": "docker", "pyroute2": "exec"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -468,6 +472,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as err:
+        extra = _EXTRA_OF.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(
+            f"error: `{_command(args)}` needs the {extra!r} extra, which is not installed (no module {err.name!r}); "
+            f"install it with: pip install 'driversdk[{extra}]'",
+            file=sys.stderr,
+        )
+        return 1
     except BrokenPipeError:
         # The reader went away (`driversdk logs web | head`): not a failure of ours. Point stdout at
         # /dev/null so the interpreter's final flush does not complain about the pipe again.

@@ -142,3 +142,15 @@ def test_a_bundled_driver_without_its_extra_says_which_to_install(tmp_path: Path
         f"driversdk-{driver} needs the {driver} extra ({missing} is missing): pip install 'driversdk[{driver}]'"
     )
     assert f"import {missing}" in refused
+
+
+def test_validate_without_the_runner_extra_names_the_extra_to_install(tmp_path: Path) -> None:
+    job = tmp_path / "job.hcl"
+    job.write_text('job "j" {\n  group "g" {\n    task "t" {\n      driver = "exec"\n    }\n  }\n}\n')
+    script = "import sys; from driversdk.cli import main; sys.exit(main(sys.argv[1:]))"
+    done, refused = _run_blocked(tmp_path, script, "validate", str(job))
+    assert done.returncode == 1, done.stderr
+    assert "`driversdk validate` needs the 'runner' extra, which is not installed (no module 'hcl2')" in done.stderr
+    assert "pip install 'driversdk[runner]'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "import hcl2" in refused
