@@ -149,13 +149,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """Print a task's collected log files in order; -f keeps following while the task runs."""
-    import time
-
-    from driversdk.runner.run import log_files
+    """Print a task's collected log files in order (or their last -n lines); -f keeps following
+    while the task runs, woken by inotify when the files grow or rotate."""
+    from driversdk import logtail
     from driversdk.runner.runstate import RunState, RunStateError
 
-    state = RunState(_data_dir(args, existing=True))
+    data_dir = _data_dir(args, existing=True)
+    state = RunState(data_dir)
     records = [
         r for r in state.tasks() if r.task == args.task and (not args.alloc or r.alloc_id.startswith(args.alloc))
     ]
@@ -163,24 +163,48 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise RunStateError(f"task {args.task!r} has not been run with this data_dir; `driversdk status` lists tasks")
     record = records[-1]
     kind = "stderr" if args.stderr else "stdout"
-    files = log_files(record.alloc_dir, record.task, kind)
-    if not files and record.state != "running":
+    logs = logtail.LogDir.open(record.alloc_dir, record.task, kind)
+    if logs is None or (not logs.indexes() and record.state != "running"):
         raise RunStateError(f"log entry for task {args.task!r} and log type {kind!r} not found (were logs disabled?)")
-    offsets: dict[str, int] = {}
-    while True:
-        for path in log_files(record.alloc_dir, record.task, kind):
-            with open(path, "rb") as fh:
-                fh.seek(offsets.get(path, 0))
-                data = fh.read()
-                offsets[path] = fh.tell()
-            sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        if not args.follow:
-            return 0
-        current = [r for r in state.tasks() if r.alloc_id == record.alloc_id and r.task == record.task]
-        if current and current[0].state != "running":
-            return 0
-        time.sleep(0.5)
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()  # a follower's reader sees each chunk as it arrives
+
+    def running() -> bool:
+        now = [r for r in state.tasks(record.alloc_id) if r.task == record.task]
+        return bool(now) and now[0].state == "running"
+
+    def collector_alive() -> bool:
+        if not record.logmon_pid:
+            return False
+        try:
+            os.kill(record.logmon_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    try:
+        if args.tail is not None:
+            text, follower = logtail.last_lines(logs, args.tail)
+            write(text)
+        else:
+            follower = logtail.Follower(logs)
+        try:
+            if not args.follow:
+                if args.tail is None:
+                    follower.drain(write)
+                return 0
+            logtail.follow(follower, write, running, collector_alive=collector_alive)
+        finally:
+            follower.close()
+    finally:
+        logs.close()
+        state.close()
+    return 0
 
 
 def _volume_store(args: argparse.Namespace, *, existing: bool = False) -> Any:
@@ -281,11 +305,78 @@ def cmd_volume_deregister(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """``--version``: looked up only when asked, so other commands do not pay for the metadata."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from driversdk.model import DRIVER_API_VERSION
+        from driversdk.plugin.handshake import APP_PROTOCOL_VERSION
+
+        try:
+            mine = version("driversdk")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            mine = "unknown (not installed)"
+        print(f"driversdk {mine}")
+        print(f"driver plugin API {DRIVER_API_VERSION} (go-plugin protocol {APP_PROTOCOL_VERSION}, grpc)")
+        parser.exit(0)
+
+
+def _where(prefix: str = "") -> argparse.ArgumentParser:
+    """--client / --data-dir, the one definition for every command that works on a data dir.
+
+    It is a parent of the top-level parser, of the `volume` and `plugin` groups and of each data-dir
+    sub-command, so the options go before or after the sub-command. SUPPRESS as the default: a
+    sub-parser's default would otherwise overwrite what was given before it."""
+    where = argparse.ArgumentParser(add_help=False)
+    group = where.add_argument_group("data dir")
+    group.add_argument(
+        "--client",
+        dest=prefix + "client",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="client config file (HCL); its data_dir is used",
+    )
+    group.add_argument(
+        "--data-dir",
+        dest=prefix + "data_dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="state directory (default: the client config's data_dir)",
+    )
+    return where
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of lines (0 or more), not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="driversdk", description="Nomad-compatible task-driver plugins in Python.")
+    # The top level keeps what it is given apart (global_client, global_data_dir): `run` and
+    # `validate` have a --client of their own whose default would overwrite it; main() merges.
+    parser = argparse.ArgumentParser(
+        prog="driversdk",
+        description="Nomad-compatible task-driver plugins in Python.",
+        epilog="exit status: 0 success; 1 a task failed, the checked thing is invalid or the command "
+        "could not do its work (one sentence on stderr); 2 the command line was refused before "
+        "anything started; 130 interrupted.",
+        parents=[_where("global_")],
+    )
+    parser.add_argument("--version", action=_Version, help="the SDK's version and the plugin API it speaks")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    where = _where()
     sub = parser.add_subparsers(dest="cmd", required=True)
-    plugin = sub.add_parser("plugin", help="work with driver plugin binaries")
+    plugin = sub.add_parser("plugin", parents=[where], help="work with driver plugin binaries")
     plugin_sub = plugin.add_subparsers(dest="plugin_cmd", required=True)
     probe = plugin_sub.add_parser("probe", help="launch a plugin through the handshake and describe it")
     probe.add_argument("--config", help="plugin config as JSON (encoded with the plugin's own schema)")
@@ -295,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.set_defaults(func=cmd_plugin_probe)
     validate = sub.add_parser("validate", help="check a job before any task starts")
     validate.add_argument("job", help="the job file (HCL)")
+    # Not the data-dir parent: validate reads the client config, and a --data-dir would be ignored.
     validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
     validate.set_defaults(func=cmd_validate)
@@ -305,32 +397,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object per event line")
     run.set_defaults(func=cmd_run)
 
-    status = sub.add_parser("status", help="tasks started by `driversdk run` on this client")
-    status.add_argument("--client", help="client config file (for its data_dir)")
-    status.add_argument("--data-dir")
+    status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
-    logs = sub.add_parser("logs", help="print a task's collected stdout (or --stderr)")
+    logs = sub.add_parser("logs", parents=[where], help="print a task's collected stdout (or --stderr)")
     logs.add_argument("task")
     logs.add_argument("--alloc", help="allocation id (prefix); default: the newest run of the task")
     logs.add_argument("--stderr", action="store_true")
-    logs.add_argument("-f", "--follow", action="store_true")
-    logs.add_argument("--client", help="client config file (for its data_dir)")
-    logs.add_argument("--data-dir")
+    logs.add_argument("-n", "--tail", type=_count, metavar="N", help="only the last N lines, across rotated files")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing while the task runs")
     logs.set_defaults(func=cmd_logs)
-
-    # --client / --data-dir are accepted before or after the sub-command.
-    where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--client", default=argparse.SUPPRESS, help="client config file (for its data_dir)")
-    where.add_argument("--data-dir", default=argparse.SUPPRESS, help="state directory (default: the client's)")
 
     pstatus = plugin_sub.add_parser("status", parents=[where], help="CSI plugins registered on this client")
     pstatus.add_argument("--json", action="store_true")
     pstatus.set_defaults(func=cmd_plugin_status)
 
-    volume = sub.add_parser("volume", help="register and inspect CSI volumes on this client")
-    volume.add_argument("--client", help="client config file (for its data_dir)")
-    volume.add_argument("--data-dir", help="state directory (default: the client config's data_dir)")
+    volume = sub.add_parser("volume", parents=[where], help="register and inspect CSI volumes on this client")
     vsub = volume.add_subparsers(dest="volume_cmd", required=True)
     register = vsub.add_parser("register", parents=[where], help="register a volume, or merge an update onto it")
     register.add_argument("file", help="volume specification (HCL)")
@@ -347,13 +429,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Which of --client / --data-dir each command reads; the others refuse them (exit 2) rather than
+# ignore them. A command missing here takes neither.
+DATA_DIR_OPTIONS = ("client", "data_dir")
+_TAKES: dict[Any, tuple[str, ...]] = {
+    cmd_validate: ("client",),
+    cmd_run: ("client",),
+    cmd_status: DATA_DIR_OPTIONS,
+    cmd_logs: DATA_DIR_OPTIONS,
+    cmd_plugin_status: DATA_DIR_OPTIONS,
+    cmd_volume_register: DATA_DIR_OPTIONS,
+    cmd_volume_status: DATA_DIR_OPTIONS,
+    cmd_volume_deregister: DATA_DIR_OPTIONS,
+}
+
+
+def _merge_where(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Apply a --client / --data-dir given before the sub-command, and refuse one given to a command
+    that would not read it."""
+    takes = _TAKES.get(args.func, ())
+    for name in DATA_DIR_OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        early = getattr(args, "global_" + name, None)
+        if name not in takes and (early is not None or getattr(args, name, None) is not None):
+            parser.error(f"{flag} does not apply to `{_command(args)}`")
+        if early is not None and getattr(args, name, None) is None:
+            setattr(args, name, early)
+
+
 def _command(args: argparse.Namespace) -> str:
     words = [args.cmd] + [getattr(args, k) for k in ("plugin_cmd", "volume_cmd") if getattr(args, k, None)]
     return "driversdk " + " ".join(words)
 
 
+# Packages that only an extra installs (pyproject's optional dependencies), by import name.
+_EXTRA_OF = {"hcl2": "runner", "lark": "runner", "docker": "docker", "requests": "docker", "pyroute2": "exec"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _merge_where(parser, args)
     try:
         code: int = args.func(args)
     except DriverSDKError as err:
@@ -363,6 +479,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as err:
+        extra = _EXTRA_OF.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(
+            f"error: `{_command(args)}` needs the {extra!r} extra, which is not installed (no module {err.name!r}); "
+            f"install it with: pip install 'driversdk[{extra}]'",
+            file=sys.stderr,
+        )
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`driversdk logs web | head`): not a failure of ours. Point stdout at
+        # /dev/null so the interpreter's final flush does not complain about the pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as err:  # the last stop before a traceback would reach an operator
         if args.debug:
             traceback.print_exc()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from grpc_status import rpc_status
@@ -31,9 +31,20 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
-from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin
+from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin, rpc_call_of
 
 T = TypeVar("T")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Resp_co = TypeVar("Resp_co", covariant=True)
+
+
+class _ServerStream(Protocol[Resp_co]):
+    """What a server-streaming stub call returns: its messages, and a way to cancel the call."""
+
+    def __iter__(self) -> Iterator[Resp_co]: ...
+
+    def cancel(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,8 @@ class PluginInfo:
 
 
 def _recoverable(err: grpc.RpcError) -> bool:
-    status = rpc_status.from_call(err) if isinstance(err, grpc.Call) else None
+    call = rpc_call_of(err)
+    status = rpc_status.from_call(call) if call is not None else None
     if status is None:
         return False
     for detail in status.details:
@@ -58,8 +70,9 @@ def _recoverable(err: grpc.RpcError) -> bool:
 
 def call_error(err: grpc.RpcError, call: str, plugin: str) -> PluginCallError:
     """Turn an RpcError into one operator sentence that keeps the driver's own words."""
-    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = err.details() if isinstance(err, grpc.Call) else str(err)
+    failed = rpc_call_of(err)
+    code = failed.code() if failed is not None else grpc.StatusCode.UNKNOWN
+    details = failed.details() if failed is not None else str(err)
     name = code.name if code is not None else "UNKNOWN"
     if code == grpc.StatusCode.UNAVAILABLE:
         message = f"{plugin} plugin is not answering ({call}): {details}; check that the plugin process is running"
@@ -71,7 +84,11 @@ def call_error(err: grpc.RpcError, call: str, plugin: str) -> PluginCallError:
 class ExecStream:
     """Output of a streaming exec: iterate ``(stream, data)`` pairs; ``result`` once finished."""
 
-    def __init__(self, responses: Iterator[Any], on_error: Callable[[grpc.RpcError], Exception]) -> None:
+    def __init__(
+        self,
+        responses: Iterator[driver_pb2.ExecTaskStreamingResponse],
+        on_error: Callable[[grpc.RpcError], Exception],
+    ) -> None:
         self._responses = responses
         self._on_error = on_error
         self.result: ExitResult | None = None
@@ -113,7 +130,9 @@ class DriverClient:
 
     # --- plumbing ----------------------------------------------------------------------------
 
-    def _unary(self, call: str, fn: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+    def _unary(
+        self, call: str, fn: grpc.UnaryUnaryMultiCallable[Req, Resp], request: Req, timeout: float | None = None
+    ) -> Resp:
         try:
             return fn(request, timeout=timeout)
         except grpc.RpcError as err:
@@ -172,7 +191,7 @@ class DriverClient:
         resp = self._unary("Capabilities", self._driver.Capabilities, driver_pb2.CapabilitiesRequest(), 30)
         return convert.capabilities_from_proto(resp.capabilities)
 
-    def _stream(self, call: str, stream: Any, convert_one: Callable[[Any], T]) -> Iterator[T]:
+    def _stream(self, call: str, stream: _ServerStream[Resp], convert_one: Callable[[Resp], T]) -> Iterator[T]:
         """Yield converted messages of a server stream; closing the iterator cancels the call."""
         try:
             for resp in stream:

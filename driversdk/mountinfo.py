@@ -10,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from driversdk.errors import DriverSDKError
+
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
 
@@ -56,8 +58,8 @@ class MountEntry:
         return ",".join(kinds) or "private"
 
 
-class MountinfoError(ValueError):
-    pass
+class MountinfoError(DriverSDKError, ValueError):
+    """mountinfo that does not parse (a ValueError too, as it always was)."""
 
 
 def parse_line(line: str) -> MountEntry:
@@ -83,6 +85,18 @@ def parse_line(line: str) -> MountEntry:
 def read_mountinfo(pid: int | str = "self") -> list[MountEntry]:
     with open(f"/proc/{pid}/mountinfo") as fh:
         return [parse_line(line) for line in fh if line.strip()]
+
+
+def is_mount_point(path: str, entries: list[MountEntry] | None = None) -> bool:
+    """Whether something is mounted exactly at ``path``.
+
+    The kernel reports a mount point fully resolved (no symlinks, no ``..``) and with space,
+    tab, newline and backslash octal-escaped; read_mountinfo undoes the escapes, so resolving
+    ``path`` the same way makes the two comparable. Pass ``entries`` to test many paths
+    against one read of mountinfo.
+    """
+    real = os.path.realpath(path)
+    return any(e.mount_point == real for e in (entries if entries is not None else read_mountinfo()))
 
 
 def find_mount(path: str, entries: list[MountEntry] | None = None) -> MountEntry:

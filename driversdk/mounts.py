@@ -50,7 +50,10 @@ _LINUX_PROPAGATION = {
 }
 
 
-class UnknownPropagationError(ValueError):
+class UnknownPropagationError(ConfigError, ValueError):
+    """A propagation mode outside the three Nomad accepts: operator config, INVALID_ARGUMENT on
+    the wire. A ValueError too, as it always was."""
+
     def __init__(self, text: str) -> None:
         choices = ", ".join(repr(m.value) for m in Propagation)
         super().__init__(f"unknown propagation_mode {text!r}: use one of {choices} (empty means 'private')")

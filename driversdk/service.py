@@ -27,7 +27,7 @@ from driversdk.errors import (
     TaskNotFoundError,
 )
 from driversdk.hclspec import Spec, decode
-from driversdk.model import DRIVER_API_VERSION, AgentConfig, TaskConfig
+from driversdk.model import DRIVER_API_VERSION, AgentConfig, ExitResult, TaskConfig
 from driversdk.mounts import UnknownPropagationError
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
 
@@ -81,7 +81,9 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
     def __init__(self, driver: DriverPlugin) -> None:
         self._driver = driver
 
-    def PluginInfo(self, request: Any, context: grpc.ServicerContext) -> base_pb2.PluginInfoResponse:
+    def PluginInfo(
+        self, request: base_pb2.PluginInfoRequest, context: grpc.ServicerContext
+    ) -> base_pb2.PluginInfoResponse:
         return base_pb2.PluginInfoResponse(
             type=base_pb2.DRIVER,
             plugin_api_versions=[DRIVER_API_VERSION],
@@ -89,13 +91,17 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
             name=self._driver.name,
         )
 
-    def ConfigSchema(self, request: Any, context: grpc.ServicerContext) -> base_pb2.ConfigSchemaResponse:
+    def ConfigSchema(
+        self, request: base_pb2.ConfigSchemaRequest, context: grpc.ServicerContext
+    ) -> base_pb2.ConfigSchemaResponse:
         spec = _call(context, "ConfigSchema", self._driver.config_schema)
         if spec is None:
             return base_pb2.ConfigSchemaResponse()
         return base_pb2.ConfigSchemaResponse(spec=spec.to_proto())
 
-    def SetConfig(self, request: Any, context: grpc.ServicerContext) -> base_pb2.SetConfigResponse:
+    def SetConfig(
+        self, request: base_pb2.SetConfigRequest, context: grpc.ServicerContext
+    ) -> base_pb2.SetConfigResponse:
         def apply() -> None:
             spec = self._driver.config_schema()
             config: dict[str, Any] = {}
@@ -120,7 +126,11 @@ class _GrpcExecSession(ExecSession):
     """Bridges ExecTaskStreaming's request iterator and response queue to the driver."""
 
     def __init__(
-        self, setup: Any, requests: Iterator[Any], out: queue.Queue[Any], context: grpc.ServicerContext
+        self,
+        setup: driver_pb2.ExecTaskStreamingRequest.Setup,
+        requests: Iterator[driver_pb2.ExecTaskStreamingRequest],
+        out: queue.Queue[driver_pb2.ExecTaskStreamingResponse | None],
+        context: grpc.ServicerContext,
     ) -> None:
         self.task_id = setup.task_id
         self.command = list(setup.command)
@@ -135,7 +145,7 @@ class _GrpcExecSession(ExecSession):
         self._reader = threading.Thread(target=self._pump, args=(requests,), daemon=True)
         self._reader.start()
 
-    def _pump(self, requests: Iterator[Any]) -> None:
+    def _pump(self, requests: Iterator[driver_pb2.ExecTaskStreamingRequest]) -> None:
         try:
             for req in requests:
                 if req.HasField("stdin"):
@@ -174,15 +184,12 @@ class _GrpcExecSession(ExecSession):
     def terminal_size(self) -> TerminalSize | None:
         return self._size
 
-    def on_resize(self, callback: Any) -> None:
+    def on_resize(self, callback: Callable[[TerminalSize], None]) -> None:
         self._resize_callbacks.append(callback)
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
-
-
-_DONE = object()
 
 
 class DriverServicer(driver_pb2_grpc.DriverServicer):
@@ -197,7 +204,7 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
             self._task_spec = self._driver.task_config_schema()
         return self._task_spec
 
-    def _decode_task(self, pb: Any) -> TaskConfig:
+    def _decode_task(self, pb: driver_pb2.TaskConfig) -> TaskConfig:
         task = convert.task_config_from_proto(pb)
         if task.msgpack_driver_config:
             task.driver_config = decode(
@@ -207,23 +214,31 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
 
     # --- unary calls -----------------------------------------------------------------------
 
-    def Init(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.InitResponse:
+    def Init(self, request: driver_pb2.InitRequest, context: grpc.ServicerContext) -> driver_pb2.InitResponse:
         _call(context, "Init", self._driver.init)
         return driver_pb2.InitResponse()
 
-    def Shutdown(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.ShutdownResponse:
+    def Shutdown(
+        self, request: driver_pb2.ShutdownRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.ShutdownResponse:
         _call(context, "Shutdown", self._driver.shutdown)
         return driver_pb2.ShutdownResponse()
 
-    def TaskConfigSchema(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.TaskConfigSchemaResponse:
+    def TaskConfigSchema(
+        self, request: driver_pb2.TaskConfigSchemaRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.TaskConfigSchemaResponse:
         spec = _call(context, "TaskConfigSchema", self._task_schema)
         return driver_pb2.TaskConfigSchemaResponse(spec=spec.to_proto())
 
-    def Capabilities(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.CapabilitiesResponse:
+    def Capabilities(
+        self, request: driver_pb2.CapabilitiesRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.CapabilitiesResponse:
         caps = _call(context, "Capabilities", self._driver.capabilities)
         return driver_pb2.CapabilitiesResponse(capabilities=convert.capabilities_to_proto(caps))
 
-    def StartTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.StartTaskResponse:
+    def StartTask(
+        self, request: driver_pb2.StartTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.StartTaskResponse:
         def start() -> driver_pb2.StartTaskResponse:
             task = self._decode_task(request.task)
             handle = self._driver.start_task(task)
@@ -236,7 +251,9 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
 
         return _call(context, "StartTask", start)
 
-    def RecoverTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.RecoverTaskResponse:
+    def RecoverTask(
+        self, request: driver_pb2.RecoverTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.RecoverTaskResponse:
         def recover() -> None:
             handle = convert.task_handle_from_proto(request.handle)
             if handle.config.msgpack_driver_config:
@@ -252,20 +269,28 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         _call(context, "RecoverTask", recover)
         return driver_pb2.RecoverTaskResponse()
 
-    def WaitTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.WaitTaskResponse:
+    def WaitTask(
+        self, request: driver_pb2.WaitTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.WaitTaskResponse:
         result = _call(context, "WaitTask", lambda: self._driver.wait_task(request.task_id))
         return driver_pb2.WaitTaskResponse(result=convert.exit_result_to_proto(result))
 
-    def StopTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.StopTaskResponse:
+    def StopTask(
+        self, request: driver_pb2.StopTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.StopTaskResponse:
         timeout = convert.duration_from_proto(request.timeout)
         _call(context, "StopTask", lambda: self._driver.stop_task(request.task_id, timeout, request.signal))
         return driver_pb2.StopTaskResponse()
 
-    def DestroyTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.DestroyTaskResponse:
+    def DestroyTask(
+        self, request: driver_pb2.DestroyTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.DestroyTaskResponse:
         _call(context, "DestroyTask", lambda: self._driver.destroy_task(request.task_id, request.force))
         return driver_pb2.DestroyTaskResponse()
 
-    def InspectTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.InspectTaskResponse:
+    def InspectTask(
+        self, request: driver_pb2.InspectTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.InspectTaskResponse:
         status = _call(context, "InspectTask", lambda: self._driver.inspect_task(request.task_id))
         resp = driver_pb2.InspectTaskResponse(
             task=convert.task_status_to_proto(status),
@@ -275,11 +300,15 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
             resp.network_override.CopyFrom(convert.network_override_to_proto(status.network_override))
         return resp
 
-    def SignalTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.SignalTaskResponse:
+    def SignalTask(
+        self, request: driver_pb2.SignalTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.SignalTaskResponse:
         _call(context, "SignalTask", lambda: self._driver.signal_task(request.task_id, request.signal))
         return driver_pb2.SignalTaskResponse()
 
-    def ExecTask(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.ExecTaskResponse:
+    def ExecTask(
+        self, request: driver_pb2.ExecTaskRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.ExecTaskResponse:
         timeout = convert.duration_from_proto(request.timeout) or None
         result = _call(
             context,
@@ -288,20 +317,26 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         )
         return convert.exec_result_to_proto(result)
 
-    def CreateNetwork(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.CreateNetworkResponse:
+    def CreateNetwork(
+        self, request: driver_pb2.CreateNetworkRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.CreateNetworkResponse:
         spec, created = _call(
             context, "CreateNetwork", lambda: self._driver.create_network(request.alloc_id, request.hostname)
         )
         return driver_pb2.CreateNetworkResponse(isolation_spec=convert.network_spec_to_proto(spec), created=created)
 
-    def DestroyNetwork(self, request: Any, context: grpc.ServicerContext) -> driver_pb2.DestroyNetworkResponse:
+    def DestroyNetwork(
+        self, request: driver_pb2.DestroyNetworkRequest, context: grpc.ServicerContext
+    ) -> driver_pb2.DestroyNetworkResponse:
         spec = convert.network_spec_from_proto(request.isolation_spec)
         _call(context, "DestroyNetwork", lambda: self._driver.destroy_network(request.alloc_id, spec))
         return driver_pb2.DestroyNetworkResponse()
 
     # --- streams ---------------------------------------------------------------------------
 
-    def Fingerprint(self, request: Any, context: grpc.ServicerContext) -> Iterator[driver_pb2.FingerprintResponse]:
+    def Fingerprint(
+        self, request: driver_pb2.FingerprintRequest, context: grpc.ServicerContext
+    ) -> Iterator[driver_pb2.FingerprintResponse]:
         # wait_fingerprint_change with an impossible generation returns the current one at once.
         generation = self._driver.wait_fingerprint_change(-1, 0)
         while context.is_active():
@@ -318,7 +353,9 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
                     break
                 waited += step
 
-    def TaskStats(self, request: Any, context: grpc.ServicerContext) -> Iterator[driver_pb2.TaskStatsResponse]:
+    def TaskStats(
+        self, request: driver_pb2.TaskStatsRequest, context: grpc.ServicerContext
+    ) -> Iterator[driver_pb2.TaskStatsResponse]:
         interval = convert.duration_from_proto(request.collection_interval) or 1.0
         stop = threading.Event()
         context.add_callback(stop.set)
@@ -330,7 +367,9 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
             if stop.wait(interval):
                 return
 
-    def TaskEvents(self, request: Any, context: grpc.ServicerContext) -> Iterator[driver_pb2.DriverTaskEvent]:
+    def TaskEvents(
+        self, request: driver_pb2.TaskEventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[driver_pb2.DriverTaskEvent]:
         subscriber = self._driver.subscribe_events()
         stop = threading.Event()
         context.add_callback(stop.set)
@@ -345,7 +384,7 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
             self._driver.unsubscribe_events(subscriber)
 
     def ExecTaskStreaming(
-        self, request_iterator: Iterator[Any], context: grpc.ServicerContext
+        self, request_iterator: Iterator[driver_pb2.ExecTaskStreamingRequest], context: grpc.ServicerContext
     ) -> Iterator[driver_pb2.ExecTaskStreamingResponse]:
         try:
             first = next(request_iterator)
@@ -353,31 +392,32 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
             return
         if not first.HasField("setup"):
             abort_with(context, ConfigError("the first ExecTaskStreaming message must carry setup"), "ExecTask")
-        out: queue.Queue[Any] = queue.Queue()
+        # None marks the end of the driver's output.
+        out: queue.Queue[driver_pb2.ExecTaskStreamingResponse | None] = queue.Queue()
         session = _GrpcExecSession(first.setup, request_iterator, out, context)
-        outcome: dict[str, Any] = {}
+        result: ExitResult | None = None
+        error: Exception | None = None
 
         def run() -> None:
+            nonlocal result, error
             try:
-                outcome["result"] = self._driver.exec_task_streaming(session)
+                result = self._driver.exec_task_streaming(session)
             except Exception as err:
-                outcome["error"] = err
+                error = err
             finally:
-                out.put(_DONE)
+                out.put(None)
 
         worker = threading.Thread(target=run, daemon=True, name=f"exec-{session.task_id}")
         worker.start()
-        while True:
-            item = out.get()
-            if item is _DONE:
-                break
+        while (item := out.get()) is not None:
             yield item
-        if "error" in outcome:
-            abort_with(context, outcome["error"], "ExecTaskStreaming")
+        if error is not None:
+            abort_with(context, error, "ExecTaskStreaming")
+        assert result is not None  # run() set one or the other before putting None
         closed = driver_pb2.ExecTaskStreamingIOOperation(close=True)
         yield driver_pb2.ExecTaskStreamingResponse(stdout=closed)
         yield driver_pb2.ExecTaskStreamingResponse(stderr=closed)
-        yield driver_pb2.ExecTaskStreamingResponse(exited=True, result=convert.exit_result_to_proto(outcome["result"]))
+        yield driver_pb2.ExecTaskStreamingResponse(exited=True, result=convert.exit_result_to_proto(result))
 
 
 def register_driver(server: grpc.Server, driver: DriverPlugin) -> None:

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import signal
 
-from driversdk.errors import ConfigError
+from driversdk.errors import DriverError
 
 
-class UnknownSignalError(ConfigError):
-    """A signal name this host does not know."""
+class UnknownSignalError(DriverError):
+    """A signal name this host does not know.
+
+    A DriverError, not a ConfigError: the drivers raise it from SignalTask and StopTask, where
+    an unknown name has always gone over the wire as INTERNAL (not recoverable), and validate
+    catches it by this class.
+    """
 
 
 def signal_name(name: str) -> str:

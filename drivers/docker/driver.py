@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal as signals
 import socket
 import struct
 import threading
@@ -49,6 +48,7 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.mounts import ensure_mounts_usable
+from driversdk.signals import signal_name
 
 log = logging.getLogger("driversdk.docker")
 
@@ -84,15 +84,6 @@ def _engine_call(what: str) -> Iterator[None]:
         raise DriverError(
             f"{what}: cannot reach the docker daemon ({err}); check that dockerd is running", recoverable=True
         ) from None
-
-
-def _signal_name(name: str) -> str:
-    normalized = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
-    try:
-        signals.Signals[normalized]
-    except KeyError:
-        raise DriverError(f"failed to parse signal: unknown signal {name!r}; use a name such as SIGTERM") from None
-    return normalized
 
 
 class DockerDriver(DriverPlugin):
@@ -310,7 +301,7 @@ class DockerDriver(DriverPlugin):
             self._tasks[handle.task.id] = handle
         threading.Thread(target=self._wait_container, args=(handle,), daemon=True).start()
 
-    def _fresh_client(self, timeout: float) -> Any:
+    def _fresh_client(self, timeout: int) -> Any:
         """A client on a new connection: a kept-alive one may still be served by an engine that
         already refuses new connections (dockerd closes its listener before stopping containers)."""
         version = getattr(self._api, "api_version", None) or "auto"
@@ -320,7 +311,7 @@ class DockerDriver(DriverPlugin):
 
     def _engine_answers(self) -> bool:
         try:
-            client = self._fresh_client(5.0)
+            client = self._fresh_client(5)
         except Exception:
             return False
         try:
@@ -496,7 +487,7 @@ class DockerDriver(DriverPlugin):
                 # The image's STOPSIGNAL (or SIGTERM), then SIGKILL after the timeout.
                 api.stop(cid, timeout=math.ceil(timeout))
             else:
-                api.kill(cid, signal=_signal_name(signal))
+                api.kill(cid, signal=signal_name(signal))
                 if not handle.done.wait(timeout):
                     api.stop(cid, timeout=0)
         except NotFound:
@@ -560,7 +551,7 @@ class DockerDriver(DriverPlugin):
         handle = self._get(task_id)
         try:
             with _engine_call(f"failed to signal task {handle.task.name!r}"):
-                self.api().kill(handle.state.container_id, signal=_signal_name(signal))
+                self.api().kill(handle.state.container_id, signal=signal_name(signal))
         except APIError as err:
             raise DriverError(f"failed to signal task {handle.task.name!r}: {err.explanation or err}") from None
 

@@ -58,9 +58,11 @@ def ensure_image(api: Any, task: TaskConfig, cfg: TaskDockerConfig, plugin: Plug
         return str(api.inspect_image(reference)["Id"])
     except PullStalled as err:
         raise DriverError(f"task {task.name!r}: Failed to pull `{reference}`: {err}", recoverable=True) from None
-    except (APIError, NotFound) as err:
-        cause = getattr(err, "explanation", None) or str(err)
-        not_found = "not found" in cause or "does not exist" in cause
+    except APIError as err:
+        cause = err.explanation or str(err)
+        # The engine's 404 (docker-py's NotFound/ImageNotFound) means no registry has the image:
+        # retrying cannot help. Anything else (a registry down, an error mid-stream) may pass.
+        not_found = isinstance(err, NotFound) or err.status_code == 404
         raise DriverError(
             f"task {task.name!r}: Failed to pull `{reference}`: {cause}; the image is not present locally "
             "and the registry could not provide it (load it with `docker load` or set `load` in the task config)",
@@ -174,8 +176,11 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-class PullStalled(Exception):
-    pass
+class PullStalled(DriverError):
+    """A pull that passed image_pull_timeout or stopped making progress; retrying may help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, recoverable=True)
 
 
 def _pull(

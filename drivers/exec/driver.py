@@ -50,6 +50,7 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.mounts import ensure_mounts_usable
+from driversdk.signals import signal_name
 
 log = logging.getLogger("driversdk.exec")
 
@@ -60,15 +61,6 @@ KILL_WAIT = 10.0
 def container_id_for(task_id: str) -> str:
     """runc ids allow only [\\w+-.]; Nomad task ids contain '/', so derive a stable one."""
     return "dsx-" + hashlib.sha256(task_id.encode()).hexdigest()[:24]
-
-
-def signal_name(name: str) -> str:
-    normalized = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
-    try:
-        signals.Signals[normalized]
-    except KeyError:
-        raise DriverError(f"failed to parse signal: unknown signal {name!r}; use a name such as SIGTERM") from None
-    return normalized
 
 
 class ExecDriver(DriverPlugin):

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from drivers.exec.driver import ExecDriver
+import sys
+
 from driversdk import serve
+
+# Installed by the `exec` extra, not by `pip install driversdk`.
+_EXTRA_MODULES = ("pyroute2",)
 
 
 def main() -> None:
+    try:
+        from drivers.exec.driver import ExecDriver
+    except ModuleNotFoundError as err:
+        if (err.name or "").partition(".")[0] not in _EXTRA_MODULES:
+            raise
+        # A sentence on stderr, which the host shows, instead of a traceback.
+        sys.exit(f"driversdk-exec needs the exec extra ({err.name} is missing): pip install 'driversdk[exec]'")
     serve(ExecDriver())
 
 

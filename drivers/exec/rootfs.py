@@ -16,7 +16,7 @@ import os
 import shutil
 
 from driversdk.errors import DriverError
-from driversdk.mountinfo import read_mountinfo
+from driversdk.mountinfo import is_mount_point, read_mountinfo
 
 MS_BIND = 0x1000
 MNT_DETACH = 2
@@ -34,13 +34,9 @@ def bind_self(rootfs: str) -> None:
     _mount(rootfs, rootfs, MS_BIND)
 
 
-def is_mounted(path: str) -> bool:
-    return any(e.mount_point == path for e in read_mountinfo())
-
-
 def unmount(rootfs: str) -> None:
     """Detach the self-bind (and anything stacked on it); no-op when it is not mounted."""
-    while is_mounted(rootfs):
+    while is_mount_point(rootfs):
         if _libc.umount2(rootfs.encode(), MNT_DETACH) != 0:
             code = ctypes.get_errno()
             raise DriverError(f"failed to unmount the task root {rootfs!r}: {os.strerror(code)}; unmount it by hand")
@@ -50,8 +46,10 @@ def remove_task_dir(path: str) -> None:
     """rm -r of a task dir, refusing to descend into anything still mounted below it."""
     if not os.path.exists(path):
         return
-    prefix = path.rstrip("/") + "/"
-    mounted = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(prefix) or e.mount_point == path]
+    # Compared as the kernel reports mount points: resolved, so a symlinked state dir still matches.
+    real = os.path.realpath(path)
+    prefix = real.rstrip("/") + "/"
+    mounted = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(prefix) or e.mount_point == real]
     if mounted:
         raise DriverError(
             f"refusing to remove task dir {path!r}: {', '.join(sorted(mounted))} still mounted below it; "

@@ -10,9 +10,9 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
@@ -20,9 +20,11 @@ from driversdk.csi.errors import CSIConnectError, CSIError, unpack
 from driversdk.csi.model import AttachmentMode, Volume, VolumeCapability
 from driversdk.csi.retry import policy_for
 from driversdk.pb import csi_pb2, csi_pb2_grpc
+from driversdk.plugin.host import rpc_call_of
 
 log = logging.getLogger("driversdk.csi")
 T = TypeVar("T")
+Req = TypeVar("Req")
 
 _STAGE = csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME
 _PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
@@ -97,7 +99,14 @@ class CSIClient:
         self.channel.close()
 
     def _call(
-        self, call: str, fn: Callable[..., T], request: Any, *, volume: str = "", node: str = "", path: str = ""
+        self,
+        call: str,
+        fn: grpc.UnaryUnaryMultiCallable[Req, T],
+        request: Req,
+        *,
+        volume: str = "",
+        node: str = "",
+        path: str = "",
     ) -> T:
         policy = policy_for(call)
         for attempt in range(1, policy.attempts + 1):
@@ -105,7 +114,8 @@ class CSIClient:
             try:
                 return fn(request, timeout=policy.attempt_timeout)
             except grpc.RpcError as err:
-                code = err.code() if isinstance(err, grpc.Call) else None
+                failed = rpc_call_of(err)
+                code = failed.code() if failed is not None else None
                 if attempt < policy.attempts and code in policy.codes:
                     wait = policy.backoff(attempt)
                     log.debug("retrying CSI call", extra={"call": call, "code": str(code), "wait": wait})

@@ -8,6 +8,7 @@ import re
 import grpc
 
 from driversdk.errors import DriverSDKError
+from driversdk.plugin.host import rpc_call_of
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 IGNORABLE = "CSI client error (ignorable)"
@@ -16,17 +17,23 @@ IGNORABLE = "CSI client error (ignorable)"
 class CSIError(DriverSDKError):
     """A CSI RPC failed. ``code`` is the gRPC code name; ``ignorable`` marks "already gone"."""
 
-    def __init__(self, message: str, *, code: str, call: str, volume: str = "", plugin_message: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        call: str,
+        volume: str = "",
+        plugin_message: str = "",
+        ignorable: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.call = call
         self.volume = volume
         self.plugin_message = plugin_message
-
-    @property
-    def ignorable(self) -> bool:
-        return self.message.startswith(IGNORABLE)
+        self.ignorable = ignorable
 
 
 class CSIConnectError(CSIError):
@@ -81,6 +88,17 @@ _MESSAGES: dict[tuple[str, grpc.StatusCode], str] = {
     ("NodeUnpublishVolume", grpc.StatusCode.NOT_FOUND): IGNORABLE + ': volume "{v}" could not be found',
 }
 
+# Teardown calls whose NOT_FOUND means "already gone": the spec makes them idempotent, so the
+# client treats the answer as done (Nomad's client does the same). Decided by call and code; the
+# sentence's IGNORABLE prefix is for the operator only.
+_IGNORABLE: frozenset[tuple[str, grpc.StatusCode]] = frozenset(
+    {
+        ("ControllerUnpublishVolume", grpc.StatusCode.NOT_FOUND),
+        ("NodeUnstageVolume", grpc.StatusCode.NOT_FOUND),
+        ("NodeUnpublishVolume", grpc.StatusCode.NOT_FOUND),
+    }
+)
+
 _CONTROLLER_CALLS = {
     "CreateVolume",
     "DeleteVolume",
@@ -93,8 +111,9 @@ _CONTROLLER_CALLS = {
 
 
 def unpack(err: grpc.RpcError, call: str, *, plugin: str, volume: str = "", node: str = "", path: str = "") -> CSIError:
-    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
-    detail = clean_detail(err.details() if isinstance(err, grpc.Call) else str(err))
+    failed = rpc_call_of(err)
+    code = failed.code() if failed is not None else grpc.StatusCode.UNKNOWN
+    detail = clean_detail(failed.details() if failed is not None else str(err))
     raw = f"rpc error: code = {_camel(code)} desc = {detail}"
     template = _MESSAGES.get((call, code))
     if template is not None:
@@ -106,4 +125,11 @@ def unpack(err: grpc.RpcError, call: str, *, plugin: str, volume: str = "", node
         head = f"CSI plugin {plugin!r} is not answering {call}; check that the plugin is running"
     else:
         head = f"CSI plugin {plugin!r} failed {call}" + (f' for volume "{volume}"' if volume else "")
-    return CSIError(f"{head}: {raw}", code=code.name, call=call, volume=volume, plugin_message=detail)
+    return CSIError(
+        f"{head}: {raw}",
+        code=code.name,
+        call=call,
+        volume=volume,
+        plugin_message=detail,
+        ignorable=(call, code) in _IGNORABLE,
+    )

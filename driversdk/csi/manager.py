@@ -20,7 +20,7 @@ from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
 from driversdk.csi.state import StateStore, UsageRow
-from driversdk.mountinfo import read_mountinfo
+from driversdk.mountinfo import is_mount_point, read_mountinfo
 from driversdk.paths import resolve_under
 from driversdk.pb import csi_pb2
 
@@ -49,14 +49,6 @@ class UsageOptions:
 class MountInfo:
     source: str
     """The published target on the host: what a task mounts."""
-
-
-def _mount_points() -> set[str]:
-    return {e.mount_point for e in read_mountinfo()}
-
-
-def _is_mount_point(path: str, points: set[str] | None = None) -> bool:
-    return os.path.realpath(path) in (points if points is not None else _mount_points())
 
 
 def _volume_json(volume: Volume, usage: UsageOptions) -> str:
@@ -144,7 +136,7 @@ class NodeVolumeManager:
                     staged_here = True
                 host_target, plugin_target = self.publish_paths(volume, alloc_id, usage)
                 os.makedirs(os.path.dirname(host_target), mode=0o700, exist_ok=True)
-                if not _is_mount_point(host_target):
+                if not is_mount_point(host_target):
                     self.client.node_publish(
                         volume,
                         plugin_stage if self.requires_staging else "",
@@ -175,14 +167,14 @@ class NodeVolumeManager:
             # Persist the intent first: a restart in the middle finishes it (resume_teardowns).
             self.store.set_usage(row)
             host_target, plugin_target = self.publish_paths(volume, alloc_id, usage)
-            if os.path.exists(host_target) or _is_mount_point(host_target):
+            if os.path.exists(host_target) or is_mount_point(host_target):
                 try:
                     self.client.node_unpublish(volume, plugin_target)
                 except CSIError:
-                    if _is_mount_point(host_target):
+                    if is_mount_point(host_target):
                         raise
                 # Some plugins leave the target behind; the CO owns cleaning the tree.
-                if os.path.isdir(host_target) and not _is_mount_point(host_target):
+                if os.path.isdir(host_target) and not is_mount_point(host_target):
                     os.rmdir(host_target)
             left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
             if self.requires_staging and left == 0:
@@ -193,18 +185,19 @@ class NodeVolumeManager:
         host_stage, plugin_stage = self.staging_paths(volume, usage)
         self.client.node_unstage(volume, plugin_stage)
         self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, False)
-        if os.path.isdir(host_stage) and not _is_mount_point(host_stage):
+        if os.path.isdir(host_stage) and not is_mount_point(host_stage):
             os.rmdir(host_stage)
 
     def _remove_empty_dirs(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
         host_target, _ = self.publish_paths(volume, alloc_id, usage)
         host_stage, _ = self.staging_paths(volume, usage)
-        points = _mount_points()
+        # One read of mountinfo for the whole walk up.
+        entries = read_mountinfo()
         for leaf in (host_target, host_stage):
             path = leaf
             while path.startswith(self.host_root.rstrip("/") + "/"):
                 try:
-                    if os.path.isdir(path) and not _is_mount_point(path, points):
+                    if os.path.isdir(path) and not is_mount_point(path, entries):
                         os.rmdir(path)
                 except OSError:
                     break  # not empty: something else still lives there

@@ -6,11 +6,12 @@ import json
 import re
 from typing import Any
 
+from driversdk.errors import DriverSDKError
 from driversdk.hclspec.types import to_number
 
 
-class LiteralError(ValueError):
-    """A Literal whose expression we cannot evaluate."""
+class LiteralError(DriverSDKError, ValueError):
+    """A Literal whose expression we cannot evaluate (a ValueError too, as it always was)."""
 
 
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")

@@ -11,13 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from driversdk.errors import DriverSDKError
 from driversdk.hclspec.literal import evaluate_literal
 from driversdk.hclspec.types import HclType, parse_type
 from driversdk.pb import hcl_spec_pb2
 
 
-class SpecError(ValueError):
-    """A schema that can never work (a driver author's mistake, caught at construction)."""
+class SpecError(DriverSDKError, ValueError):
+    """A schema that can never work (a driver author's mistake, caught at construction).
+
+    Not a ConfigError: no operator config is wrong. A ValueError too, as it always was.
+    """
 
 
 class Spec:

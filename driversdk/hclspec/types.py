@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from driversdk.errors import ConfigError
+from driversdk.errors import ConfigError, DriverSDKError
 
 
-class TypeExprError(ValueError):
-    """An hclspec type expression that does not parse."""
+class TypeExprError(DriverSDKError, ValueError):
+    """An hclspec type expression that does not parse (a ValueError too, as it always was)."""
 
 
 @dataclass(frozen=True)

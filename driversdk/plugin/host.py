@@ -289,10 +289,22 @@ def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: fl
     return PluginProcess(_connect(config.address, timeout), config, None, name)
 
 
+def rpc_call_of(err: grpc.RpcError) -> grpc.Call | None:
+    """The failed call behind ``err`` (its code, details, trailing metadata), if it has one.
+
+    What a stub raises is both an RpcError and a Call (grpc's ``_InactiveRpcError``), but the
+    published stubs give the two classes conflicting method signatures, so ``isinstance(err,
+    grpc.Call)`` reads as impossible to mypy and it stops checking whatever follows it.
+    """
+    obj: object = err
+    return obj if isinstance(obj, grpc.Call) else None
+
+
 __all__: list[Any] = [
     "PluginProcess",
     "ReattachConfig",
     "launch_plugin",
     "plugin_environment",
     "reattach_plugin",
+    "rpc_call_of",
 ]

@@ -22,7 +22,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from driversdk.plugin.handshake import (
     CORE_PROTOCOL_VERSION,
@@ -37,6 +37,15 @@ from driversdk.plugin.handshake import (
     negotiate_app_version,
 )
 from driversdk.plugin.log import configure_plugin_logging
+
+if TYPE_CHECKING:
+    # grpc and the messages are imported at run time only once a host launched us (start-up cost).
+    from types import FrameType
+
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from driversdk.pb import grpc_broker_pb2, grpc_controller_pb2, grpc_stdio_pb2
 
 log = logging.getLogger("driversdk.plugin")
 
@@ -115,11 +124,11 @@ class _SocketPlace:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
-def _add_go_plugin_services(server: Any, stop: threading.Event) -> None:
-    import grpc
+def _add_go_plugin_services(server: grpc.Server, stop: threading.Event) -> None:
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
     from driversdk.pb import (
+        grpc_broker_pb2,
         grpc_broker_pb2_grpc,
         grpc_controller_pb2,
         grpc_controller_pb2_grpc,
@@ -133,14 +142,18 @@ def _add_go_plugin_services(server: Any, stop: threading.Event) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
 
     class Controller(grpc_controller_pb2_grpc.GRPCControllerServicer):
-        def Shutdown(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def Shutdown(
+            self, request: grpc_controller_pb2.Empty, context: grpc.ServicerContext
+        ) -> grpc_controller_pb2.Empty:
             log.info("shutdown requested by host")
             # Stop only once the reply is on its way, so the host sees a clean answer.
             context.add_callback(stop.set)
             return grpc_controller_pb2.Empty()
 
     class Stdio(grpc_stdio_pb2_grpc.GRPCStdioServicer):
-        def StreamStdio(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        def StreamStdio(
+            self, request: empty_pb2.Empty, context: grpc.ServicerContext
+        ) -> Iterator[grpc_stdio_pb2.StdioData]:
             # We relay nothing (Nomad discards it); hold the stream open until the host leaves.
             done = threading.Event()
             context.add_callback(done.set)
@@ -150,12 +163,14 @@ def _add_go_plugin_services(server: Any, stop: threading.Event) -> None:
             yield grpc_stdio_pb2.StdioData()  # pragma: no cover - makes this a generator
 
     class Broker(grpc_broker_pb2_grpc.GRPCBrokerServicer):
-        def StartStream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        def StartStream(
+            self, request_iterator: Iterator[grpc_broker_pb2.ConnInfo], context: grpc.ServicerContext
+        ) -> Iterator[grpc_broker_pb2.ConnInfo]:
             # Nomad drivers never use the broker: drain what the host sends, answer nothing.
             for _ in request_iterator:
                 pass
             return
-            yield  # pragma: no cover - makes this a generator
+            yield grpc_broker_pb2.ConnInfo()  # pragma: no cover - makes this a generator
 
     grpc_controller_pb2_grpc.add_GRPCControllerServicer_to_server(Controller(), server)
     grpc_stdio_pb2_grpc.add_GRPCStdioServicer_to_server(Stdio(), server)
@@ -180,7 +195,7 @@ def _detach_host_pipes() -> io.TextIOWrapper:
 
 
 def serve_plugin(
-    register: Callable[[Any], None],
+    register: Callable[[grpc.Server], None],
     *,
     name: str,
     on_shutdown: Callable[[], None] | None = None,
@@ -192,11 +207,11 @@ def serve_plugin(
 
     stop = threading.Event()
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
         # A Ctrl-C on a foreground host reaches our process group too; only the host decides.
         log.debug("ignoring SIGINT; the host stops plugins with Shutdown or SIGTERM")
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     signal.signal(signal.SIGINT, on_sigint)

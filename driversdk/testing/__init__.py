@@ -19,12 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from driversdk.client import DriverClient, launch
 from driversdk.errors import PluginCallError
 from driversdk.model import AgentConfig, NetworkIsolationSpec, Resources, TaskConfig, TaskHandle
 from driversdk.mounts import Mount
+
+if TYPE_CHECKING:
+    from driversdk.client import DriverClient
 
 __all__ = ["AllocDir", "DriverHarness", "FifoReader"]
 
@@ -202,6 +204,11 @@ class DriverHarness:
         self.client = self._launch()
 
     def _launch(self) -> DriverClient:
+        # Imported here: the pytest plugin (driversdk.testing.pytest_plugin) imports this package
+        # at every pytest start in an environment with driversdk installed; grpc and the protos
+        # load only once a test launches a plugin.
+        from driversdk.client import launch
+
         client = launch(self.cmd, env=self.env, timeout=self.timeout)
         try:
             client.set_config(self.plugin_config, self.agent)

@@ -130,8 +130,12 @@ def test_docker_signal_exec_and_streaming_exec_with_tty(harness: DriverHarness, 
         task.id, ["/bin/sh", "-c", "sleep 0.5; stty size; tty"], tty=True, tty_size=(33, 101), stdin=held_open()
     ).collect()
     assert b"33 101" in out and b"/dev/pts/" in out and result.exit_code == 0
-    with pytest.raises(PluginCallError, match="unknown signal 'SIGBOGUS'"):
+    with pytest.raises(PluginCallError, match="unknown signal 'SIGBOGUS'") as bogus:
         harness.client.signal_task(task.id, "SIGBOGUS")
+    # The SDK's parser answers as this driver always did: INTERNAL, not recoverable.
+    assert bogus.value.code == "INTERNAL" and not bogus.value.recoverable
+    # Nomad sends "SIGTERM"-style names; the short and lower-case forms are accepted too.
+    harness.client.signal_task(task.id, "hup")
 
 
 def test_docker_stats_stream(harness: DriverHarness, alloc: AllocDir) -> None:

@@ -145,7 +145,11 @@ def test_exec_signal_task(harness: DriverHarness, alloc: AllocDir) -> None:
     alloc.wait_for_output("web", b"got-usr1\n", timeout=30)
     with pytest.raises(PluginCallError) as err:
         harness.client.signal_task(task.id, "SIGBOGUS")
-    assert "unknown signal 'SIGBOGUS'" in err.value.message
+    assert err.value.message == "failed to parse signal: unknown signal 'SIGBOGUS'; use a name such as SIGTERM"
+    # The SDK's parser answers as this driver always did: INTERNAL, not recoverable.
+    assert err.value.code == "INTERNAL" and not err.value.recoverable
+    harness.client.signal_task(task.id, "usr1")
+    alloc.wait_for_output("web", b"got-usr1\ngot-usr1\n", timeout=30)
 
 
 def test_exec_exec_inside_task_namespaces(harness: DriverHarness, alloc: AllocDir) -> None:

@@ -14,13 +14,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 from google.protobuf import wrappers_pb2
 
 from driversdk.csi.hostpath.faults import Faults
-from driversdk.mountinfo import read_mountinfo
+from driversdk.mountinfo import is_mount_point
 from driversdk.pb import csi_pb2, csi_pb2_grpc
 
 NAME = "hostpath.csi.driversdk.io"
@@ -34,11 +34,6 @@ _SUPPORTED_MODES = {
     csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_SINGLE_WRITER,
     csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_MULTI_WRITER,
 }
-
-
-def is_mount_point(path: str) -> bool:
-    real = os.path.realpath(path)
-    return any(e.mount_point == real for e in read_mountinfo())
 
 
 def _run(*args: str) -> None:
@@ -72,7 +67,7 @@ def _guard(state: HostPathState, rpc: str, context: grpc.ServicerContext, fn: Ca
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _check_capability(cap: Any, context: grpc.ServicerContext) -> None:
+def _check_capability(cap: csi_pb2.VolumeCapability, context: grpc.ServicerContext) -> None:
     if not cap.HasField("access_mode"):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_capability.access_mode is required")
     if cap.HasField("block"):
@@ -101,20 +96,24 @@ class Identity(csi_pb2_grpc.IdentityServicer):
     def __init__(self, state: HostPathState) -> None:
         self.state = state
 
-    def GetPluginInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def GetPluginInfo(
+        self, request: csi_pb2.GetPluginInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginInfoResponse:
+        def run() -> csi_pb2.GetPluginInfoResponse:
             # The manifest reports per-RPC call counts, which fault tests read back.
             manifest = {f"calls.{k}": str(v) for k, v in self.state.faults.calls.items()}
             return csi_pb2.GetPluginInfoResponse(name=NAME, vendor_version=VERSION, manifest=manifest)
 
         return _guard(self.state, "GetPluginInfo", context, run)
 
-    def GetPluginCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def GetPluginCapabilities(
+        self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.GetPluginCapabilitiesResponse:
         service = csi_pb2.PluginCapability.Service(type=csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE)
         resp = csi_pb2.GetPluginCapabilitiesResponse(capabilities=[csi_pb2.PluginCapability(service=service)])
         return _guard(self.state, "GetPluginCapabilities", context, lambda: resp)
 
-    def Probe(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def Probe(self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext) -> csi_pb2.ProbeResponse:
         return _guard(
             self.state, "Probe", context, lambda: csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=True))
         )
@@ -124,7 +123,9 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     def __init__(self, state: HostPathState) -> None:
         self.state = state
 
-    def ControllerGetCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ControllerGetCapabilities(
+        self, request: csi_pb2.ControllerGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerGetCapabilitiesResponse:
         rpc = csi_pb2.ControllerServiceCapability.RPC
         caps = [
             csi_pb2.ControllerServiceCapability(rpc=rpc(type=t))
@@ -133,8 +134,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
         resp = csi_pb2.ControllerGetCapabilitiesResponse(capabilities=caps)
         return _guard(self.state, "ControllerGetCapabilities", context, lambda: resp)
 
-    def CreateVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def CreateVolume(
+        self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.CreateVolumeResponse:
+        def run() -> csi_pb2.CreateVolumeResponse:
             if not request.name or not _SAFE_ID.match(request.name):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name is required: letters, digits, . _ -")
             if not request.volume_capabilities:
@@ -148,8 +151,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
 
         return _guard(self.state, "CreateVolume", context, run)
 
-    def DeleteVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def DeleteVolume(
+        self, request: csi_pb2.DeleteVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.DeleteVolumeResponse:
+        def run() -> csi_pb2.DeleteVolumeResponse:
             if not request.volume_id:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is required")
             with self.state.lock:
@@ -161,8 +166,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
 
         return _guard(self.state, "DeleteVolume", context, run)
 
-    def ControllerPublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def ControllerPublishVolume(
+        self, request: csi_pb2.ControllerPublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerPublishVolumeResponse:
+        def run() -> csi_pb2.ControllerPublishVolumeResponse:
             _require_volume(self.state, request.volume_id, context)
             _check_capability(request.volume_capability, context)
             if request.node_id != self.state.node_id:
@@ -173,8 +180,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
 
         return _guard(self.state, "ControllerPublishVolume", context, run)
 
-    def ControllerUnpublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def ControllerUnpublishVolume(
+        self, request: csi_pb2.ControllerUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ControllerUnpublishVolumeResponse:
+        def run() -> csi_pb2.ControllerUnpublishVolumeResponse:
             with self.state.lock:
                 nodes = self.state.published.get(request.volume_id, set())
                 if request.node_id:
@@ -185,8 +194,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
 
         return _guard(self.state, "ControllerUnpublishVolume", context, run)
 
-    def ValidateVolumeCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def ValidateVolumeCapabilities(
+        self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
+        def run() -> csi_pb2.ValidateVolumeCapabilitiesResponse:
             _require_volume(self.state, request.volume_id, context)
             if not request.volume_capabilities:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_capabilities are required")
@@ -203,8 +214,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
 
         return _guard(self.state, "ValidateVolumeCapabilities", context, run)
 
-    def ListVolumes(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def ListVolumes(
+        self, request: csi_pb2.ListVolumesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.ListVolumesResponse:
+        def run() -> csi_pb2.ListVolumesResponse:
             names = sorted(os.listdir(self.state.volumes))
             entries = [
                 csi_pb2.ListVolumesResponse.Entry(
@@ -224,14 +237,18 @@ class Node(csi_pb2_grpc.NodeServicer):
     def __init__(self, state: HostPathState) -> None:
         self.state = state
 
-    def NodeGetCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
         rpc = csi_pb2.NodeServiceCapability.RPC
         resp = csi_pb2.NodeGetCapabilitiesResponse(
             capabilities=[csi_pb2.NodeServiceCapability(rpc=rpc(type=rpc.STAGE_UNSTAGE_VOLUME))]
         )
         return _guard(self.state, "NodeGetCapabilities", context, lambda: resp)
 
-    def NodeGetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def NodeGetInfo(
+        self, request: csi_pb2.NodeGetInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetInfoResponse:
         resp = csi_pb2.NodeGetInfoResponse(
             node_id=self.state.node_id,
             max_volumes_per_node=64,
@@ -239,8 +256,10 @@ class Node(csi_pb2_grpc.NodeServicer):
         )
         return _guard(self.state, "NodeGetInfo", context, lambda: resp)
 
-    def NodeStageVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def NodeStageVolume(
+        self, request: csi_pb2.NodeStageVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeStageVolumeResponse:
+        def run() -> csi_pb2.NodeStageVolumeResponse:
             source = _require_volume(self.state, request.volume_id, context)
             _absolute(request.staging_target_path, "staging_target_path", context)
             _check_capability(request.volume_capability, context)
@@ -253,8 +272,10 @@ class Node(csi_pb2_grpc.NodeServicer):
 
         return _guard(self.state, "NodeStageVolume", context, run)
 
-    def NodeUnstageVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def NodeUnstageVolume(
+        self, request: csi_pb2.NodeUnstageVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnstageVolumeResponse:
+        def run() -> csi_pb2.NodeUnstageVolumeResponse:
             if not request.volume_id:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is required")
             _absolute(request.staging_target_path, "staging_target_path", context)
@@ -264,8 +285,10 @@ class Node(csi_pb2_grpc.NodeServicer):
 
         return _guard(self.state, "NodeUnstageVolume", context, run)
 
-    def NodePublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodePublishVolumeResponse:
+        def run() -> csi_pb2.NodePublishVolumeResponse:
             _require_volume(self.state, request.volume_id, context)
             _absolute(request.target_path, "target_path", context)
             _check_capability(request.volume_capability, context)
@@ -290,8 +313,10 @@ class Node(csi_pb2_grpc.NodeServicer):
 
         return _guard(self.state, "NodePublishVolume", context, run)
 
-    def NodeUnpublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+    def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
+        def run() -> csi_pb2.NodeUnpublishVolumeResponse:
             if not request.volume_id:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is required")
             _absolute(request.target_path, "target_path", context)
