@@ -22,7 +22,7 @@ from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Volume
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
-from driversdk.mountinfo import read_mountinfo
+from driversdk.mountinfo import is_mount_point
 from driversdk.runner.jobspec import Group, Job, VolumeRequest
 from driversdk.runner.volumes import Claim, VolumeError, VolumeStore
 
@@ -61,10 +61,6 @@ class VolumeStub:
 def source_id(req: VolumeRequest, alloc_index: int) -> str:
     """The registered volume an alloc claims: ``source[index]`` for per_alloc volumes, as Nomad."""
     return f"{req.source}[{alloc_index}]" if req.per_alloc else req.source
-
-
-def _is_mounted(path: str) -> bool:
-    return any(e.mount_point == path for e in read_mountinfo())
 
 
 class CSIHook:
@@ -253,7 +249,7 @@ class CSIHook:
         for data in json.loads(saved or "[]"):
             stub = VolumeStub(**data)
             self.stubs[stub.request] = stub
-            if _is_mounted(stub.source):
+            if is_mount_point(stub.source):
                 continue
             volume = self.volumes.get(stub.volume_id, stub.namespace)
             req = self.group.volumes.get(stub.request)
