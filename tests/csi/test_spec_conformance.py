@@ -458,6 +458,12 @@ CASES: list[tuple[str, str, Message, grpc.StatusCode]] = [
         C.NodeStageVolumeRequest(volume_id=GONE, staging_target_path="/x/stage", volume_capability=SNW),
         NOT_FOUND,
     ),
+    (
+        "stage-missing-staging-dir",
+        "NodeStageVolume",
+        C.NodeStageVolumeRequest(volume_id=KNOWN, staging_target_path="/x/stage", volume_capability=SNW),
+        PRECONDITION,
+    ),
     # NodeUnstageVolume
     ("unstage-no-volume-id", "NodeUnstageVolume", C.NodeUnstageVolumeRequest(staging_target_path="/x/s"), INVALID),
     ("unstage-no-path", "NodeUnstageVolume", C.NodeUnstageVolumeRequest(volume_id=KNOWN), INVALID),
@@ -773,6 +779,25 @@ def test_conformance_controller_publish_rules(stubs: tuple[Stubs, HostPathPlugin
     s.controller.ControllerUnpublishVolume(C.ControllerUnpublishVolumeRequest(volume_id=shared), timeout=30)
     got = s.controller.ControllerGetVolume(C.ControllerGetVolumeRequest(volume_id=shared), timeout=30)
     assert list(got.status.published_node_ids) == []
+
+
+def test_conformance_controller_publish_stops_at_max_volumes_per_node(stubs: tuple[Stubs, HostPathPlugin]) -> None:
+    s, _ = stubs
+    info = s.node.NodeGetInfo(C.NodeGetInfoRequest(), timeout=30)
+    for i in range(info.max_volumes_per_node):
+        volume_id = create(s, f"m{i:02d}").volume_id
+        req = C.ControllerPublishVolumeRequest(volume_id=volume_id, node_id=NODE_ID, volume_capability=SNW)
+        s.controller.ControllerPublishVolume(req, timeout=30)
+    one_more = create(s, "one-more").volume_id
+    req = C.ControllerPublishVolumeRequest(volume_id=one_more, node_id=NODE_ID, volume_capability=SNW)
+    expect(EXHAUSTED, s.controller.ControllerPublishVolume, req)
+    # Another node still has room, and so does this one after an unpublish.
+    s.controller.ControllerPublishVolume(
+        C.ControllerPublishVolumeRequest(volume_id=one_more, node_id=PEER, volume_capability=MULTI), timeout=30
+    )
+    s.controller.ControllerUnpublishVolume(C.ControllerUnpublishVolumeRequest(volume_id="m00"), timeout=30)
+    multi = C.ControllerPublishVolumeRequest(volume_id=one_more, node_id=NODE_ID, volume_capability=MULTI)
+    s.controller.ControllerPublishVolume(multi, timeout=30)
 
 
 def test_conformance_node_stage_publish_rules(stubs: tuple[Stubs, HostPathPlugin], tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ created or expanded to, never more than the file system holding the root.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -477,7 +478,21 @@ class Controller(csi_pb2_grpc.ControllerServicer):
                     request.name, lambda s: s in st.snapshots or os.path.lexists(self.state.snapshot_dir(s)), "snap"
                 )
                 target = self.state.snapshot_dir(snapshot_id)
-                _copy_tree(self.state.volume_dir(request.source_volume_id), target)
+                source_dir = self.state.volume_dir(request.source_volume_id)
+                needed, (_total, free) = tree_bytes(source_dir), fs_sizes(self.state.snapshots)
+                if needed > free:
+                    fail(
+                        context,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"a copy of volume {request.source_volume_id} needs {needed} bytes, {free} are free",
+                    )
+                try:
+                    _copy_tree(source_dir, target)
+                except OSError as err:
+                    if err.errno != errno.ENOSPC:
+                        raise
+                    shutil.rmtree(f"{target}.partial", ignore_errors=True)
+                    fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"no space left for snapshot {request.name!r}")
                 source = st.volumes.get(request.source_volume_id)
                 size = source.capacity if source is not None and source.capacity else tree_bytes(target)
                 rec = st.snapshots[snapshot_id] = SnapshotRecord(

@@ -96,6 +96,11 @@ class Store:
                 return _decode(json.load(fh))
         except FileNotFoundError:
             return State()
+        except (ValueError, TypeError) as err:
+            # Surfaces as INTERNAL naming the file, instead of an unexplained UNKNOWN per call.
+            raise OSError(
+                f"the plugin state file {self.path} is unreadable ({err}); move it aside to start over"
+            ) from err
 
     def _save(self, text: str) -> None:
         tmp = f"{self.path}.tmp"
