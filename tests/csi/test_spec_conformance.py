@@ -1004,6 +1004,34 @@ def test_conformance_state_survives_a_restart(tmp_path: Path) -> None:
         plugin.stop()
 
 
+def test_conformance_ids_never_leave_the_root(stubs: tuple[Stubs, HostPathPlugin]) -> None:
+    s, plugin = stubs
+    keep = create(s, "keep").volume_id
+    s.controller.CreateSnapshot(C.CreateSnapshotRequest(source_volume_id=keep, name="keep-snap"), timeout=30)
+    for hostile in (".", "..", "../..", "/", "volumes/../.."):
+        s.controller.DeleteVolume(C.DeleteVolumeRequest(volume_id=hostile), timeout=30)
+        s.controller.DeleteSnapshot(C.DeleteSnapshotRequest(snapshot_id=hostile), timeout=30)
+        expect(NOT_FOUND, s.controller.ControllerGetVolume, C.ControllerGetVolumeRequest(volume_id=hostile))
+        expect(NOT_FOUND, s.controller.GetSnapshot, C.GetSnapshotRequest(snapshot_id=hostile))
+        stage = C.NodeStageVolumeRequest(volume_id=hostile, staging_target_path="/x/s", volume_capability=SNW)
+        expect(NOT_FOUND, s.node.NodeStageVolume, stage)
+    assert os.path.isdir(os.path.join(plugin.root, "volumes", keep))
+    assert os.path.isdir(os.path.join(plugin.root, "snapshots", "keep-snap"))
+    # Such names are still valid names: their ids are derived, inside the root.
+    for name in ("..", "../escape", ".hidden"):
+        volume_id = create(s, name).volume_id
+        assert volume_id.startswith("vol-")
+        assert os.path.isdir(os.path.join(plugin.root, "volumes", volume_id))
+    assert sorted(os.listdir(plugin.root)) == [
+        "hostpath-state.json",
+        "hostpath-state.lock",
+        "partial",
+        "snapshots",
+        "volumes",
+    ]
+    assert os.listdir(os.path.join(plugin.root, "partial")) == []
+
+
 def test_conformance_pre_provisioned_directory_is_a_volume(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "volumes" / "by-hand").mkdir(parents=True)

@@ -44,12 +44,19 @@ _MODE_NAME = csi_pb2.VolumeCapability.AccessMode.Mode.Name
 VOLUME_CONTEXT = {"hostpath": "1"}
 
 
-def _copy_tree(source: str, target: str) -> None:
-    """Copy a directory tree to a new directory, atomically visible under its final name."""
-    tmp = f"{target}.partial"
+def _copy_tree(source: str, target: str, partial: str) -> None:
+    """Copy a directory tree (symlinks as links) to ``target``, visible only once whole.
+
+    The copy is made in the root's ``partial`` directory, on the same file system, and renamed.
+    """
+    tmp = os.path.join(partial, os.path.basename(os.path.dirname(target)) + "-" + os.path.basename(target))
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp, symlinks=True)
-    os.rename(tmp, target)
+    try:
+        shutil.copytree(source, tmp, symlinks=True)
+        os.rename(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _topology_set(t: csi_pb2.Topology) -> frozenset[tuple[str, str]]:
@@ -216,7 +223,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
                 )
                 target = self.state.volume_dir(volume_id)
                 if source_dir:
-                    _copy_tree(source_dir, target)
+                    _copy_tree(source_dir, target, self.state.partial)
                 else:
                     os.makedirs(target, exist_ok=True)
                 rec = st.volumes[volume_id] = VolumeRecord(
@@ -487,11 +494,10 @@ class Controller(csi_pb2_grpc.ControllerServicer):
                         f"a copy of volume {request.source_volume_id} needs {needed} bytes, {free} are free",
                     )
                 try:
-                    _copy_tree(source_dir, target)
+                    _copy_tree(source_dir, target, self.state.partial)
                 except OSError as err:
                     if err.errno != errno.ENOSPC:
                         raise
-                    shutil.rmtree(f"{target}.partial", ignore_errors=True)
                     fail(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"no space left for snapshot {request.name!r}")
                 source = st.volumes.get(request.source_volume_id)
                 size = source.capacity if source is not None and source.capacity else tree_bytes(target)

@@ -30,7 +30,8 @@ VERSION = "0.1.0"
 TOPOLOGY_KEY = "topology.hostpath.csi/node"
 MAX_VOLUMES_PER_NODE = 64
 T = TypeVar("T")
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# A volume or snapshot id is a directory name: never "." or "..", so it starts with a letter or digit.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # The spec's banned characters in names: control characters other than common whitespace.
 _BANNED = re.compile("[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]")
 _PAGE_PREFIX = "page:"
@@ -89,8 +90,9 @@ class HostPathState:
         self.root = root
         self.volumes = os.path.join(root, "volumes")
         self.snapshots = os.path.join(root, "snapshots")
-        os.makedirs(self.volumes, exist_ok=True)
-        os.makedirs(self.snapshots, exist_ok=True)
+        self.partial = os.path.join(root, "partial")  # copies being made, renamed into place when whole
+        for path in (self.volumes, self.snapshots, self.partial):
+            os.makedirs(path, exist_ok=True)
         self.node_id = node_id
         # Other CSI node ids whose node plugins use the same root (a shared file system): the
         # controller may publish to them too. Without peers only this node is known.
