@@ -22,7 +22,7 @@ from drivers.exec.ids import check_user_allowed, lookup_user
 from drivers.exec.logs import open_logs
 from drivers.exec.stats import task_stats
 from drivers.exec.taskdirs import grant_task_dirs
-from drivers.raw_exec import supervisor
+from drivers.raw_exec import reconcile, supervisor
 from drivers.raw_exec.cgroups import RawCgroup
 from drivers.raw_exec.config import PluginConfig, TaskRawConfig, plugin_spec, task_env, task_spec
 from drivers.raw_exec.store import RawState, RawTask, TaskStore
@@ -93,6 +93,10 @@ class RawExecDriver(DriverPlugin):
         super().__init__()
         self.config = PluginConfig()
         self._tasks = TaskStore()
+        self._reconciler = reconcile.Reconciler(
+            lambda: (self.config.state_dir, self.config.reconcile_period, self.config.reconcile_creation_grace),
+            self._tasks.task_keys,
+        )
 
     # --- configuration ---------------------------------------------------------------------
 
@@ -104,6 +108,12 @@ class RawExecDriver(DriverPlugin):
         self.config = PluginConfig.from_decoded(config)
         if self.config.enabled != enabled_before:
             self.notify_fingerprint_changed()
+        # Not in Nomad's config-validation launch (no agent config), which runs no tasks.
+        if agent is not None and self.config.enabled and self.config.reconcile_enabled:
+            self._reconciler.start()
+
+    def shutdown(self) -> None:
+        self._reconciler.stop()
 
     def task_config_schema(self) -> Spec:
         return task_spec()
@@ -157,9 +167,19 @@ class RawExecDriver(DriverPlugin):
 
         state_dir = os.path.join(self.config.state_dir, "tasks", key)
         os.makedirs(os.path.dirname(state_dir), mode=0o700, exist_ok=True)
+        # The record comes first and goes last: whatever a kill mid-start leaves hangs off it.
+        owner_record = reconcile.TaskRecord(key, state_dir, "starting", 0, 0, 0.0, cgroup.v2, cgroup.parent).moved_to(
+            "starting"
+        )
+        if not reconcile.create(owner_record) and not reconcile.replace_abandoned(owner_record, self.config.state_dir):
+            raise DriverError(
+                f"task {task.name!r}: state of task id {task.id!r} already exists at {owner_record.path!r}; "
+                "destroy the earlier task with this id first"
+            )
         try:
             os.mkdir(state_dir, 0o700)
         except FileExistsError:
+            reconcile.remove(state_dir)
             raise DriverError(
                 f"task {task.name!r}: state dir {state_dir!r} of task id {task.id!r} already exists; "
                 "destroy the earlier task with this id first"
@@ -198,7 +218,12 @@ class RawExecDriver(DriverPlugin):
                 json.dump(spec, fh)
             fds = open_logs(task.stdout_path, task.stderr_path, task=task.name, disabled=False)
             sup_pid, task_pid = supervisor.spawn(state.spec_file, fds[0], fds[1], task=task.name)
+            # From here the host gets the handle, and with it the duty to recover or destroy the task.
+            reconcile.save(owner_record.moved_to("started"))
         except BaseException:
+            for pid in reconcile.supervisor_processes(state.state_dir):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signals.SIGKILL)
             state.cgroup.plain.kill_all()
             self._release(state)
             raise
@@ -251,6 +276,9 @@ class RawExecDriver(DriverPlugin):
         if self._tasks.has(task.id):
             return
         state = RawState.decode(handle.driver_state, handle.version)
+        # The host holds a handle: the task is "started" and this plugin its owner from now on.
+        if os.path.isdir(os.path.dirname(state.state_dir)):
+            reconcile.claim(_record_of(state), self.config.state_dir)
         finished = supervisor.read_status(state.status_file) is not None
         if not finished and not supervisor.is_supervisor(state.supervisor_pid, state.spec_file):
             # Nobody is left to report this task's exit: release what remains so the host's
@@ -326,10 +354,15 @@ class RawExecDriver(DriverPlugin):
         self._tasks.remove(task_id)
 
     def _release(self, state: RawState) -> None:
-        """Remove the task's own cgroups and its state dir; safe to repeat."""
+        """Remove the task's own cgroups, its state dir and its record; safe to repeat."""
+        record = reconcile.load(reconcile.record_path(state.state_dir))
+        if record is not None:
+            # Should this plugin die half-way, the next one's reconciler finishes the removal.
+            reconcile.save(record.moved_to("destroying"))
         state.cgroup.plain.remove()
         if os.path.isdir(state.state_dir):
             shutil.rmtree(state.state_dir)
+        reconcile.remove(state.state_dir)
 
     # --- inspect / signal / exec / stats ----------------------------------------------------
 
@@ -435,3 +468,10 @@ class RawExecDriver(DriverPlugin):
             return None
         stats, record.last_sample = task_stats(record.state.cgroup, record.last_sample)
         return stats
+
+
+def _record_of(state: RawState) -> reconcile.TaskRecord:
+    """The record of a task the host recovers (written again if it was lost)."""
+    return reconcile.TaskRecord(
+        state.task_key, state.state_dir, "started", 0, 0, state.started_at, state.cgroup_v2, state.cgroup_parent
+    )

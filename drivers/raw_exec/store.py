@@ -115,3 +115,7 @@ class TaskStore:
     def remove(self, task_id: str) -> None:
         with self._lock:
             self._tasks.pop(task_id, None)
+
+    def task_keys(self) -> set[str]:
+        with self._lock:
+            return {t.state.task_key for t in self._tasks.values()}
