@@ -415,7 +415,15 @@ class RawExecDriver(DriverPlugin):
             # The launcher exec'd the command itself: killing its group kills the command and its children.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signals.SIGKILL)
-            stdout, stderr = proc.communicate()
+            try:
+                stdout, stderr = proc.communicate(timeout=KILL_WAIT)
+            except subprocess.TimeoutExpired:
+                # Something the command started in another session still holds the pipes open.
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
+                proc.wait()
+                stdout, stderr = b"", b""
         code = proc.returncode
         sig = -code if code < 0 else 0
         return ExecResult(
