@@ -40,6 +40,7 @@ from driversdk.model import (
     MountConfigSupport,
     NetworkIsolationMode,
     NetworkIsolationSpec,
+    NetworkOverride,
     TaskConfig,
     TaskEvent,
     TaskHandle,
@@ -52,7 +53,6 @@ from driversdk.signals import signal_name
 
 log = logging.getLogger("driversdk.docker")
 
-CREATE_ATTEMPTS = 5
 PAUSE_PREFIX = "nomad_init_"
 # How long a stats request waits for an engine that went away before ending the stream.
 STATS_ENGINE_WAIT = 60.0
@@ -219,6 +219,7 @@ class DockerDriver(DriverPlugin):
             if not adopted:
                 api.start(container_id)
             started = datetime.now(UTC)
+            network = self._network_override(api, container_id, cfg)
             state = DriverState(
                 container_id=container_id,
                 image=cfg.image,
@@ -250,15 +251,37 @@ class DockerDriver(DriverPlugin):
             self._images.acquire(image_id, cfg.image, task.id)
         self._track(handle)
         self._event(task, f"Started container {container_id[:12]}", image=cfg.image)
-        return TaskHandle(config=task, driver_state=state.encode(), version=STATE_VERSION, state=TaskState.RUNNING)
+        return TaskHandle(
+            config=task,
+            driver_state=state.encode(),
+            version=STATE_VERSION,
+            state=TaskState.RUNNING,
+            network_override=network,
+        )
+
+    @staticmethod
+    def _network_override(api: Any, container_id: str, cfg: TaskDockerConfig) -> NetworkOverride | None:
+        """The address the task is reached at: the first network's IP (global IPv6 when asked)."""
+        networks = (api.inspect_container(container_id).get("NetworkSettings") or {}).get("Networks") or {}
+        for name, net in networks.items():
+            addr = net.get("GlobalIPv6Address") if cfg.advertise_ipv6_address else net.get("IPAddress")
+            if addr:
+                return NetworkOverride(addr=str(addr), auto_advertise=name not in ("bridge", "nat"))
+        return None
 
     def _create(self, api: Any, task: TaskConfig, spec: containers.ContainerSpec) -> tuple[str, bool]:
         """Create the container; (id, True) when a running container of this task was adopted."""
         host_config = api.create_host_config(**spec.host_config)
+        networking = None
+        if spec.endpoint:
+            mode = spec.host_config["network_mode"]
+            networking = api.create_networking_config({mode: api.create_endpoint_config(**spec.endpoint)})
         last_error: Exception | None = None
-        for attempt in range(CREATE_ATTEMPTS):
+        for attempt in range(spec.create_attempts):
             try:
-                created = api.create_container(spec.image, name=spec.name, host_config=host_config, **spec.kwargs)
+                created = api.create_container(
+                    spec.image, name=spec.name, host_config=host_config, networking_config=networking, **spec.kwargs
+                )
                 return str(created["Id"]), False
             except APIError as err:
                 last_error = err
