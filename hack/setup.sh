@@ -18,6 +18,8 @@ command -v findmnt >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v pgrep >/dev/null 2>&1 || need_apt+=(procps)
 # The registry the docker pull tests run (tests/docker/registry), built into a local image.
 [ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+# The docker TLS test makes its CA and certificates with openssl.
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing apt packages: ${need_apt[*]}"
   apt-get update -qq

@@ -292,7 +292,8 @@ class PluginConfig:
         pids = int(cfg.get("pids_limit") or 0)
         if pids < 0:
             raise ConfigError(f"pids_limit {pids} must be zero (unlimited) or more")
-        attempts = int(cfg.get("container_exists_attempts") or 5)
+        raw_attempts = cfg.get("container_exists_attempts")
+        attempts = int(raw_attempts) if raw_attempts is not None else 5
         if attempts < 1:
             raise ConfigError(f"container_exists_attempts {attempts} must be at least 1")
         volumes = cfg.get("volumes") or {}

@@ -16,6 +16,7 @@ from typing import Any
 
 import docker
 import requests
+from docker.constants import MINIMUM_DOCKER_API_VERSION
 from docker.errors import APIError, DockerException, NotFound
 
 from drivers.docker import auth, reconcile
@@ -161,9 +162,16 @@ class DockerDriver(DriverPlugin):
 
     def _client(self, version: str, timeout: int) -> Any:
         if self.config.endpoint:
-            return docker.APIClient(
-                base_url=self.config.endpoint, version=version, timeout=timeout, tls=self._tls or False
-            )
+            if self._tls is None:
+                return docker.APIClient(base_url=self.config.endpoint, version=version, timeout=timeout, tls=False)
+            fixed = MINIMUM_DOCKER_API_VERSION if version == "auto" else version
+            client: Any = docker.APIClient(base_url=self.config.endpoint, version=fixed, timeout=timeout, tls=self._tls)
+            # requests lets REQUESTS_CA_BUNDLE (and friends) in the environment replace the session's
+            # CA: the configured tls.ca must be what verifies the engine, so the version is asked after.
+            client.trust_env = False
+            if version == "auto":
+                client._version = client._retrieve_server_version()
+            return client
         return docker.from_env(version=version, timeout=timeout).api
 
     def api(self) -> Any:

@@ -177,9 +177,9 @@ def test_docker_modes_allowed_by_allowed_modes(engine: docker.DockerClient, no_l
 
 
 def test_docker_allowed_modes_entry_must_be_a_mode(engine: docker.DockerClient) -> None:
-    with pytest.raises(Exception) as info:
-        DriverHarness(PLUGIN, plugin_config={**PLUGIN_CONFIG, "allowed_modes": {"uts": ["private"]}}).__enter__()
-    assert "cannot apply allowed_modes configuration, 'private' is not a valid uts_mode" in str(info.value)
+    with pytest.raises(PluginCallError) as info:  # SetConfig is sent at launch
+        DriverHarness(PLUGIN, plugin_config={**PLUGIN_CONFIG, "allowed_modes": {"uts": ["private"]}})
+    assert "cannot apply allowed_modes configuration, 'private' is not a valid uts_mode" in info.value.message
 
 
 def test_docker_pids_limit_plugin_default_and_bound(

@@ -201,18 +201,22 @@ def test_docker_auth_soft_fail(
     assert any("auth_soft_fail" in e.message and e.task_name == "soft" for e in events)
 
 
+@pytest.mark.parametrize("where", ["task", "plugin"])
 def test_docker_image_pull_timeout(
     plugin: Callable[..., DriverHarness],
     alloc: AllocDir,
     registries: Registries,
     slow_proxy: list[SlowProxy],
     missing: Missing,
+    where: str,
 ) -> None:
     stalled = SlowProxy(registries.plain, rate=0)
     slow_proxy.append(stalled)
     image = missing(f"{stalled.address}/{REPO}:1.0")
-    h = plugin()
-    t = alloc.task_config("web", driver_config=busybox("true", image=image, image_pull_timeout="2s"))
+    # The task's image_pull_timeout, else the plugin's.
+    h = plugin(image_pull_timeout="2s") if where == "plugin" else plugin()
+    extra = {"image_pull_timeout": "2s"} if where == "task" else {}
+    t = alloc.task_config("web", driver_config=busybox("true", image=image, **extra))
     began = time.monotonic()
     with pytest.raises(PluginCallError) as info:
         h.start(t)
