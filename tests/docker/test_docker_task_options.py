@@ -4,6 +4,7 @@ container; each refused one answers with its sentence before anything is created
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import socket
 import time
@@ -16,10 +17,10 @@ import docker
 import pytest
 
 from driversdk.errors import PluginCallError
-from driversdk.model import PortMapping, Resources
+from driversdk.model import LinuxResources, PortMapping, Resources
 from driversdk.testing import AllocDir, DriverHarness
 
-from .conftest import PLUGIN, PLUGIN_CONFIG, busybox
+from .conftest import IMAGE, PLUGIN, PLUGIN_CONFIG, busybox
 
 SLEEP = ("sleep", "300")
 
@@ -329,3 +330,32 @@ def test_docker_volume_driver_and_volume_options(engine: docker.DockerClient, no
                 except docker.errors.NotFound:
                     pass
             alloc.remove()
+
+
+def test_docker_basic_options_read_back(harness: DriverHarness, alloc: AllocDir, engine: docker.DockerClient) -> None:
+    task = alloc.task_config(
+        "web",
+        driver_config={
+            "image": IMAGE,
+            "entrypoint": ["/bin/sh", "-c"],
+            "args": ["sleep 300"],
+            "work_dir": "/tmp",
+            "hostname": "opts-host",
+            "tty": True,
+            "labels": {"team": "drivers"},
+            "memory_hard_limit": 96,
+            "cpu_hard_limit": True,
+            "cpu_cfs_period": 50000,
+        },
+        resources=Resources(cpu_shares=100, memory_mb=32, linux=LinuxResources(percent_ticks=0.25)),
+    )
+    harness.start(task)
+    c = _container(engine, alloc)
+    cfg, hc = c.attrs["Config"], c.attrs["HostConfig"]
+    assert cfg["Entrypoint"] == ["/bin/sh", "-c"] and cfg["Cmd"] == ["sleep 300"]
+    assert cfg["WorkingDir"] == "/tmp" and cfg["Hostname"] == "opts-host" and cfg["Tty"] is True
+    assert cfg["Labels"]["team"] == "drivers"
+    assert hc["Memory"] == 96 * 1024 * 1024 and hc["MemoryReservation"] == 32 * 1024 * 1024
+    assert hc["CpuPeriod"] == 50000
+    assert hc["CpuQuota"] == max(1000, int(0.25 * 50000 * (os.cpu_count() or 1)))
+    assert _sh(harness, task.id, "pwd; hostname").split() == ["/tmp", "opts-host"]

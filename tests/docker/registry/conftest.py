@@ -164,12 +164,16 @@ def missing(engine: docker.DockerClient, registries: Registries) -> Iterator[Cal
 
 class SlowProxy:
     """A TCP proxy on 127.0.0.1 to a registry that passes at most `rate` bytes/s downstream
-    (0: it accepts and never answers), and records the HTTP request lines it forwards."""
+    (0: it accepts and never answers; `stall_after`: it goes silent past that many bytes), and
+    records the HTTP request lines it forwards."""
 
-    def __init__(self, target: str, rate: int) -> None:
+    def __init__(self, target: str, rate: int, stall_after: int | None = None) -> None:
         host, port = target.rsplit(":", 1)
         self.target = (host, int(port))
         self.rate = rate
+        # Past this many bytes sent downstream (all connections), nothing more is passed on.
+        self.stall_after = stall_after
+        self.sent = 0
         self.requests: list[str] = []
         self._server = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
@@ -207,6 +211,10 @@ class SlowProxy:
         chunk = max(1, self.rate // 20)
         try:
             while data := src.recv(chunk):
+                if self.stall_after is not None and self.sent + len(data) > self.stall_after:
+                    self._closing.wait()  # hold the connection open, silent
+                    return
+                self.sent += len(data)
                 dst.sendall(data)
                 time.sleep(len(data) / self.rate)
         except OSError:

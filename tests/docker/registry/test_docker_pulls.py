@@ -323,3 +323,27 @@ def test_docker_infra_image_is_pulled_with_its_timeout(
         assert created and spec.labels["docker_sandbox_container_id"]
     finally:
         h2.client.destroy_network(alloc_id, spec)
+
+
+def test_docker_pull_activity_timeout(
+    plugin: Callable[..., DriverHarness],
+    alloc: AllocDir,
+    registries: Registries,
+    slow_proxy: list[SlowProxy],
+    missing: Missing,
+) -> None:
+    # Nomad's minimum is 1m, so this test waits a minute for a registry that goes silent in the
+    # middle of the random layer (after manifests and config, some 500 kB of the blob).
+    stalled = SlowProxy(registries.plain, rate=2_000_000, stall_after=500_000)
+    slow_proxy.append(stalled)
+    image = missing(f"{stalled.address}/{REPO}:1.0")
+    h = plugin(pull_activity_timeout="1m")
+    t = alloc.task_config("web", driver_config=busybox("true", image=image))
+    began = time.monotonic()
+    with pytest.raises(PluginCallError) as info:
+        h.start(t)
+    assert info.value.message == (
+        f"task 'web': Failed to pull `{image}`: the pull made no progress for pull_activity_timeout (60s)"
+    )
+    assert 59 < time.monotonic() - began < 90
+    assert info.value.recoverable
