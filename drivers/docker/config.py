@@ -197,13 +197,17 @@ def task_spec() -> hs.Spec:
             "pids_limit": hs.attr("number"),
             "pid_mode": hs.attr("string"),
             "ports": hs.attr("list(string)"),
-            "port_map": hs.attr("list(map(number))"),
+            # Nomad types port_map, sysctl and ulimit (like labels) list(map(...)), one map per block.
+            # Here they are one map: the SDK's converter takes both spellings jobs use for a map
+            # type (`sysctl = { "net.core.somaxconn" = "512" }` and `ulimit { nofile = "..." }`),
+            # but not the `= { }` one for a list(map) type, and sysctl keys cannot be block labels.
+            "port_map": hs.attr("map(number)"),
             "readonly_rootfs": hs.default(hs.attr("bool"), hs.literal("false")),
             "security_opt": hs.attr("list(string)"),
             "shm_size": hs.attr("number"),
             "storage_opt": hs.block_attrs("string"),
-            "sysctl": hs.attr("list(map(string))"),
-            "ulimit": hs.attr("list(map(string))"),
+            "sysctl": hs.attr("map(string)"),
+            "ulimit": hs.attr("map(string)"),
             "uts_mode": hs.attr("string"),
             "userns_mode": hs.attr("string"),
             "cgroupns": hs.attr("string"),

@@ -54,8 +54,8 @@ def test_docker_task_options_applied_read_back(
             dns_options=["ndots:3"],
             extra_hosts=["db.example:10.9.8.7"],
             devices=[{"host_path": "/dev/null", "container_path": "/dev/task-null", "cgroup_permissions": "rw"}],
-            ulimit=[{"nofile": "1024:2048"}],
-            sysctl=[{"net.core.somaxconn": "511"}],
+            ulimit={"nofile": "1024:2048"},
+            sysctl={"net.core.somaxconn": "511"},
             shm_size=128 * 1024 * 1024,
             pids_limit=77,
             readonly_rootfs=True,
@@ -117,7 +117,7 @@ def test_docker_task_options_refused_with_a_sentence(harness: DriverHarness, all
         "task 'web': Failed to create container configuration, cannot use isolation mode 'hyperv' on linux "
         "(isolation is a Windows containers option; remove it)"
     )
-    assert _refused(harness, alloc, busybox(*SLEEP, port_map=[{"http": 8080}])).startswith(
+    assert _refused(harness, alloc, busybox(*SLEEP, port_map={"http": 8080})).startswith(
         "task 'web': 'port_map' cannot map group network ports, use 'ports' instead"
     )
     assert _refused(harness, alloc, busybox(*SLEEP, ports=["http"])) == (
@@ -137,7 +137,7 @@ def test_docker_task_options_refused_with_a_sentence(harness: DriverHarness, all
     assert "invalid cgroup permission string: 'rwx'" in _refused(
         harness, alloc, busybox(*SLEEP, devices=[{"host_path": "/dev/null", "cgroup_permissions": "rwx"}])
     )
-    assert _refused(harness, alloc, busybox(*SLEEP, ulimit=[{"nofile": "20:10"}])).startswith(
+    assert _refused(harness, alloc, busybox(*SLEEP, ulimit={"nofile": "20:10"})).startswith(
         "task 'web': Malformed ulimit specification nofile: '20:10'"
     )
     assert "invalid cgroup namespace mode 'shared'" in _refused(harness, alloc, busybox(*SLEEP, cgroupns="shared"))
