@@ -100,11 +100,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a job's tasks here through their driver plugins; Ctrl-C stops them cleanly."""
+    """Run jobs' tasks here through their driver plugins; Ctrl-C stops them cleanly. Exit 0 when
+    every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
     from driversdk.runner.clientconfig import load_client
-    from driversdk.runner.run import run_job
+    from driversdk.runner.events import printer
+    from driversdk.runner.run import EXIT_REFUSED, RunRefused, run_jobs
 
-    return run_job(args.job, load_client(args.client), say=lambda line: print(line, flush=True))
+    try:
+        return run_jobs(list(args.job), load_client(args.client), printer(args.json, lambda s: print(s, flush=True)))
+    except RunRefused as err:  # before anything started
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_REFUSED
 
 
 class CLIError(DriverSDKError):
@@ -385,9 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="machine-readable output")
     validate.set_defaults(func=cmd_validate)
 
-    run = sub.add_parser("run", help="run a job's tasks on this machine")
-    run.add_argument("job", help="the job file (HCL)")
+    run = sub.add_parser("run", help="run jobs' tasks on this machine (exit 0 ok, 1 a task failed, 2 refused)")
+    run.add_argument("job", nargs="+", help="the job file(s) (HCL); one process runs them all, one plugin per driver")
     run.add_argument("--client", help="the client config file (HCL): data_dir, host volumes, plugins")
+    run.add_argument("--json", action="store_true", help="print one JSON object per event line")
     run.set_defaults(func=cmd_run)
 
     status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")

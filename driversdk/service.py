@@ -28,7 +28,6 @@ from driversdk.errors import (
 )
 from driversdk.hclspec import Spec, decode
 from driversdk.model import DRIVER_API_VERSION, AgentConfig, ExitResult, TaskConfig
-from driversdk.mounts import UnknownPropagationError
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
 
 log = logging.getLogger("driversdk.service")
@@ -39,7 +38,6 @@ _CODE_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (TaskNotFoundError, grpc.StatusCode.NOT_FOUND),
     (NotSupportedError, grpc.StatusCode.UNIMPLEMENTED),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (UnknownPropagationError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
 
 

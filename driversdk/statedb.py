@@ -31,14 +31,35 @@ def connect(db_path: str) -> sqlite3.Connection:
     db_path = os.path.abspath(db_path)
     prepare_data_dir(os.path.dirname(db_path))
     # Create the file ourselves with 0600 so there is no moment in which it is world-readable;
-    # SQLite gives the -wal and -shm files the mode of the database file.
-    fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, STATE_FILE_MODE)
-    os.close(fd)
+    # SQLite gives the -wal and -shm files the mode of the database file. Only when it does not
+    # exist: closing any descriptor of the file drops every POSIX lock this process holds on it,
+    # so opening a second store next to a live one would leave the first unlocked, and another
+    # process closing the database last would then checkpoint and delete the WAL under it.
+    try:
+        fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, STATE_FILE_MODE)
+    except FileExistsError:
+        pass
+    else:
+        os.close(fd)
     db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
     db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     db.execute("PRAGMA journal_mode=WAL")
     for suffix in ("", "-wal", "-shm"):
         _tighten(db_path + suffix, STATE_FILE_MODE)
+    return db
+
+
+def open_state(db_path: str) -> sqlite3.Connection:
+    """:func:`connect`, then bring the schema to the current version: the one way every store
+    (runs, tasks, driver plugins, CSI usage and staging, volumes and claims) opens ``state.db``."""
+    from driversdk.state.migrations import migrate
+
+    db = connect(db_path)
+    try:
+        migrate(db)
+    except BaseException:
+        db.close()
+        raise
     return db
 
 

@@ -265,6 +265,11 @@ def build_spec(
     env = dict(task.env)
     env.setdefault("PATH", DEFAULT_PATH)
     caps = [f"CAP_{c.upper()}" for c in cfg.capabilities]
+    propagation = root_propagation(task)
+    if plugin.no_pivot_root and propagation == "rprivate":
+        # runc refuses a private root without pivot_root (the chroot could be escaped through
+        # the host's mount tree); a slave root is the closest it accepts.
+        propagation = "rslave"
     spec: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "process": {
@@ -282,7 +287,7 @@ def build_spec(
         "linux": {
             "namespaces": namespaces,
             "cgroupsPath": cgroups_path,
-            "rootfsPropagation": root_propagation(task),
+            "rootfsPropagation": propagation,
             "devices": device_nodes,
             "resources": {"devices": [{"allow": False, "access": "rwm"}, *device_rules]},
             "maskedPaths": MASKED_PATHS,

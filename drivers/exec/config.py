@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from drivers.exec.ids import IdRanges
 from driversdk import hclspec as hs
 from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
@@ -39,6 +40,9 @@ def plugin_spec() -> hs.Spec:
     return hs.obj(
         {
             "runtime_path": hs.default(hs.attr("string"), hs.literal('"runc"')),
+            "no_pivot_root": hs.default(hs.attr("bool"), hs.literal("false")),
+            "denied_host_uids": hs.attr("string"),
+            "denied_host_gids": hs.attr("string"),
             "state_dir": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_STATE_DIR}"')),
             "default_pid_mode": hs.default(hs.attr("string"), hs.literal('"private"')),
             "default_ipc_mode": hs.default(hs.attr("string"), hs.literal('"private"')),
@@ -107,6 +111,9 @@ class PluginConfig:
     reconcile_enabled: bool = True
     reconcile_period: float = 300.0
     reconcile_creation_grace: float = 300.0
+    no_pivot_root: bool = False
+    denied_uids: IdRanges = field(default_factory=lambda: IdRanges("", ()))
+    denied_gids: IdRanges = field(default_factory=lambda: IdRanges("", ()))
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
@@ -158,6 +165,9 @@ class PluginConfig:
             reconcile_enabled=reconcile.get("enabled", True) is not False,
             reconcile_period=period,
             reconcile_creation_grace=grace,
+            no_pivot_root=bool(cfg.get("no_pivot_root")),
+            denied_uids=IdRanges.parse(cfg.get("denied_host_uids"), "denied_host_uids"),
+            denied_gids=IdRanges.parse(cfg.get("denied_host_gids"), "denied_host_gids"),
         )
 
 

@@ -21,6 +21,7 @@ from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, re
 from drivers.exec.cgroups import TaskCgroup
 from drivers.exec.config import PluginConfig, TaskExecConfig, plugin_spec, task_spec
 from drivers.exec.fingerprint import fingerprint as read_fingerprint
+from drivers.exec.ids import check_user_allowed, lookup_user
 from drivers.exec.logs import open_logs
 from drivers.exec.network import NetworkManager
 from drivers.exec.owner import ProcessIdentity, TaskRecord
@@ -28,6 +29,7 @@ from drivers.exec.reconcile import Reconciler, ReconcileSettings, claim
 from drivers.exec.runc import Runc
 from drivers.exec.stats import task_stats
 from drivers.exec.store import DriverState, ExecTask, TaskStore
+from drivers.exec.taskdirs import grant_task_dirs
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
 from driversdk.hclspec import Spec
@@ -135,6 +137,9 @@ class ExecDriver(DriverPlugin):
             raise DriverError(f"task with ID {task.id!r} already started")
         # Everything that can be refused is checked before anything is created.
         cfg = TaskExecConfig.from_decoded(task.driver_config, self.config, task=task.name)
+        # The user the task runs as (root when the task names none) against denied_host_uids/gids.
+        user = lookup_user(task.user, task=task.name)
+        check_user_allowed(user, self.config.denied_uids, self.config.denied_gids, task=task.name)
         check_mount_destinations(task.mounts, task=task.name)
         ensure_mounts_usable(task.mounts, task=task.name)
         for path, what in ((task.shared_alloc_dir, "alloc"), (task.local_dir, "local"), (task.secrets_dir, "secrets")):
@@ -142,6 +147,8 @@ class ExecDriver(DriverPlugin):
                 raise DriverError(
                     f"task {task.name!r}: its {what} dir {path!r} does not exist; create the task dir first"
                 )
+        # A task user can write its own local/, secrets/ and tmp/, and the shared alloc/data.
+        grant_task_dirs(task, user.uid, user.gid)
         cid = container_id_for(task.id)
         task_dir = os.path.join(self.config.state_dir, "tasks", cid)
         cgroup = TaskCgroup.for_container(cid, self.config.cgroup_parent)
@@ -200,7 +207,9 @@ class ExecDriver(DriverPlugin):
                 host_pid_mode=cfg.pid_mode == "host",
                 cgroup_parent=cgroup.parent,
             )
-            pid = supervisor.spawn(runc.command(), task_dir, cid, state.status_file, fds[0], fds[1])
+            pid = supervisor.spawn(
+                runc.command(), task_dir, cid, state.status_file, fds[0], fds[1], no_pivot=self.config.no_pivot_root
+            )
             # From here the host gets the handle, and with it the duty to recover or destroy the task.
             owner.save(record.moved_to("started", ProcessIdentity.current()))
         except BaseException:

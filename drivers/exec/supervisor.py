@@ -35,16 +35,25 @@ def _reset_signals() -> list[int]:
 
 
 def spawn(
-    runc_argv: list[str], bundle: str, container_id: str, status_file: str, stdout_fd: int, stderr_fd: int
+    runc_argv: list[str],
+    bundle: str,
+    container_id: str,
+    status_file: str,
+    stdout_fd: int,
+    stderr_fd: int,
+    *,
+    no_pivot: bool = False,
 ) -> int:
-    """Start the supervisor; returns its pid. runc_argv is runc plus its global flags."""
+    """Start the supervisor; returns its pid. runc_argv is runc plus its global flags.
+
+    ``no_pivot`` (the plugin's no_pivot_root) makes runc enter the root with MS_MOVE and chroot
+    instead of pivot_root, which a root file system on a ramdisk (initramfs) cannot do."""
     runc = runc_argv[0]
+    script = SCRIPT.replace("run --keep", "run --keep --no-pivot", 1) if no_pivot else SCRIPT
     if len(runc_argv) > 1:
         # Global flags (--root) go before the subcommand: bake them into the script.
         flags = " ".join(f"'{a}'" for a in runc_argv[1:])
-        script = SCRIPT.replace('"$0" run', f'"$0" {flags} run', 1)
-    else:
-        script = SCRIPT
+        script = script.replace('"$0" run', f'"$0" {flags} run', 1)
     file_actions: list[tuple[Any, ...]] = [
         (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, stdout_fd, 1),

@@ -10,9 +10,10 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Generic, TypeVar
 
 import grpc
 
@@ -42,6 +43,76 @@ class NodeInfo:
     node_id: str
     max_volumes: int
     topology: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PluginVolume:
+    """A volume as the plugin reports it (CreateVolume, ControllerGetVolume, ListVolumes)."""
+
+    volume_id: str
+    capacity_bytes: int  # 0: unknown
+    context: dict[str, str] = field(default_factory=dict)
+    snapshot_source: str = ""  # the snapshot it was created from
+    clone_source: str = ""  # the volume it was cloned from
+    topologies: tuple[dict[str, str], ...] = ()  # empty: reachable from every node
+    published_node_ids: tuple[str, ...] = ()
+    abnormal: bool = False
+    condition: str = ""  # the plugin's condition message, when it reports one
+
+
+@dataclass(frozen=True)
+class PluginSnapshot:
+    snapshot_id: str
+    source_volume_id: str
+    size_bytes: int  # 0: unknown
+    created: datetime
+    ready_to_use: bool
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a listing; ``next_token`` is empty on the last one."""
+
+    entries: tuple[T, ...]
+    next_token: str = ""
+
+
+def _plugin_volume(volume: csi_pb2.Volume) -> PluginVolume:
+    source = volume.content_source
+    return PluginVolume(
+        volume_id=volume.volume_id,
+        capacity_bytes=volume.capacity_bytes,
+        context=dict(volume.volume_context),
+        snapshot_source=source.snapshot.snapshot_id if source.HasField("snapshot") else "",
+        clone_source=source.volume.volume_id if source.HasField("volume") else "",
+        # Nomad's conversion leaves empty entries in front; there are none here.
+        topologies=tuple(dict(t.segments) for t in volume.accessible_topology if t.segments),
+    )
+
+
+def _plugin_snapshot(snap: csi_pb2.Snapshot) -> PluginSnapshot:
+    created = snap.creation_time.ToDatetime(tzinfo=UTC)
+    return PluginSnapshot(snap.snapshot_id, snap.source_volume_id, snap.size_bytes, created, snap.ready_to_use)
+
+
+def _with_status(
+    volume: PluginVolume, published: Sequence[str], condition: csi_pb2.VolumeCondition | None
+) -> PluginVolume:
+    return replace(
+        volume,
+        published_node_ids=tuple(published),
+        abnormal=condition is not None and condition.abnormal,
+        condition=condition.message if condition is not None else "",
+    )
+
+
+def _topology_requirement(
+    requisite: Sequence[Mapping[str, str]], preferred: Sequence[Mapping[str, str]]
+) -> csi_pb2.TopologyRequirement:
+    return csi_pb2.TopologyRequirement(
+        requisite=[csi_pb2.Topology(segments=dict(t)) for t in requisite],
+        preferred=[csi_pb2.Topology(segments=dict(t)) for t in preferred],
+    )
 
 
 def open_channel(socket_path: str, timeout: float = 1.0) -> grpc.Channel:
@@ -107,6 +178,9 @@ class CSIClient:
         volume: str = "",
         node: str = "",
         path: str = "",
+        snapshot: str = "",
+        source: str = "",
+        token: str = "",
     ) -> T:
         policy = policy_for(call)
         for attempt in range(1, policy.attempts + 1):
@@ -121,7 +195,17 @@ class CSIClient:
                     log.debug("retrying CSI call", extra={"call": call, "code": str(code), "wait": wait})
                     time.sleep(wait)
                     continue
-                raise unpack(err, call, plugin=self.plugin, volume=volume, node=node, path=path) from None
+                raise unpack(
+                    err,
+                    call,
+                    plugin=self.plugin,
+                    volume=volume,
+                    node=node,
+                    path=path,
+                    snapshot=snapshot,
+                    source=source,
+                    token=token,
+                ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     # --- identity ------------------------------------------------------------------------------
@@ -234,6 +318,156 @@ class CSIClient:
             if not err.ignorable:
                 raise
 
+    def create_volume(
+        self,
+        name: str,
+        capabilities: Sequence[VolumeCapability],
+        *,
+        capacity_min: int = 0,
+        capacity_max: int = 0,
+        parameters: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+        snapshot_id: str = "",
+        clone_id: str = "",
+        requisite: Sequence[Mapping[str, str]] = (),
+        preferred: Sequence[Mapping[str, str]] = (),
+    ) -> PluginVolume:
+        """CreateVolume; idempotent by ``name``, so a retry after a lost answer is safe.
+
+        The request is checked here first, so an impossible one never reaches the plugin.
+        """
+        call = "CreateVolume"
+        problem = ""
+        if not name:
+            problem = "a volume to create needs a name"
+        elif not capabilities:
+            problem = f'volume "{name}": CreateVolume needs at least one capability'
+        elif capacity_min < 0 or capacity_max < 0:
+            problem = f'volume "{name}": capacity_min and capacity_max must not be negative'
+        elif capacity_max and capacity_max < capacity_min:
+            problem = f'volume "{name}": capacity_max ({capacity_max}) is smaller than capacity_min ({capacity_min})'
+        elif snapshot_id and clone_id:
+            problem = f'volume "{name}": set snapshot_id or clone_id, not both'
+        if problem:
+            raise CSIError(problem, code="OK", call=call, volume=name)
+        req = csi_pb2.CreateVolumeRequest(
+            name=name,
+            volume_capabilities=[c.to_proto() for c in capabilities],
+            parameters=dict(parameters or {}),
+            secrets=dict(secrets or {}),
+        )
+        if capacity_min or capacity_max:
+            req.capacity_range.CopyFrom(csi_pb2.CapacityRange(required_bytes=capacity_min, limit_bytes=capacity_max))
+        if snapshot_id:
+            req.volume_content_source.snapshot.snapshot_id = snapshot_id
+        elif clone_id:
+            req.volume_content_source.volume.volume_id = clone_id
+        if requisite or preferred:
+            req.accessibility_requirements.CopyFrom(_topology_requirement(requisite, preferred))
+        resp = self._call(call, self.controller.CreateVolume, req, volume=name, source=snapshot_id or clone_id)
+        return _plugin_volume(resp.volume)
+
+    def delete_volume(self, volume_id: str, secrets: Mapping[str, str] | None = None) -> None:
+        """DeleteVolume; idempotent: the spec has the plugin answer OK for a volume it no longer has."""
+        if not volume_id:
+            raise CSIError("DeleteVolume needs a volume ID", code="OK", call="DeleteVolume")
+        req = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=dict(secrets or {}))
+        self._call("DeleteVolume", self.controller.DeleteVolume, req, volume=volume_id)
+
+    def controller_get_volume(self, volume_id: str) -> PluginVolume:
+        """ControllerGetVolume (GET_VOLUME): the volume with where it is published and its condition."""
+        if not volume_id:
+            raise CSIError("ControllerGetVolume needs a volume ID", code="OK", call="ControllerGetVolume")
+        req = csi_pb2.ControllerGetVolumeRequest(volume_id=volume_id)
+        resp = self._call("ControllerGetVolume", self.controller.ControllerGetVolume, req, volume=volume_id)
+        status = resp.status
+        condition = status.volume_condition if status.HasField("volume_condition") else None
+        return _with_status(_plugin_volume(resp.volume), status.published_node_ids, condition)
+
+    def list_volumes(self, max_entries: int = 0, starting_token: str = "") -> Page[PluginVolume]:
+        """One page of ListVolumes (LIST_VOLUMES); ``max_entries`` 0 means no limit."""
+        if max_entries < 0:
+            raise CSIError("ListVolumes max_entries must not be negative", code="OK", call="ListVolumes")
+        req = csi_pb2.ListVolumesRequest(max_entries=max_entries, starting_token=starting_token)
+        resp = self._call("ListVolumes", self.controller.ListVolumes, req, token=starting_token)
+        entries = tuple(
+            _with_status(
+                _plugin_volume(e.volume),
+                e.status.published_node_ids,
+                e.status.volume_condition if e.status.HasField("volume_condition") else None,
+            )
+            for e in resp.entries
+        )
+        return Page(entries, resp.next_token)
+
+    def all_volumes(self, page_size: int = 100) -> Iterator[PluginVolume]:
+        """Every volume, page by page."""
+        token = ""
+        while True:
+            page = self.list_volumes(page_size, token)
+            yield from page.entries
+            if not page.next_token:
+                return
+            token = page.next_token
+
+    def create_snapshot(
+        self,
+        volume_id: str,
+        name: str,
+        *,
+        parameters: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
+    ) -> PluginSnapshot:
+        """CreateSnapshot (CREATE_DELETE_SNAPSHOT); idempotent by ``name``."""
+        if not volume_id or not name:
+            raise CSIError(
+                "CreateSnapshot needs a source volume ID and a snapshot name",
+                code="OK",
+                call="CreateSnapshot",
+                volume=volume_id,
+            )
+        req = csi_pb2.CreateSnapshotRequest(
+            source_volume_id=volume_id, name=name, parameters=dict(parameters or {}), secrets=dict(secrets or {})
+        )
+        resp = self._call("CreateSnapshot", self.controller.CreateSnapshot, req, volume=volume_id, snapshot=name)
+        return _plugin_snapshot(resp.snapshot)
+
+    def delete_snapshot(self, snapshot_id: str, secrets: Mapping[str, str] | None = None) -> None:
+        """DeleteSnapshot; idempotent: the spec has the plugin answer OK for a snapshot it no longer has."""
+        if not snapshot_id:
+            raise CSIError("DeleteSnapshot needs a snapshot ID", code="OK", call="DeleteSnapshot")
+        req = csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot_id, secrets=dict(secrets or {}))
+        self._call("DeleteSnapshot", self.controller.DeleteSnapshot, req, snapshot=snapshot_id)
+
+    def list_snapshots(
+        self,
+        max_entries: int = 0,
+        starting_token: str = "",
+        *,
+        volume_id: str = "",
+        snapshot_id: str = "",
+        secrets: Mapping[str, str] | None = None,
+    ) -> Page[PluginSnapshot]:
+        """One page of ListSnapshots (LIST_SNAPSHOTS), optionally of one volume or one snapshot."""
+        if max_entries < 0:
+            raise CSIError("ListSnapshots max_entries must not be negative", code="OK", call="ListSnapshots")
+        req = csi_pb2.ListSnapshotsRequest(
+            max_entries=max_entries,
+            starting_token=starting_token,
+            source_volume_id=volume_id,
+            snapshot_id=snapshot_id,
+            secrets=dict(secrets or {}),
+        )
+        resp = self._call(
+            "ListSnapshots",
+            self.controller.ListSnapshots,
+            req,
+            volume=volume_id,
+            snapshot=snapshot_id,
+            token=starting_token,
+        )
+        return Page(tuple(_plugin_snapshot(e.snapshot) for e in resp.entries), resp.next_token)
+
     # --- node ----------------------------------------------------------------------------------
 
     def node_stage(
@@ -340,4 +574,14 @@ def _mismatch(req: csi_pb2.VolumeCapability, conf: csi_pb2.VolumeCapability) -> 
     return None
 
 
-__all__ = ["AttachmentMode", "CSIClient", "NodeInfo", "PluginInfo", "capability_mismatches", "open_channel"]
+__all__ = [
+    "AttachmentMode",
+    "CSIClient",
+    "NodeInfo",
+    "Page",
+    "PluginInfo",
+    "PluginSnapshot",
+    "PluginVolume",
+    "capability_mismatches",
+    "open_channel",
+]

@@ -51,7 +51,8 @@ def _camel(code: grpc.StatusCode) -> str:
     return "".join(part.capitalize() for part in code.name.split("_"))
 
 
-# (call, code) -> sentence template; {v} volume, {n} node, {p} path.
+# (call, code) -> sentence template; {v} volume (the name for CreateVolume), {n} node, {p} path,
+# {s} snapshot, {src} a CreateVolume content source, {t} a paging token.
 _MESSAGES: dict[tuple[str, grpc.StatusCode], str] = {
     ("ControllerPublishVolume", grpc.StatusCode.NOT_FOUND): 'volume "{v}" or node "{n}" could not be found',
     ("ControllerPublishVolume", grpc.StatusCode.ALREADY_EXISTS): (
@@ -68,7 +69,30 @@ _MESSAGES: dict[tuple[str, grpc.StatusCode], str] = {
         IGNORABLE + ': volume "{v}" or node "{n}" could not be found'
     ),
     ("ValidateVolumeCapabilities", grpc.StatusCode.NOT_FOUND): 'volume "{v}" could not be found',
+    ("CreateVolume", grpc.StatusCode.INVALID_ARGUMENT): (
+        'volume "{v}" snapshot source "{src}" is not compatible with these parameters'
+    ),
+    ("CreateVolume", grpc.StatusCode.NOT_FOUND): 'volume "{v}" content source "{src}" does not exist',
+    (
+        "CreateVolume",
+        grpc.StatusCode.ALREADY_EXISTS,
+    ): 'volume "{v}" already exists but is incompatible with these parameters',
+    ("CreateVolume", grpc.StatusCode.RESOURCE_EXHAUSTED): 'unable to provision "{v}" in accessible_topology',
+    ("CreateVolume", grpc.StatusCode.OUT_OF_RANGE): 'unsupported capacity_range for volume "{v}"',
     ("DeleteVolume", grpc.StatusCode.FAILED_PRECONDITION): 'volume "{v}" is in use',
+    ("ListVolumes", grpc.StatusCode.ABORTED): 'invalid starting token "{t}"',
+    ("ListSnapshots", grpc.StatusCode.ABORTED): 'invalid starting token "{t}"',
+    ("CreateSnapshot", grpc.StatusCode.ALREADY_EXISTS): (
+        'snapshot "{s}" already exists but is incompatible with volume ID "{v}"'
+    ),
+    ("CreateSnapshot", grpc.StatusCode.ABORTED): 'snapshot "{s}" is already pending',
+    ("CreateSnapshot", grpc.StatusCode.RESOURCE_EXHAUSTED): (
+        "storage provider does not have enough space for this snapshot"
+    ),
+    ("DeleteSnapshot", grpc.StatusCode.FAILED_PRECONDITION): (
+        'snapshot "{s}" could not be deleted because it is in use'
+    ),
+    ("DeleteSnapshot", grpc.StatusCode.ABORTED): 'snapshot "{s}" has a pending operation',
     ("NodeStageVolume", grpc.StatusCode.NOT_FOUND): 'volume "{v}" could not be found',
     ("NodeStageVolume", grpc.StatusCode.ALREADY_EXISTS): (
         'volume "{v}" is already staged to "{p}" but with incompatible capabilities for this request'
@@ -106,25 +130,43 @@ _CONTROLLER_CALLS = {
     "ControllerUnpublishVolume",
     "ValidateVolumeCapabilities",
     "ListVolumes",
+    "GetCapacity",
     "ControllerExpandVolume",
+    "ControllerGetVolume",
+    "CreateSnapshot",
+    "DeleteSnapshot",
+    "ListSnapshots",
+    "GetSnapshot",
 }
 
 
-def unpack(err: grpc.RpcError, call: str, *, plugin: str, volume: str = "", node: str = "", path: str = "") -> CSIError:
+def unpack(
+    err: grpc.RpcError,
+    call: str,
+    *,
+    plugin: str,
+    volume: str = "",
+    node: str = "",
+    path: str = "",
+    snapshot: str = "",
+    source: str = "",
+    token: str = "",
+) -> CSIError:
     failed = rpc_call_of(err)
     code = failed.code() if failed is not None else grpc.StatusCode.UNKNOWN
     detail = clean_detail(failed.details() if failed is not None else str(err))
     raw = f"rpc error: code = {_camel(code)} desc = {detail}"
     template = _MESSAGES.get((call, code))
     if template is not None:
-        head = template.format(v=volume, n=node, p=path)
+        head = template.format(v=volume, n=node, p=path, s=snapshot, src=source, t=token)
     elif code == grpc.StatusCode.INTERNAL:
         role = "controller" if call in _CONTROLLER_CALLS else "node"
         head = f"{role} plugin returned an internal error, check the plugin allocation logs for more information"
     elif code == grpc.StatusCode.UNAVAILABLE:
         head = f"CSI plugin {plugin!r} is not answering {call}; check that the plugin is running"
     else:
-        head = f"CSI plugin {plugin!r} failed {call}" + (f' for volume "{volume}"' if volume else "")
+        subject = f' for volume "{volume}"' if volume else (f' for snapshot "{snapshot}"' if snapshot else "")
+        head = f"CSI plugin {plugin!r} failed {call}{subject}"
     return CSIError(
         f"{head}: {raw}",
         code=code.name,

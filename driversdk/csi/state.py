@@ -10,23 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from driversdk.statedb import connect
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS csi_usage (
-    plugin_id TEXT NOT NULL, namespace TEXT NOT NULL, volume_id TEXT NOT NULL, usage TEXT NOT NULL,
-    alloc_id TEXT NOT NULL, phase TEXT NOT NULL, volume_json TEXT NOT NULL,
-    PRIMARY KEY (plugin_id, namespace, volume_id, usage, alloc_id)
-);
-CREATE TABLE IF NOT EXISTS csi_staged (
-    plugin_id TEXT NOT NULL, namespace TEXT NOT NULL, volume_id TEXT NOT NULL, usage TEXT NOT NULL,
-    PRIMARY KEY (plugin_id, namespace, volume_id, usage)
-);
-CREATE TABLE IF NOT EXISTS csi_plugins (
-    type TEXT NOT NULL, name TEXT NOT NULL, alloc_id TEXT NOT NULL, position INTEGER NOT NULL,
-    record TEXT NOT NULL, PRIMARY KEY (type, name, alloc_id)
-);
-"""
+from driversdk.statedb import open_state
 
 
 @dataclass(frozen=True)
@@ -45,11 +29,10 @@ class StateStore:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._db = connect(path)
+        self._db = open_state(path)
         # WAL + NORMAL survives a process crash (what restart recovery needs) without an fsync
         # per transaction; only a power loss can drop the last commits.
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
 
     @contextmanager

@@ -20,6 +20,7 @@ from driversdk.runner.problems import Problem, ValidationFailed
 BUNDLED = {
     "docker": [sys.executable, "-m", "drivers.docker"],
     "exec": [sys.executable, "-m", "drivers.exec"],
+    "raw_exec": [sys.executable, "-m", "drivers.raw_exec"],
 }
 
 

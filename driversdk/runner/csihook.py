@@ -22,7 +22,7 @@ from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Volume
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
-from driversdk.mountinfo import read_mountinfo
+from driversdk.mountinfo import is_mount_point
 from driversdk.runner.jobspec import Group, Job, VolumeRequest
 from driversdk.runner.volumes import Claim, VolumeError, VolumeStore
 
@@ -63,10 +63,6 @@ def source_id(req: VolumeRequest, alloc_index: int) -> str:
     return f"{req.source}[{alloc_index}]" if req.per_alloc else req.source
 
 
-def _is_mounted(path: str) -> bool:
-    return any(e.mount_point == path for e in read_mountinfo())
-
-
 class CSIHook:
     def __init__(
         self,
@@ -78,7 +74,7 @@ class CSIHook:
         volumes: VolumeStore,
         registry: PluginRegistry,
         store: StateStore,
-        say: Callable[[str], None],
+        say: Callable[[str, str], None],
         persist: Callable[[str], None],
         wait_for_plugin: float = WAIT_FOR_PLUGIN,
         plugin_failure: Callable[[str], str | None] | None = None,
@@ -198,7 +194,7 @@ class CSIHook:
             req.read_only, info.source, csi_node_id, controller_published, facts.requires_staging,
         )  # fmt: skip
         self.save()
-        self.say(f'==> volume "{req.name}": CSI volume "{volume.id}" mounted at {info.source}')
+        self.say(req.name, f'CSI volume "{volume.id}" mounted at {info.source}')
 
     def _manager(self, node: CSIClient, reg: PluginRegistration, requires_staging: bool) -> NodeVolumeManager:
         return NodeVolumeManager(
@@ -230,7 +226,7 @@ class CSIHook:
             try:
                 self._controller_unpublish(volume, csi_node_id)
             except CSIError as err:
-                self.say(f'==> volume "{volume.id}": controller unpublish failed: {err}')
+                self.say(volume.id, f"controller unpublish failed: {err}")
         self.volumes.release(volume.id, volume.namespace, self.alloc_id)
 
     def _controller_unpublish(self, volume: Volume, csi_node_id: str) -> None:
@@ -253,7 +249,7 @@ class CSIHook:
         for data in json.loads(saved or "[]"):
             stub = VolumeStub(**data)
             self.stubs[stub.request] = stub
-            if _is_mounted(stub.source):
+            if is_mount_point(stub.source):
                 continue
             volume = self.volumes.get(stub.volume_id, stub.namespace)
             req = self.group.volumes.get(stub.request)
@@ -301,7 +297,7 @@ class CSIHook:
             self.volumes.release(stub.volume_id, stub.namespace, self.alloc_id)
             del self.stubs[name]
             self.save()
-            self.say(f'==> volume "{name}": CSI volume "{stub.volume_id}" unmounted and released')
+            self.say(name, f'CSI volume "{stub.volume_id}" unmounted and released')
         # Claims taken before a failure, with nothing mounted yet, are released by _undo_claim.
         return failures
 

@@ -6,7 +6,8 @@ reaches ``max_file_size`` MB moves on to N+1, and only the newest ``max_files`` 
 The reader is a small detached process per task (:func:`spawn`), not a thread of ``driversdk
 run``: a task writing straight into its fifo (exec) would die of SIGPIPE the moment the run
 process is killed, and a restarted run could not recover it. This module imports only the
-standard library so that process starts in a few tens of milliseconds.
+standard library and driversdk.errors (which imports nothing) so that process starts in a few
+tens of milliseconds.
 
 The collector runs as root, and ``alloc/logs`` is writable by the task (exec mounts the alloc
 dir), so every name in it is the task's to change at any moment. The collector therefore holds
@@ -34,6 +35,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+if not __package__:
+    # Started by spawn() as a script under -I -S, which keeps the project off sys.path; the one
+    # project module it needs (driversdk.errors, which imports nothing) lives three levels up.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from driversdk.errors import DriverSDKError
+
 MIB = 1024 * 1024
 LOG_MODE = 0o640  # the operator's group may read a task's logs; nobody else
 # A task that keeps planting entries must not fill the disk with our complaints about them.
@@ -51,7 +59,7 @@ _KINDS = {
 }
 
 
-class Refused(Exception):
+class Refused(DriverSDKError):
     """An entry the collector will not read or write; ``what`` says why, as in "is a symlink"."""
 
     def __init__(self, what: str, fmt: int) -> None:
@@ -342,7 +350,9 @@ def alive(logmon: Logmon) -> bool:
         return False
     cmdline = _cmdline(logmon.pid)
     logs_dir = os.path.dirname(logmon.stdout_fifo)
-    return __file__.rsplit(".", 1)[0] in cmdline and logs_dir in cmdline
+    # The collector's module by its package path, not this file's absolute one: a run of an
+    # upgraded installation (another venv, another checkout) adopts what the previous one started.
+    return "driversdk/runner/logcollect.py" in cmdline and f"--dir {logs_dir} " in cmdline + " "
 
 
 def stop(logmon: Logmon, timeout: float = 5.0) -> None:

@@ -6,26 +6,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from driversdk.errors import DriverSDKError
-from driversdk.statedb import connect
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS run_tasks (
-    alloc_id TEXT NOT NULL, job TEXT NOT NULL, grp TEXT NOT NULL, task TEXT NOT NULL, driver TEXT NOT NULL,
-    task_id TEXT NOT NULL, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, oom INTEGER,
-    handle BLOB, alloc_dir TEXT NOT NULL, updated REAL NOT NULL,
-    PRIMARY KEY (alloc_id, task)
-);
-CREATE TABLE IF NOT EXISTS run_allocs (
-    alloc_id TEXT PRIMARY KEY, job TEXT NOT NULL, grp TEXT NOT NULL, idx INTEGER NOT NULL, alloc_dir TEXT NOT NULL,
-    state TEXT NOT NULL, run_pid INTEGER NOT NULL, network TEXT, csi TEXT, updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS run_plugins (
-    alloc_id TEXT NOT NULL, driver TEXT NOT NULL, reattach TEXT NOT NULL, PRIMARY KEY (alloc_id, driver)
-);
-"""
+from driversdk.statedb import open_state
 
 
 @dataclass(frozen=True)
@@ -65,11 +50,7 @@ class TaskRecord:
 
 class RunState:
     def __init__(self, data_dir: str) -> None:
-        self._db = connect(os.path.join(data_dir, "state.db"))
-        self._db.executescript(SCHEMA)
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(run_tasks)")}
-        if "logmon_pid" not in columns:  # state.db written before log monitors were processes
-            self._db.execute("ALTER TABLE run_tasks ADD COLUMN logmon_pid INTEGER NOT NULL DEFAULT 0")
+        self._db = open_state(os.path.join(data_dir, "state.db"))  # tables: driversdk.state.migrations
         self._lock = threading.Lock()
 
     # --- allocations ---------------------------------------------------------------------------
@@ -100,18 +81,42 @@ class RunState:
             ).fetchall()
         return [AllocRecord(*r) for r in rows]
 
-    def plugin_started(self, alloc_id: str, driver: str, reattach: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (alloc_id, driver, reattach))
+    # --- driver plugins: one per driver per run process (the driver manager) --------------------
 
-    def plugins(self, alloc_id: str) -> dict[str, str]:
+    def plugin_started(self, driver: str, reattach: str) -> None:
         with self._lock:
-            rows = self._db.execute("SELECT driver, reattach FROM run_plugins WHERE alloc_id=?", (alloc_id,))
-            return {r[0]: r[1] for r in rows.fetchall()}
+            self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (driver, os.getpid(), reattach))
 
-    def plugins_gone(self, alloc_id: str) -> None:
+    def plugins_to_adopt(self, driver: str, alive: Callable[[int], bool]) -> list[tuple[int, str]]:
+        """Reattach configs of this driver's plugins whose run process is gone (newest first), as
+        (run pid, config): a restarted run takes one over. A live run's plugin is its own."""
         with self._lock:
-            self._db.execute("DELETE FROM run_plugins WHERE alloc_id=?", (alloc_id,))
+            rows = self._db.execute(
+                "SELECT run_pid, reattach FROM run_plugins WHERE driver=? ORDER BY rowid DESC", (driver,)
+            ).fetchall()
+        return [(int(pid), str(config)) for pid, config in rows if pid == os.getpid() or not alive(int(pid))]
+
+    def plugin_adopted(self, driver: str, old_pid: int, reattach: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM run_plugins WHERE driver=? AND run_pid=?", (driver, old_pid))
+            self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (driver, os.getpid(), reattach))
+
+    def plugin_gone(self, driver: str, run_pid: int | None = None) -> None:
+        pid = os.getpid() if run_pid is None else run_pid
+        with self._lock:
+            self._db.execute("DELETE FROM run_plugins WHERE driver=? AND run_pid=?", (driver, pid))
+
+    def retired_plugins(self, driver: str) -> list[tuple[str, str]]:
+        """Per-allocation plugins a run before the driver manager left (alloc id, reattach config)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, reattach FROM run_plugins_retired WHERE driver=? ORDER BY rowid DESC", (driver,)
+            ).fetchall()
+        return [(str(a), str(r)) for a, r in rows]
+
+    def retired_plugin_gone(self, alloc_id: str, driver: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM run_plugins_retired WHERE alloc_id=? AND driver=?", (alloc_id, driver))
 
     def set_logmon(self, alloc_id: str, task: str, pid: int) -> None:
         with self._lock:

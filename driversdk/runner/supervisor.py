@@ -110,6 +110,7 @@ class PluginSupervisor:
         registry: PluginRegistry,
         say: Callable[[str], None],
         fs_isolated: bool = True,
+        event: Callable[[str], None] | None = None,
     ) -> None:
         assert task.csi_plugin is not None
         self.task = task
@@ -117,6 +118,8 @@ class PluginSupervisor:
         self.alloc_id = alloc_id
         self.registry = registry
         self.say = say
+        # The runner reports structured events; without it, a text line through ``say``.
+        self.event = event
         self.fs_isolated = fs_isolated
         self.csi_dir = csi_dir(data_dir)
         # csi_plugin.id and type come from the job file: validate refuses unsafe names, and this
@@ -134,7 +137,11 @@ class PluginSupervisor:
         self._task_done = threading.Event()
 
     def _event(self, message: str, detail: str = "") -> None:
-        self.say(f'==> task "{self.task.name}": {message}' + (f": {detail}" if detail else ""))
+        text = message + (f": {detail}" if detail else "")
+        if self.event is not None:
+            self.event(text)
+        else:
+            self.say(f'==> task "{self.task.name}": {text}')
 
     # --- prestart ------------------------------------------------------------------------------
 

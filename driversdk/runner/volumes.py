@@ -27,7 +27,7 @@ from driversdk.csi.model import (
 from driversdk.errors import ConfigError
 from driversdk.paths import check_name, show
 from driversdk.runner.hclload import is_blocks, load_hcl, single
-from driversdk.statedb import connect
+from driversdk.statedb import open_state
 
 _KEYS = {"id", "name", "namespace", "type", "plugin_id", "external_id", "capability", "mount_options", "secrets",
          "parameters", "context"}  # fmt: skip
@@ -96,6 +96,8 @@ def parse_volume_file(path: str | Path) -> Volume:
     if blocks is not None and not is_blocks(blocks):
         problems.append("capability must be blocks (capability { access_mode = …, attachment_mode = … })")
     cap_blocks: list[dict[str, Any]] = data["capability"] if is_blocks(blocks) else []
+    # Set when a capability block was given but refused: "at least one is required" would then mislead.
+    capability_refused = blocks is not None and not is_blocks(blocks)
     for i, block in enumerate(cap_blocks):
         try:
             caps.append(
@@ -106,6 +108,7 @@ def parse_volume_file(path: str | Path) -> Volume:
             )
         except ConfigError as err:
             problems.append(f"capability[{i}]: {err}")
+            capability_refused = True
     raw_opts = data.get("mount_options")
     if raw_opts is not None and not (isinstance(raw_opts, dict) or is_blocks(raw_opts)):
         problems.append("mount_options must be a block (mount_options { … })")
@@ -139,7 +142,7 @@ def parse_volume_file(path: str | Path) -> Volume:
         problem = check_name(value, what) if value else None
         if problem is not None:
             problems.append(problem)
-    if not caps and not any(p.startswith("capability") for p in problems):
+    if not caps and not capability_refused:
         problems.append("at least one capability { access_mode, attachment_mode } block is required")
     if problems:
         raise VolumeError(f"{path}: validation: " + ", ".join(problems))
@@ -236,16 +239,7 @@ class VolumeStore:
     path: str
 
     def __post_init__(self) -> None:
-        self._db = connect(self.path)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS volumes (namespace TEXT NOT NULL, id TEXT NOT NULL, record TEXT NOT NULL, "
-            "PRIMARY KEY (namespace, id))"
-        )
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS volume_claims (namespace TEXT NOT NULL, volume_id TEXT NOT NULL, "
-            "alloc_id TEXT NOT NULL, job TEXT NOT NULL, mode TEXT NOT NULL, access_mode TEXT NOT NULL, "
-            "attachment_mode TEXT NOT NULL, PRIMARY KEY (namespace, volume_id, alloc_id))"
-        )
+        self._db = open_state(self.path)  # tables: driversdk.state.migrations
         self._lock = threading.Lock()
 
     @classmethod

@@ -35,9 +35,10 @@ class HostPathPlugin:
             self.process.wait(10)
 
 
-def start_plugin(socket: str, root: str, faults: str = "") -> HostPathPlugin:
+def start_plugin(socket: str, root: str, faults: str = "", peers: tuple[str, ...] = ()) -> HostPathPlugin:
     env = dict(os.environ)
     env["CSI_HOSTPATH_FAULTS"] = faults
+    env["CSI_HOSTPATH_PEER_NODES"] = ",".join(peers)
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -103,7 +103,7 @@ def test_run_refuses_an_invalid_job_before_starting(tmp_path: Path) -> None:
     done = subprocess.run(
         cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # refused before anything started
     assert 'host volume "shared" (volume "shared") is not in the client config' in done.stdout
     assert not (data / "allocs").exists()
 
@@ -180,7 +180,7 @@ def test_run_refuses_a_network_mode_it_does_not_run(tmp_path: Path) -> None:
     done = subprocess.run(
         cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # refused before anything started
     assert (
         'error: group "web": network mode \'none\' is not run by driversdk run; use mode = "host" or "bridge"'
         in done.stderr

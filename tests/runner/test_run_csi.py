@@ -245,7 +245,7 @@ def test_driver_without_mount_support_is_refused_before_anything(env: Env) -> No
     env.register()
     job = write_job(env, "nomount", plugin_group(), app_group("", driver="hello"))
     done = env.cli("run", str(job), "--client", str(env.client))
-    assert done.returncode == 1
+    assert done.returncode == 2  # refused before anything started
     assert 'task driver "hello" for "app" does not support CSI: volume "data" cannot be mounted' in done.stdout
     assert not (env.data / "allocs").exists()
     assert env.claims() == []
@@ -255,7 +255,7 @@ def test_driver_without_mount_support_is_refused_before_anything(env: Env) -> No
 def test_unregistered_volume_is_refused_before_anything(env: Env) -> None:
     job = write_job(env, "noreg", plugin_group(), app_group("true"))
     done = env.cli("run", str(job), "--client", str(env.client))
-    assert done.returncode == 1
+    assert done.returncode == 2  # refused before anything started
     # Nothing was ever registered with this data dir: validate says so and creates nothing.
     assert (
         'group "app", volume "data": CSI volume "vol" is not registered in namespace "default" (no volume has been '
@@ -276,7 +276,7 @@ def test_plugin_that_is_down_is_found_by_validate_and_run(env: Env) -> None:
     job = write_job(env, "down", app_group("true"))
     for command in ("validate", "run"):
         done = env.cli(command, str(job), "--client", str(env.client))
-        assert done.returncode == 1
+        assert done.returncode == (2 if command == "run" else 1)  # run: refused before anything started
         assert (
             'CSI plugin "hostpath" for volume "vol" is registered but does not answer (failed to open CSI plugin '
             f"socket {env.work / 'dead' / 'csi.sock'}: it does not exist" in done.stdout
@@ -366,7 +366,7 @@ def test_run_killed_mid_run_recovers_without_duplicates_then_cleans_up(env: Env)
         assert env.containers() == [container], "no duplicate container"
         assert [e.mount_point for e in read_mountinfo() if "per-alloc" in e.mount_point] == mounts_before
         again = env.cli("run", str(job), "--client", str(env.client))
-        assert again.returncode == 1
+        assert again.returncode == 2  # refused before anything started
         assert f'job "survivor" is already being run by driversdk run (pid {second.pid})' in again.stderr
     finally:
         second.send_signal(signal.SIGINT)
@@ -382,7 +382,7 @@ def test_data_dir_too_long_for_the_plugin_socket_is_refused_before_anything(env:
     env.client.write_text(env.client.read_text().replace(f'data_dir = "{env.data}"', f'data_dir = "{long_data}"'))
     job = write_job(env, "longpath", plugin_group())
     done = env.cli("run", str(job), "--client", str(env.client))
-    assert done.returncode == 1
+    assert done.returncode == 2  # refused before anything started
     assert 'group "storage", task "plugin", csi_plugin: the CSI plugin socket path under data_dir' in done.stdout
     assert "and unix sockets allow 107; use a data_dir at most" in done.stdout
     assert not long_data.exists() or not (long_data / "allocs").exists()

@@ -17,6 +17,9 @@ import docker
 import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
+from driversdk.client import reattach
+from driversdk.errors import DriverSDKError
+from driversdk.plugin.host import ReattachConfig
 from tests.hostcheck import processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,11 +31,17 @@ def cli(*args: str) -> list[str]:
 
 
 def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
-    return [
-        c.name
-        for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
-        if any(str(data_dir) in b for b in c.attrs["HostConfig"].get("Binds") or [])
-    ]
+    """Containers whose binds come from this test's data dir. Read one by one and skipped when
+    gone meanwhile: other tests create and remove labelled containers on the same engine."""
+    names = []
+    for summary in engine.api.containers(all=True, filters={"label": LABEL_TASK_ID}):
+        try:
+            binds = engine.api.inspect_container(summary["Id"])["HostConfig"].get("Binds") or []
+        except docker.errors.NotFound:
+            continue
+        if any(str(data_dir) in b for b in binds):
+            names.append(summary["Names"][0].lstrip("/"))
+    return names
 
 
 def cgroup_parent(tmp_path: Path) -> str:
@@ -158,11 +167,46 @@ def test_a_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(
     assert leaks(engine, tmp_path) == []
 
 
+def _plugin_knows(data: Path, task_id: str) -> bool:
+    """Whether the run's docker plugin (reattached from state.db, never killed here) answers
+    InspectTask for the task."""
+    [(saved,)] = db_rows(data, "SELECT reattach FROM run_plugins WHERE driver='docker'")
+    try:
+        reattach(ReattachConfig.from_json(str(saved)), name="docker").inspect_task(task_id)
+    except DriverSDKError:
+        return False
+    return True
+
+
+def _freeze_once_the_plugin_knows_the_task(proc: subprocess.Popen[bytes], data: Path) -> None:
+    """Stop the run (SIGSTOP) while its row says 'starting', then wait for its live plugin to finish
+    the StartTask it was sent, so the kill that follows always finds the task known to the plugin.
+    The row is written just before the call: frozen before sending it, the run is let go and
+    caught again."""
+    [(task_id,)] = db_rows(data, "SELECT task_id FROM run_tasks")
+    for _ in range(200):
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert db_rows(data, "SELECT state FROM run_tasks") == [("starting",)], "StartTask returned before the freeze"
+        try:
+            wait_for("the plugin to know the task", lambda: _plugin_knows(data, str(task_id)), timeout=5)
+            return
+        except AssertionError:
+            os.kill(proc.pid, signal.SIGCONT)  # frozen before the call left: let it go out
+            time.sleep(0.002)
+    raise AssertionError("the run was never frozen with its StartTask call under way")
+
+
 def _kill_during_start(
-    job: Path, client: Path, data: Path, whole_group: bool, made: Callable[[], object] | None = None
+    job: Path,
+    client: Path,
+    data: Path,
+    whole_group: bool,
+    made: Callable[[], object] | None = None,
+    known_to_plugin: bool = False,
 ) -> None:
     """SIGKILL the run while its StartTask call is under way (the 'starting' row is written just
-    before the call); with ``whole_group`` its plugin dies with it."""
+    before the call); with ``whole_group`` its plugin dies with it; with ``known_to_plugin`` the
+    live plugin has finished that StartTask (the run frozen meanwhile, so it could not record it)."""
     proc = subprocess.Popen(
         cli("run", str(job), "--client", str(client)),
         stdout=subprocess.DEVNULL,
@@ -178,6 +222,8 @@ def _kill_during_start(
         )
         if made is not None:  # wait until the plugin has made something of the task
             wait_for("the driver to create the task", made, every=0.002)
+        if known_to_plugin:
+            _freeze_once_the_plugin_knows_the_task(proc, data)
         if whole_group:
             os.killpg(proc.pid, signal.SIGKILL)
         else:
@@ -213,7 +259,7 @@ def test_run_killed_inside_start_task_replaces_what_the_live_plugin_started(
     engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     job, client, data = write_job(tmp_path, "echo up; sleep 300")
-    _kill_during_start(job, client, data, whole_group=False)
+    _kill_during_start(job, client, data, whole_group=False, known_to_plugin=True)
     out = _run_again_and_count(engine, job, client, data)
     assert "recovering alloc" in out
     assert '==> task "work" was being started when the previous run was killed; replacing it' in out

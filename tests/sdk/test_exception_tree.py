@@ -14,9 +14,6 @@ from driversdk.errors import ConfigError, DriverSDKError
 
 # Generated protobuf code is not ours to shape.
 _SKIP = ("driversdk.pb",)
-# Owned by the runner branch being refactored elsewhere; it joins the tree when that merges.
-# Listed by name so the test says when the entry can go.
-_RUNNER_BRANCH = {"driversdk.runner.logcollect.Refused"}
 
 
 def _modules(package: ModuleType) -> list[ModuleType]:
@@ -51,9 +48,7 @@ def test_every_exception_class_is_in_the_tree() -> None:
     ):
         assert known in classes
     outside = {name for name, cls in classes.items() if not issubclass(cls, DriverSDKError)}
-    assert outside - _RUNNER_BRANCH == set(), f"exception classes outside DriverSDKError: {sorted(outside)}"
-    stale = _RUNNER_BRANCH - outside
-    assert not stale, f"{sorted(stale)} joined the tree: drop them from _RUNNER_BRANCH"
+    assert outside == set(), f"exception classes outside DriverSDKError: {sorted(outside)}"
 
 
 def test_former_value_errors_are_still_value_errors() -> None:

@@ -143,7 +143,7 @@ def test_the_sentences(tmp_path: Path, field: str, value: str, sentence: str) ->
 def test_run_refuses_before_anything_is_created(tmp_path: Path, field: str) -> None:
     job, client, data = files(tmp_path, field, "/../../x/victim")
     done = cli("run", str(job), "--client", str(client))
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr  # refused before anything started
     assert "Traceback" not in done.stdout + done.stderr
     assert refusal_lines(done.stdout, FIELDS[field]), done.stdout + done.stderr
     assert not data.exists() or not (data / "allocs").exists()

@@ -12,12 +12,14 @@ from driversdk.csi.manager import NodeVolumeManager, UsageOptions
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.csi.registry import PluginRegistry
 from driversdk.csi.state import StateStore
-from driversdk.model import Capabilities
 from driversdk.paths import UnsafePathError
+from driversdk.runner.allocrunner import AllocRunner, NodeServices
 from driversdk.runner.clientconfig import ClientConfig
+from driversdk.runner.drivermanager import DriverManager
+from driversdk.runner.hooks.task_dir import TaskDirHook
 from driversdk.runner.jobspec import CSIPluginConfig, Group, Job, Task
-from driversdk.runner.run import AllocRun, NodeServices
 from driversdk.runner.supervisor import PluginSupervisor
+from driversdk.runner.taskrunner import TaskRunner
 
 
 def _node(data: Path) -> NodeServices:
@@ -33,9 +35,10 @@ def test_a_task_name_that_escapes_the_alloc_dir_is_refused_where_the_task_dir_is
     job = Job(str(tmp_path / "job.hcl"), "j", groups=[Group("g", tasks=[task])])
     node = _node(data)
     try:
-        alloc = AllocRun(job, job.groups[0], 0, ClientConfig(data_dir=str(data)), print, node)
+        client = ClientConfig(data_dir=str(data))
+        alloc = AllocRunner(job, job.groups[0], 0, client, print, node, DriverManager(client, node.state, print))
         with pytest.raises(UnsafePathError, match="outside"):
-            alloc._task_config(task, Capabilities(), None, [], {})
+            TaskDirHook().prerun(TaskRunner(alloc, task))  # the hook that builds the task dir
     finally:
         node.close()
     assert not (tmp_path / "victim").exists()

@@ -13,8 +13,10 @@ from concurrent import futures
 
 import grpc
 
+from driversdk.csi.hostpath.controller import Controller
 from driversdk.csi.hostpath.faults import Faults
-from driversdk.csi.hostpath.plugin import Controller, HostPathState, Identity, Node
+from driversdk.csi.hostpath.node import Node
+from driversdk.csi.hostpath.plugin import HostPathState, Identity
 from driversdk.pb import csi_pb2_grpc
 
 log = logging.getLogger("driversdk.csi.hostpath")
@@ -32,6 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT", ""), help="unix:///path/csi.sock")
     parser.add_argument("--root", default=os.environ.get("CSI_HOSTPATH_ROOT", "/var/lib/driversdk-csi-hostpath"))
     parser.add_argument("--node-id", default=os.environ.get("CSI_NODE_ID", socket.gethostname()))
+    parser.add_argument(
+        "--peer-node-id",
+        action="append",
+        default=[p for p in os.environ.get("CSI_HOSTPATH_PEER_NODES", "").split(",") if p],
+        help="another CSI node id whose node plugin shares this root; the controller publishes to it too",
+    )
     parser.add_argument("--fault", default=os.environ.get("CSI_HOSTPATH_FAULTS", ""), help="e.g. Probe=UNAVAILABLE:2")
     args = parser.parse_args(argv)
     if not args.endpoint:
@@ -42,13 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     if os.path.exists(path):
         os.unlink(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    state = HostPathState(args.root, args.node_id, Faults(args.fault))
+    state = HostPathState(args.root, args.node_id, Faults(args.fault), args.peer_node_id)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(state), server)
-    # RPCs the plugin does not advertise keep grpc's default answer, UNIMPLEMENTED; the stubs
-    # declare them abstract, hence the ignores.
+    # RPCs the plugin does not advertise (ControllerModifyVolume) keep grpc's default answer,
+    # UNIMPLEMENTED; the stubs declare it abstract, hence the ignore. The GroupController and
+    # SnapshotMetadata services are not served at all, which also answers UNIMPLEMENTED.
     csi_pb2_grpc.add_ControllerServicer_to_server(Controller(state), server)  # type: ignore[abstract]
-    csi_pb2_grpc.add_NodeServicer_to_server(Node(state), server)  # type: ignore[abstract]
+    csi_pb2_grpc.add_NodeServicer_to_server(Node(state), server)
     server.add_insecure_port(f"unix:{path}")
     server.start()
     os.chmod(path, 0o600)

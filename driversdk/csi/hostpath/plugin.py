@@ -1,62 +1,124 @@
-"""The hostpath plugin's identity, controller and node services.
+"""The hostpath plugin's shared state and rules, and its identity service.
 
-Honest to the spec: it advertises exactly what it implements (CONTROLLER_SERVICE;
-CREATE_DELETE_VOLUME, PUBLISH_UNPUBLISH_VOLUME, LIST_VOLUMES; STAGE_UNSTAGE_VOLUME), answers
-each documented error code, and every call is idempotent.
+Honest to the spec (v1.x): it advertises exactly what it implements — see
+``PLUGIN_CAPABILITIES``, ``CONTROLLER_CAPABILITIES`` and ``NODE_CAPABILITIES`` — checks every
+required argument before any lookup (INVALID_ARGUMENT), answers each documented error code, and
+every call is idempotent. The controller service lives in ``controller.py``, the node service in
+``node.py``, the bookkeeping in ``store.py``.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import re
-import shutil
 import subprocess
-import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterable
+from typing import NoReturn, TypeVar
 
 import grpc
 from google.protobuf import wrappers_pb2
 
 from driversdk.csi.hostpath.faults import Faults
-from driversdk.mountinfo import is_mount_point
+from driversdk.csi.hostpath.store import Store
 from driversdk.pb import csi_pb2, csi_pb2_grpc
 
 NAME = "hostpath.csi.driversdk.io"
 VERSION = "0.1.0"
+TOPOLOGY_KEY = "topology.hostpath.csi/node"
+MAX_VOLUMES_PER_NODE = 64
 T = TypeVar("T")
-_SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-_SUPPORTED_MODES = {
-    csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER,
-    csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY,
-    csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_READER_ONLY,
-    csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_SINGLE_WRITER,
-    csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_MULTI_WRITER,
-}
+# A volume or snapshot id is a directory name: never "." or "..", so it starts with a letter or digit.
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The spec's banned characters in names: control characters other than common whitespace.
+_BANNED = re.compile("[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]")
+_PAGE_PREFIX = "page:"
 
+_MODE = csi_pb2.VolumeCapability.AccessMode
+SUPPORTED_MODES = frozenset(
+    {
+        _MODE.SINGLE_NODE_WRITER,
+        _MODE.SINGLE_NODE_READER_ONLY,
+        _MODE.MULTI_NODE_READER_ONLY,
+        _MODE.MULTI_NODE_SINGLE_WRITER,
+        _MODE.MULTI_NODE_MULTI_WRITER,
+    }
+)
+MULTI_NODE_MODES = frozenset(
+    {_MODE.MULTI_NODE_READER_ONLY, _MODE.MULTI_NODE_SINGLE_WRITER, _MODE.MULTI_NODE_MULTI_WRITER}
+)
 
-def _run(*args: str) -> None:
-    done = subprocess.run(list(args), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise OSError(done.stderr.strip() or f"{args[0]} failed")
+_SERVICE = csi_pb2.PluginCapability.Service
+_EXPANSION = csi_pb2.PluginCapability.VolumeExpansion
+_CTRL = csi_pb2.ControllerServiceCapability.RPC
+_NODE = csi_pb2.NodeServiceCapability.RPC
+
+PLUGIN_CAPABILITIES = (
+    csi_pb2.PluginCapability(service=_SERVICE(type=_SERVICE.CONTROLLER_SERVICE)),
+    # NodeGetInfo and CreateVolume report topology, which the spec ties to this capability.
+    csi_pb2.PluginCapability(service=_SERVICE(type=_SERVICE.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
+    csi_pb2.PluginCapability(volume_expansion=_EXPANSION(type=_EXPANSION.ONLINE)),
+)
+CONTROLLER_CAPABILITIES = (
+    _CTRL.CREATE_DELETE_VOLUME,
+    _CTRL.PUBLISH_UNPUBLISH_VOLUME,
+    _CTRL.LIST_VOLUMES,
+    _CTRL.GET_CAPACITY,
+    _CTRL.CREATE_DELETE_SNAPSHOT,
+    _CTRL.LIST_SNAPSHOTS,
+    _CTRL.CLONE_VOLUME,
+    _CTRL.PUBLISH_READONLY,
+    _CTRL.EXPAND_VOLUME,
+    _CTRL.LIST_VOLUMES_PUBLISHED_NODES,
+    _CTRL.GET_VOLUME,
+    _CTRL.GET_SNAPSHOT,
+)
+NODE_CAPABILITIES = (
+    _NODE.STAGE_UNSTAGE_VOLUME,
+    _NODE.GET_VOLUME_STATS,
+    _NODE.EXPAND_VOLUME,
+    _NODE.VOLUME_CONDITION,
+)
 
 
 class HostPathState:
-    def __init__(self, root: str, node_id: str, faults: Faults) -> None:
+    """What every service shares: the root, this node, the nodes sharing the root, the faults."""
+
+    def __init__(self, root: str, node_id: str, faults: Faults, peer_nodes: Iterable[str] = ()) -> None:
         self.root = root
         self.volumes = os.path.join(root, "volumes")
-        os.makedirs(self.volumes, exist_ok=True)
+        self.snapshots = os.path.join(root, "snapshots")
+        self.partial = os.path.join(root, "partial")  # copies being made, renamed into place when whole
+        for path in (self.volumes, self.snapshots, self.partial):
+            os.makedirs(path, exist_ok=True)
         self.node_id = node_id
+        # Other CSI node ids whose node plugins use the same root (a shared file system): the
+        # controller may publish to them too. Without peers only this node is known.
+        self.nodes = frozenset({node_id, *peer_nodes})
         self.faults = faults
-        self.published: dict[str, set[str]] = {}  # volume -> nodes (controller bookkeeping)
-        self.lock = threading.Lock()
+        self.store = Store(root)
 
     def volume_dir(self, volume_id: str) -> str:
         return os.path.join(self.volumes, volume_id)
 
+    def snapshot_dir(self, snapshot_id: str) -> str:
+        return os.path.join(self.snapshots, snapshot_id)
 
-def _guard(state: HostPathState, rpc: str, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+    def volume_exists(self, volume_id: str) -> bool:
+        return bool(_SAFE_ID.match(volume_id)) and os.path.isdir(self.volume_dir(volume_id))
+
+    def snapshot_exists(self, snapshot_id: str) -> bool:
+        return bool(_SAFE_ID.match(snapshot_id)) and os.path.isdir(self.snapshot_dir(snapshot_id))
+
+    def topologies(self) -> list[csi_pb2.Topology]:
+        """Where a volume under this root is reachable from: every node sharing the root."""
+        return [csi_pb2.Topology(segments={TOPOLOGY_KEY: node}) for node in sorted(self.nodes)]
+
+
+def guard(state: HostPathState, rpc: str, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+    """Apply injected faults, then run the call; an OSError becomes INTERNAL with its text."""
     delay = state.faults.before(rpc, context)
     if delay:
         time.sleep(delay)
@@ -67,29 +129,140 @@ def _guard(state: HostPathState, rpc: str, context: grpc.ServicerContext, fn: Ca
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _check_capability(cap: csi_pb2.VolumeCapability, context: grpc.ServicerContext) -> None:
-    if not cap.HasField("access_mode"):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_capability.access_mode is required")
-    if cap.HasField("block"):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "block access is not supported: volumes are directories")
-    if cap.access_mode.mode not in _SUPPORTED_MODES:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"access mode {cap.access_mode.mode} is not supported")
+def fail(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("unreachable")  # pragma: no cover - abort raises
 
 
-def _require_volume(state: HostPathState, volume_id: str, context: grpc.ServicerContext) -> str:
-    if not volume_id:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is required")
-    path = state.volume_dir(volume_id)
-    if not _SAFE_ID.match(volume_id) or not os.path.isdir(path):
-        context.abort(grpc.StatusCode.NOT_FOUND, f"volume {volume_id} does not exist")
-    return path
+def invalid(context: grpc.ServicerContext, message: str) -> NoReturn:
+    fail(context, grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def _absolute(path: str, field: str, context: grpc.ServicerContext) -> None:
+def run_command(*args: str) -> None:
+    done = subprocess.run(list(args), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise OSError(done.stderr.strip() or f"{args[0]} failed")
+
+
+# --- argument checks: all of them run before any lookup -----------------------------------------
+
+
+def require(context: grpc.ServicerContext, **fields: object) -> None:
+    """INVALID_ARGUMENT naming the first required field that is empty or unset."""
+    for name, value in fields.items():
+        if not value:
+            invalid(context, f"{name} is required")
+
+
+def require_path(context: grpc.ServicerContext, field: str, path: str, *, required: bool = True) -> None:
     if not path:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field} is required")
+        if required:
+            invalid(context, f"{field} is required")
+        return
     if not os.path.isabs(path):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be an absolute path, got {path!r}")
+        invalid(context, f"{field} must be an absolute path, got {path!r}")
+
+
+def check_capability(context: grpc.ServicerContext, cap: csi_pb2.VolumeCapability, field: str) -> None:
+    """INVALID_ARGUMENT for a malformed or unsupported capability (volumes are directories)."""
+    if not cap.HasField("access_mode"):
+        invalid(context, f"{field}.access_mode is required")
+    if not cap.HasField("mount") and not cap.HasField("block"):
+        invalid(context, f"{field}.access_type is required: set mount (block is not supported)")
+    if cap.HasField("block"):
+        invalid(context, f"{field}: block access is not supported, hostpath volumes are directories")
+    if cap.access_mode.mode not in SUPPORTED_MODES:
+        invalid(context, f"{field}: access mode {_MODE.Mode.Name(cap.access_mode.mode)} is not supported")
+
+
+def capability_problem(cap: csi_pb2.VolumeCapability) -> str:
+    """Why a capability cannot be served ("" when it can), for answers that must not fail."""
+    if cap.HasField("block"):
+        return "hostpath volumes are directories: only file-system access is supported"
+    if not cap.HasField("mount"):
+        return "a capability needs an access type (mount)"
+    if cap.access_mode.mode not in SUPPORTED_MODES:
+        return f"access mode {_MODE.Mode.Name(cap.access_mode.mode)} is not supported"
+    return ""
+
+
+def check_name(context: grpc.ServicerContext, name: str, field: str = "name") -> None:
+    if not name:
+        invalid(context, f"{field} is required")
+    if len(name.encode()) > 128:
+        invalid(context, f"{field} is longer than the 128 bytes the spec allows")
+    if _BANNED.search(name):
+        invalid(context, f"{field} contains a control character the spec bans")
+
+
+def check_range(context: grpc.ServicerContext, rng: csi_pb2.CapacityRange, field: str = "capacity_range") -> None:
+    if rng.required_bytes < 0 or rng.limit_bytes < 0:
+        invalid(context, f"{field} must not be negative")
+    if not rng.required_bytes and not rng.limit_bytes:
+        invalid(context, f"{field} needs required_bytes or limit_bytes")
+    if rng.limit_bytes and rng.limit_bytes < rng.required_bytes:
+        invalid(
+            context,
+            f"{field}.limit_bytes ({rng.limit_bytes}) is smaller than required_bytes ({rng.required_bytes})",
+        )
+
+
+def check_max_entries(context: grpc.ServicerContext, max_entries: int) -> None:
+    if max_entries < 0:
+        invalid(context, "max_entries must not be negative")
+
+
+def capability_key(cap: csi_pb2.VolumeCapability) -> str:
+    """A capability as a comparable string (deterministic serialization)."""
+    return base64.b64encode(cap.SerializeToString(deterministic=True)).decode()
+
+
+def capability_of(key: str) -> csi_pb2.VolumeCapability:
+    return csi_pb2.VolumeCapability.FromString(base64.b64decode(key))
+
+
+def derive_id(name: str, taken: Callable[[str], bool], prefix: str) -> str:
+    """The id for a new object: its name when that is a safe, free directory name, else a hash."""
+    if _SAFE_ID.match(name) and not taken(name):
+        return name
+    return f"{prefix}-{hashlib.sha256(name.encode()).hexdigest()[:24]}"
+
+
+def page(context: grpc.ServicerContext, ids: list[str], max_entries: int, starting_token: str) -> tuple[list[str], str]:
+    """One page of sorted ids and the token for the next, or ABORTED for a token we never issued.
+
+    A token names the first id of the next page, so a page survives deletions between calls.
+    """
+    start = 0
+    if starting_token:
+        first = starting_token.removeprefix(_PAGE_PREFIX)
+        if not starting_token.startswith(_PAGE_PREFIX) or not _SAFE_ID.match(first):
+            fail(
+                context, grpc.StatusCode.ABORTED, f"invalid starting_token {starting_token!r}: start again without one"
+            )
+        start = next((i for i, v in enumerate(ids) if v >= first), len(ids))
+    end = len(ids) if not max_entries else min(len(ids), start + max_entries)
+    token = f"{_PAGE_PREFIX}{ids[end]}" if end < len(ids) else ""
+    return ids[start:end], token
+
+
+def fs_sizes(path: str) -> tuple[int, int]:
+    """(total, available) bytes of the file system holding ``path``."""
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes used by the regular files under ``path`` (symlinks are not followed)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            total += st.st_size
+    return total
 
 
 class Identity(csi_pb2_grpc.IdentityServicer):
@@ -104,227 +277,15 @@ class Identity(csi_pb2_grpc.IdentityServicer):
             manifest = {f"calls.{k}": str(v) for k, v in self.state.faults.calls.items()}
             return csi_pb2.GetPluginInfoResponse(name=NAME, vendor_version=VERSION, manifest=manifest)
 
-        return _guard(self.state, "GetPluginInfo", context, run)
+        return guard(self.state, "GetPluginInfo", context, run)
 
     def GetPluginCapabilities(
         self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.GetPluginCapabilitiesResponse:
-        service = csi_pb2.PluginCapability.Service(type=csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE)
-        resp = csi_pb2.GetPluginCapabilitiesResponse(capabilities=[csi_pb2.PluginCapability(service=service)])
-        return _guard(self.state, "GetPluginCapabilities", context, lambda: resp)
+        resp = csi_pb2.GetPluginCapabilitiesResponse(capabilities=PLUGIN_CAPABILITIES)
+        return guard(self.state, "GetPluginCapabilities", context, lambda: resp)
 
     def Probe(self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext) -> csi_pb2.ProbeResponse:
-        return _guard(
+        return guard(
             self.state, "Probe", context, lambda: csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=True))
         )
-
-
-class Controller(csi_pb2_grpc.ControllerServicer):
-    def __init__(self, state: HostPathState) -> None:
-        self.state = state
-
-    def ControllerGetCapabilities(
-        self, request: csi_pb2.ControllerGetCapabilitiesRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.ControllerGetCapabilitiesResponse:
-        rpc = csi_pb2.ControllerServiceCapability.RPC
-        caps = [
-            csi_pb2.ControllerServiceCapability(rpc=rpc(type=t))
-            for t in (rpc.CREATE_DELETE_VOLUME, rpc.PUBLISH_UNPUBLISH_VOLUME, rpc.LIST_VOLUMES)
-        ]
-        resp = csi_pb2.ControllerGetCapabilitiesResponse(capabilities=caps)
-        return _guard(self.state, "ControllerGetCapabilities", context, lambda: resp)
-
-    def CreateVolume(
-        self, request: csi_pb2.CreateVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.CreateVolumeResponse:
-        def run() -> csi_pb2.CreateVolumeResponse:
-            if not request.name or not _SAFE_ID.match(request.name):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name is required: letters, digits, . _ -")
-            if not request.volume_capabilities:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_capabilities are required")
-            for cap in request.volume_capabilities:
-                _check_capability(cap, context)
-            os.makedirs(self.state.volume_dir(request.name), exist_ok=True)
-            return csi_pb2.CreateVolumeResponse(
-                volume=csi_pb2.Volume(volume_id=request.name, volume_context={"hostpath": "1"})
-            )
-
-        return _guard(self.state, "CreateVolume", context, run)
-
-    def DeleteVolume(
-        self, request: csi_pb2.DeleteVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.DeleteVolumeResponse:
-        def run() -> csi_pb2.DeleteVolumeResponse:
-            if not request.volume_id:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is required")
-            with self.state.lock:
-                if self.state.published.get(request.volume_id):
-                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"volume {request.volume_id} is published")
-            if _SAFE_ID.match(request.volume_id):
-                shutil.rmtree(self.state.volume_dir(request.volume_id), ignore_errors=True)
-            return csi_pb2.DeleteVolumeResponse()
-
-        return _guard(self.state, "DeleteVolume", context, run)
-
-    def ControllerPublishVolume(
-        self, request: csi_pb2.ControllerPublishVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.ControllerPublishVolumeResponse:
-        def run() -> csi_pb2.ControllerPublishVolumeResponse:
-            _require_volume(self.state, request.volume_id, context)
-            _check_capability(request.volume_capability, context)
-            if request.node_id != self.state.node_id:
-                context.abort(grpc.StatusCode.NOT_FOUND, f"node {request.node_id} is not known to this plugin")
-            with self.state.lock:
-                self.state.published.setdefault(request.volume_id, set()).add(request.node_id)
-            return csi_pb2.ControllerPublishVolumeResponse(publish_context={"published-by": NAME})
-
-        return _guard(self.state, "ControllerPublishVolume", context, run)
-
-    def ControllerUnpublishVolume(
-        self, request: csi_pb2.ControllerUnpublishVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.ControllerUnpublishVolumeResponse:
-        def run() -> csi_pb2.ControllerUnpublishVolumeResponse:
-            with self.state.lock:
-                nodes = self.state.published.get(request.volume_id, set())
-                if request.node_id:
-                    nodes.discard(request.node_id)
-                else:
-                    nodes.clear()
-            return csi_pb2.ControllerUnpublishVolumeResponse()
-
-        return _guard(self.state, "ControllerUnpublishVolume", context, run)
-
-    def ValidateVolumeCapabilities(
-        self, request: csi_pb2.ValidateVolumeCapabilitiesRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
-        def run() -> csi_pb2.ValidateVolumeCapabilitiesResponse:
-            _require_volume(self.state, request.volume_id, context)
-            if not request.volume_capabilities:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_capabilities are required")
-            for cap in request.volume_capabilities:
-                if cap.HasField("block") or cap.access_mode.mode not in _SUPPORTED_MODES:
-                    # Not confirmed: say why, as the spec allows.
-                    return csi_pb2.ValidateVolumeCapabilitiesResponse(
-                        message="hostpath volumes are directories: only file-system access is supported"
-                    )
-            confirmed = csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed(
-                volume_context=request.volume_context, volume_capabilities=request.volume_capabilities
-            )
-            return csi_pb2.ValidateVolumeCapabilitiesResponse(confirmed=confirmed)
-
-        return _guard(self.state, "ValidateVolumeCapabilities", context, run)
-
-    def ListVolumes(
-        self, request: csi_pb2.ListVolumesRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.ListVolumesResponse:
-        def run() -> csi_pb2.ListVolumesResponse:
-            names = sorted(os.listdir(self.state.volumes))
-            entries = [
-                csi_pb2.ListVolumesResponse.Entry(
-                    volume=csi_pb2.Volume(volume_id=n),
-                    status=csi_pb2.ListVolumesResponse.VolumeStatus(
-                        published_node_ids=sorted(self.state.published.get(n, set()))
-                    ),
-                )
-                for n in names
-            ]
-            return csi_pb2.ListVolumesResponse(entries=entries)
-
-        return _guard(self.state, "ListVolumes", context, run)
-
-
-class Node(csi_pb2_grpc.NodeServicer):
-    def __init__(self, state: HostPathState) -> None:
-        self.state = state
-
-    def NodeGetCapabilities(
-        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.NodeGetCapabilitiesResponse:
-        rpc = csi_pb2.NodeServiceCapability.RPC
-        resp = csi_pb2.NodeGetCapabilitiesResponse(
-            capabilities=[csi_pb2.NodeServiceCapability(rpc=rpc(type=rpc.STAGE_UNSTAGE_VOLUME))]
-        )
-        return _guard(self.state, "NodeGetCapabilities", context, lambda: resp)
-
-    def NodeGetInfo(
-        self, request: csi_pb2.NodeGetInfoRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.NodeGetInfoResponse:
-        resp = csi_pb2.NodeGetInfoResponse(
-            node_id=self.state.node_id,
-            max_volumes_per_node=64,
-            accessible_topology=csi_pb2.Topology(segments={"topology.hostpath.csi/node": self.state.node_id}),
-        )
-        return _guard(self.state, "NodeGetInfo", context, lambda: resp)
-
-    def NodeStageVolume(
-        self, request: csi_pb2.NodeStageVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.NodeStageVolumeResponse:
-        def run() -> csi_pb2.NodeStageVolumeResponse:
-            source = _require_volume(self.state, request.volume_id, context)
-            _absolute(request.staging_target_path, "staging_target_path", context)
-            _check_capability(request.volume_capability, context)
-            target = request.staging_target_path
-            if not os.path.isdir(target):
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"staging path {target} does not exist")
-            if not is_mount_point(target):
-                _run("mount", "--bind", source, target)
-            return csi_pb2.NodeStageVolumeResponse()
-
-        return _guard(self.state, "NodeStageVolume", context, run)
-
-    def NodeUnstageVolume(
-        self, request: csi_pb2.NodeUnstageVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.NodeUnstageVolumeResponse:
-        def run() -> csi_pb2.NodeUnstageVolumeResponse:
-            if not request.volume_id:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is required")
-            _absolute(request.staging_target_path, "staging_target_path", context)
-            if os.path.exists(request.staging_target_path) and is_mount_point(request.staging_target_path):
-                _run("umount", request.staging_target_path)
-            return csi_pb2.NodeUnstageVolumeResponse()
-
-        return _guard(self.state, "NodeUnstageVolume", context, run)
-
-    def NodePublishVolume(
-        self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.NodePublishVolumeResponse:
-        def run() -> csi_pb2.NodePublishVolumeResponse:
-            _require_volume(self.state, request.volume_id, context)
-            _absolute(request.target_path, "target_path", context)
-            _check_capability(request.volume_capability, context)
-            if not request.staging_target_path:
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)",
-                )
-            if not is_mount_point(request.staging_target_path):
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION, f"volume {request.volume_id} is not staged at the given path"
-                )
-            target = request.target_path
-            if not os.path.isdir(os.path.dirname(target)):
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"parent of target path {target} does not exist")
-            os.makedirs(target, exist_ok=True)
-            if not is_mount_point(target):
-                _run("mount", "--bind", request.staging_target_path, target)
-                if request.readonly:
-                    _run("mount", "-o", "remount,bind,ro", target)
-            return csi_pb2.NodePublishVolumeResponse()
-
-        return _guard(self.state, "NodePublishVolume", context, run)
-
-    def NodeUnpublishVolume(
-        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.NodeUnpublishVolumeResponse:
-        def run() -> csi_pb2.NodeUnpublishVolumeResponse:
-            if not request.volume_id:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is required")
-            _absolute(request.target_path, "target_path", context)
-            target = request.target_path
-            if os.path.exists(target):
-                if is_mount_point(target):
-                    _run("umount", target)
-                os.rmdir(target)  # we created it, so we remove it
-            return csi_pb2.NodeUnpublishVolumeResponse()
-
-        return _guard(self.state, "NodeUnpublishVolume", context, run)

@@ -1,0 +1,3 @@
+from drivers.raw_exec.main import main
+
+main()

@@ -1,0 +1,309 @@
+"""The hostpath plugin's node service: staging and publishing are bind mounts.
+
+The mount table is the truth about what is set up; the store remembers with which capability
+and readonly flag, so a repeated call can be told apart from an incompatible one. A record
+whose path is no longer a mount (removed behind the plugin's back) is dropped when seen.
+"""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+
+from driversdk.csi.hostpath.plugin import (
+    MAX_VOLUMES_PER_NODE,
+    MULTI_NODE_MODES,
+    NODE_CAPABILITIES,
+    TOPOLOGY_KEY,
+    HostPathState,
+    capability_key,
+    capability_of,
+    check_capability,
+    check_range,
+    fail,
+    fs_sizes,
+    guard,
+    invalid,
+    require,
+    require_path,
+    run_command,
+    tree_bytes,
+)
+from driversdk.csi.hostpath.store import NodeMount, State
+from driversdk.mountinfo import MountEntry, is_mount_point, read_mountinfo
+from driversdk.pb import csi_pb2, csi_pb2_grpc
+
+_MODE_NAME = csi_pb2.VolumeCapability.AccessMode.Mode.Name
+
+
+def _mounted(path: str, entries: list[MountEntry] | None = None) -> bool:
+    return os.path.exists(path) and is_mount_point(path, entries)
+
+
+class Node(csi_pb2_grpc.NodeServicer):
+    def __init__(self, state: HostPathState) -> None:
+        self.state = state
+
+    def _missing_volume(self, volume_id: str, context: grpc.ServicerContext) -> None:
+        if not self.state.volume_exists(volume_id):
+            fail(context, grpc.StatusCode.NOT_FOUND, f"volume {volume_id} does not exist")
+
+    def _at_path(self, st: State, volume_id: str, path: str) -> tuple[NodeMount | None, bool]:
+        """This volume's record at a staging or target path, and whether the path is a mount."""
+        mount = st.published.get(path) or st.staged.get(path)
+        if mount is not None and mount.volume_id != volume_id:
+            mount = None
+        return mount, _mounted(path)
+
+    def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
+        rpc = csi_pb2.NodeServiceCapability.RPC
+        resp = csi_pb2.NodeGetCapabilitiesResponse(
+            capabilities=[csi_pb2.NodeServiceCapability(rpc=rpc(type=t)) for t in NODE_CAPABILITIES]
+        )
+        return guard(self.state, "NodeGetCapabilities", context, lambda: resp)
+
+    def NodeGetInfo(
+        self, request: csi_pb2.NodeGetInfoRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetInfoResponse:
+        resp = csi_pb2.NodeGetInfoResponse(
+            node_id=self.state.node_id,
+            max_volumes_per_node=MAX_VOLUMES_PER_NODE,
+            accessible_topology=csi_pb2.Topology(segments={TOPOLOGY_KEY: self.state.node_id}),
+        )
+        return guard(self.state, "NodeGetInfo", context, lambda: resp)
+
+    def NodeStageVolume(
+        self, request: csi_pb2.NodeStageVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeStageVolumeResponse:
+        def run() -> csi_pb2.NodeStageVolumeResponse:
+            require(context, volume_id=request.volume_id)
+            require_path(context, "staging_target_path", request.staging_target_path)
+            if not request.HasField("volume_capability"):
+                invalid(context, "volume_capability is required")
+            check_capability(context, request.volume_capability, "volume_capability")
+            target = request.staging_target_path
+            key = capability_key(request.volume_capability)
+            with self.state.store.transaction() as st:
+                self._missing_volume(request.volume_id, context)
+                mounted = _mounted(target)
+                record = st.staged.get(target)
+                if record is not None and not mounted:
+                    del st.staged[target]  # unmounted behind our back: stale
+                    record = None
+                if record is not None:
+                    if record.volume_id != request.volume_id:
+                        fail(
+                            context,
+                            grpc.StatusCode.ALREADY_EXISTS,
+                            f"staging path {target} already holds volume {record.volume_id}",
+                        )
+                    if record.capability != key:
+                        fail(
+                            context,
+                            grpc.StatusCode.ALREADY_EXISTS,
+                            f"volume {request.volume_id} is already staged at {target} with another capability",
+                        )
+                    return csi_pb2.NodeStageVolumeResponse()
+                if not os.path.isdir(target):
+                    fail(context, grpc.StatusCode.FAILED_PRECONDITION, f"staging path {target} does not exist")
+                if not mounted:
+                    run_command("mount", "--bind", self.state.volume_dir(request.volume_id), target)
+                st.staged[target] = NodeMount(volume_id=request.volume_id, capability=key)
+            return csi_pb2.NodeStageVolumeResponse()
+
+        return guard(self.state, "NodeStageVolume", context, run)
+
+    def NodeUnstageVolume(
+        self, request: csi_pb2.NodeUnstageVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnstageVolumeResponse:
+        def run() -> csi_pb2.NodeUnstageVolumeResponse:
+            require(context, volume_id=request.volume_id)
+            require_path(context, "staging_target_path", request.staging_target_path)
+            target = request.staging_target_path
+            with self.state.store.transaction() as st:
+                record = st.staged.get(target)
+                if record is not None and record.volume_id != request.volume_id:
+                    # Another volume is staged there: this one is not, which is what was asked.
+                    self._missing_volume(request.volume_id, context)
+                    return csi_pb2.NodeUnstageVolumeResponse()
+                mounted = _mounted(target)
+                if mounted:
+                    run_command("umount", target)
+                st.staged.pop(target, None)
+                if record is None and not mounted:
+                    self._missing_volume(request.volume_id, context)
+            return csi_pb2.NodeUnstageVolumeResponse()
+
+        return guard(self.state, "NodeUnstageVolume", context, run)
+
+    def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodePublishVolumeResponse:
+        def run() -> csi_pb2.NodePublishVolumeResponse:
+            require(context, volume_id=request.volume_id)
+            require_path(context, "target_path", request.target_path)
+            if not request.HasField("volume_capability"):
+                invalid(context, "volume_capability is required")
+            check_capability(context, request.volume_capability, "volume_capability")
+            require_path(context, "staging_target_path", request.staging_target_path, required=False)
+            if not request.staging_target_path:
+                fail(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)",
+                )
+            target, staging = request.target_path, request.staging_target_path
+            key = capability_key(request.volume_capability)
+            readonly = request.readonly or request.publish_context.get("readonly") == "true"
+            mode = request.volume_capability.access_mode.mode
+            with self.state.store.transaction() as st:
+                self._missing_volume(request.volume_id, context)
+                entries = read_mountinfo()
+                staged = st.staged.get(staging)
+                if (staged is not None and staged.volume_id != request.volume_id) or not _mounted(staging, entries):
+                    fail(
+                        context,
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"volume {request.volume_id} is not staged at {staging}: call NodeStageVolume first",
+                    )
+                for path in [p for p in st.published if not _mounted(p, entries)]:
+                    del st.published[path]  # unmounted behind our back: stale
+                mounted = _mounted(target, entries)
+                record = st.published.get(target)
+                if record is not None:
+                    if (record.volume_id, record.capability, record.readonly) != (request.volume_id, key, readonly):
+                        fail(
+                            context,
+                            grpc.StatusCode.ALREADY_EXISTS,
+                            f"target path {target} already holds volume {record.volume_id} with another capability "
+                            "or readonly flag",
+                        )
+                    return csi_pb2.NodePublishVolumeResponse()
+                others = sorted(p for p, m in st.published.items() if m.volume_id == request.volume_id)
+                modes = [mode] + [capability_of(st.published[p].capability).access_mode.mode for p in others]
+                if others and any(m not in MULTI_NODE_MODES for m in modes):
+                    fail(
+                        context,
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"volume {request.volume_id} is already published at {others[0]} on this node and access "
+                        f"mode {_MODE_NAME(mode)} allows one target",
+                    )
+                if not os.path.isdir(os.path.dirname(target)):
+                    fail(context, grpc.StatusCode.FAILED_PRECONDITION, f"parent of target path {target} does not exist")
+                os.makedirs(target, exist_ok=True)  # the spec makes creating the target the plugin's job
+                if not mounted:
+                    run_command("mount", "--bind", staging, target)
+                    if readonly:
+                        run_command("mount", "-o", "remount,bind,ro", target)
+                st.published[target] = NodeMount(
+                    volume_id=request.volume_id, capability=key, readonly=readonly, staging_path=staging
+                )
+            return csi_pb2.NodePublishVolumeResponse()
+
+        return guard(self.state, "NodePublishVolume", context, run)
+
+    def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
+        def run() -> csi_pb2.NodeUnpublishVolumeResponse:
+            require(context, volume_id=request.volume_id)
+            require_path(context, "target_path", request.target_path)
+            target = request.target_path
+            with self.state.store.transaction() as st:
+                record = st.published.get(target)
+                if record is not None and record.volume_id != request.volume_id:
+                    self._missing_volume(request.volume_id, context)
+                    return csi_pb2.NodeUnpublishVolumeResponse()
+                mounted = _mounted(target)
+                if mounted:
+                    run_command("umount", target)
+                if os.path.isdir(target) and not os.path.islink(target) and not os.listdir(target):
+                    os.rmdir(target)  # the plugin created it, so it removes it
+                st.published.pop(target, None)
+                if record is None and not mounted:
+                    self._missing_volume(request.volume_id, context)
+            return csi_pb2.NodeUnpublishVolumeResponse()
+
+        return guard(self.state, "NodeUnpublishVolume", context, run)
+
+    def NodeGetVolumeStats(
+        self, request: csi_pb2.NodeGetVolumeStatsRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetVolumeStatsResponse:
+        def run() -> csi_pb2.NodeGetVolumeStatsResponse:
+            require(context, volume_id=request.volume_id)
+            require_path(context, "volume_path", request.volume_path)
+            require_path(context, "staging_target_path", request.staging_target_path, required=False)
+            with self.state.store.transaction() as st:
+                self._missing_volume(request.volume_id, context)
+                record, mounted = self._at_path(st, request.volume_id, request.volume_path)
+                if record is None and not mounted:
+                    fail(
+                        context,
+                        grpc.StatusCode.NOT_FOUND,
+                        f"volume {request.volume_id} is not staged or published at {request.volume_path}",
+                    )
+                volume = st.volumes.get(request.volume_id)
+                capacity = volume.capacity if volume is not None else 0
+            source = self.state.volume_dir(request.volume_id)
+            fs_total, fs_free = fs_sizes(source)
+            used = tree_bytes(source)
+            total = capacity or fs_total
+            st_inodes = os.statvfs(source)
+            usage = [
+                csi_pb2.VolumeUsage(
+                    unit=csi_pb2.VolumeUsage.BYTES, total=total, used=used, available=max(0, min(total - used, fs_free))
+                ),
+                csi_pb2.VolumeUsage(
+                    unit=csi_pb2.VolumeUsage.INODES,
+                    total=st_inodes.f_files,
+                    used=st_inodes.f_files - st_inodes.f_ffree,
+                    available=st_inodes.f_favail,
+                ),
+            ]
+            if mounted:
+                condition = csi_pb2.VolumeCondition(abnormal=False, message="volume is mounted")
+            else:
+                condition = csi_pb2.VolumeCondition(
+                    abnormal=True, message=f"{request.volume_path} is no longer a mount of volume {request.volume_id}"
+                )
+            return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=condition)
+
+        return guard(self.state, "NodeGetVolumeStats", context, run)
+
+    def NodeExpandVolume(
+        self, request: csi_pb2.NodeExpandVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeExpandVolumeResponse:
+        def run() -> csi_pb2.NodeExpandVolumeResponse:
+            require(context, volume_id=request.volume_id)
+            require_path(context, "volume_path", request.volume_path)
+            require_path(context, "staging_target_path", request.staging_target_path, required=False)
+            if request.HasField("capacity_range"):
+                check_range(context, request.capacity_range)
+            if request.HasField("volume_capability"):
+                check_capability(context, request.volume_capability, "volume_capability")
+            with self.state.store.transaction() as st:
+                self._missing_volume(request.volume_id, context)
+                record, mounted = self._at_path(st, request.volume_id, request.volume_path)
+                if record is None and not mounted:
+                    fail(
+                        context,
+                        grpc.StatusCode.NOT_FOUND,
+                        f"volume {request.volume_id} is not staged or published at {request.volume_path}",
+                    )
+                volume = st.volumes.get(request.volume_id)
+                capacity = volume.capacity if volume is not None else 0
+            wanted = request.capacity_range.required_bytes
+            if wanted > capacity:
+                fail(
+                    context,
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"volume {request.volume_id} has {capacity} bytes; expand it with ControllerExpandVolume "
+                    f"before asking the node for {wanted}",
+                )
+            # A bind mount of a directory has no file system of its own to grow.
+            return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=capacity)
+
+        return guard(self.state, "NodeExpandVolume", context, run)

@@ -1,0 +1,181 @@
+"""The alloc runner: one allocation (a group at one index) through its hooks and task runners.
+
+It sequences :data:`ALLOC_HOOKS` (prerun in order before the tasks start, postrun in reverse
+after they are gone), runs a :class:`TaskRunner` per task, records the allocation in the run
+state and reports events. A recovered allocation (``restoring``) goes through the same hooks,
+which take over what the killed run made instead of making it again.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from driversdk.csi.registry import PluginRegistry
+from driversdk.csi.state import StateStore
+from driversdk.errors import DriverSDKError
+from driversdk.model import NetworkIsolationSpec, TaskEvent
+from driversdk.paths import resolve_under
+from driversdk.runner.clientconfig import ClientConfig
+from driversdk.runner.drivermanager import DriverManager
+from driversdk.runner.events import Emit, RunEvent
+from driversdk.runner.hooks import AllocHook
+from driversdk.runner.hooks.alloc_dir import AllocDirHook
+from driversdk.runner.hooks.csi_plugin import CSIPluginDirHook
+from driversdk.runner.hooks.csi_volumes import CSIVolumesHook
+from driversdk.runner.hooks.network import NetworkHook
+from driversdk.runner.jobspec import Group, Job
+from driversdk.runner.runstate import AllocRecord, RunState
+from driversdk.runner.supervisor import PluginSupervisor
+from driversdk.runner.taskrunner import TaskRunner
+from driversdk.runner.volumes import VolumeStore
+
+# The order of start; teardown runs it backwards. A new hook is a new file and a line here.
+ALLOC_HOOKS: list[Callable[[], AllocHook]] = [
+    AllocDirHook,  # alloc/{logs,tmp,data}
+    CSIPluginDirHook,  # postrun: release the shared mount plugin tasks needed (after the volumes)
+    NetworkHook,  # group network from the first driver that creates one
+    CSIVolumesHook,  # claim, controller publish, stage, publish
+]
+
+
+@dataclass
+class NodeServices:
+    """What every allocation of a run shares: the state stores, the CSI plugin registry and the
+    driver manager."""
+
+    state: RunState
+    volumes: VolumeStore
+    csi_state: StateStore
+    registry: PluginRegistry
+    drivers: DriverManager | None = None
+    # Supervisors of this run's plugin tasks: a volume waiting for one of them stops waiting when it failed.
+    supervisors: list[PluginSupervisor] = field(default_factory=list)
+
+    def plugin_failure(self, plugin_id: str) -> str | None:
+        """Why this run's own instance of a plugin failed, when every one of them did."""
+        mine = [s for s in self.supervisors if s.plugin.id == plugin_id]
+        if mine and all(s.failure for s in mine):
+            return mine[-1].failure
+        return None
+
+    @classmethod
+    def open(cls, data_dir: str) -> NodeServices:
+        db = os.path.join(data_dir, "state.db")
+        state = RunState(data_dir)
+        csi_state = StateStore(db)
+        return cls(state, VolumeStore(db), csi_state, PluginRegistry(csi_state))
+
+    def close(self) -> None:
+        if self.drivers is not None:
+            self.drivers.close()
+        self.volumes.close()
+        self.csi_state.close()
+        self.state.close()
+
+
+class AllocRunner:
+    def __init__(
+        self,
+        job: Job,
+        group: Group,
+        index: int,
+        client: ClientConfig,
+        emit: Emit,
+        node: NodeServices,
+        drivers: DriverManager,
+        restoring: AllocRecord | None = None,
+    ) -> None:
+        self.job = job
+        self.group = group
+        self.index = index
+        self.client = client
+        self.emit = emit
+        self.node = node
+        self.state = node.state
+        self.drivers = drivers
+        self.restoring = restoring
+        self.alloc_id = restoring.alloc_id if restoring is not None else str(uuid.uuid4())
+        # The alloc id is ours (a UUID) or read back from state.db; resolved all the same.
+        self.alloc_dir = resolve_under(client.data_dir, "allocs", self.alloc_id, what="the alloc dir")
+        self.hooks = [make() for make in ALLOC_HOOKS]
+        self._ran: list[AllocHook] = []
+        self.tasks: list[TaskRunner] = []
+        self._acquired: list[str] = []
+        # What the prerun hooks hand the task runners.
+        self.network: NetworkIsolationSpec | None = None
+        self.csi_sources: dict[str, str] = {}
+        self.teardown_failed = False
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def provides_plugins(self) -> bool:
+        return any(t.csi_plugin is not None for t in self.group.tasks)
+
+    def event(self, kind: str, message: str, *, task: str = "", name: str = "") -> None:
+        self.emit(RunEvent(kind, message, job=self.job.name, group=self.group.name, alloc_id=self.alloc_id,
+                           task=task, name=name))  # fmt: skip
+
+    def _driver_event(self, event: TaskEvent) -> None:
+        self.event("task", f"event: {event.message}", task=event.task_name)
+
+    # --- run -----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Prerun hooks, then every task (started, or recovered from a killed run's records)."""
+        if self.restoring is not None:
+            self.state.alloc_update(self.alloc_id, run_pid=os.getpid())
+            self.event("group", f"recovering alloc {self.alloc_id[:8]} from a previous run")
+        else:
+            self.state.alloc_started(self.alloc_id, self.job.name, self.group.name, self.index, self.alloc_dir)
+        self.drivers.subscribe(self.alloc_id, self._driver_event)
+        for driver in sorted({t.driver for t in self.group.tasks}):
+            self.drivers.acquire(driver)
+            self._acquired.append(driver)
+        for hook in self.hooks:
+            self._ran.append(hook)
+            hook.prerun(self)
+        records = {r.task: r for r in self.state.tasks(self.alloc_id)} if self.restoring is not None else {}
+        for task in self.group.tasks:
+            runner = TaskRunner(self, task, records.get(task.name))
+            self.tasks.append(runner)  # before it runs: close() undoes whatever part of it did
+            runner.run()
+
+    # --- stop / close --------------------------------------------------------------------------
+
+    def stop(self, wait: float = 60.0) -> None:
+        for hook in self.hooks:
+            hook.stop(self)
+        for runner in self.tasks:
+            runner.stop()
+        for runner in self.tasks:
+            if runner.started:
+                runner.done.wait(wait)
+
+    def close(self) -> None:
+        """Release everything this allocation holds, in reverse: tasks (and their hooks), then the
+        alloc hooks (CSI volumes, network, plugin dirs), then its share of the driver plugins.
+        Failures are reported, not raised, so one stuck step does not leave the rest behind."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for runner in self.tasks:
+            runner.destroy()
+        for hook in reversed(self._ran):
+            try:
+                hook.postrun(self)
+            except DriverSDKError as err:
+                self.event("group", f"{hook.name}: cleanup failed: {err}")
+        self._ran.clear()
+        self.drivers.unsubscribe(self.alloc_id)
+        for driver in self._acquired:
+            self.drivers.release(driver)
+        self._acquired.clear()
+        self.state.alloc_update(self.alloc_id, state="failed" if self.teardown_failed else "stopped")
+        for hook in self.hooks:
+            hook.destroy(self)

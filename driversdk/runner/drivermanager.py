@@ -1,0 +1,284 @@
+"""The driver manager: one plugin instance per driver for the whole ``run`` process.
+
+As Nomad's client keeps one instance manager per driver plugin: the plugin is launched on first
+use (or taken over from validation, which launched it to read its schema), shared by every
+allocation and job this process runs, its reattach config kept in ``state.db`` so a restarted
+``run`` reattaches instead of launching a second one, relaunched when it dies (once per death,
+then ``RecoverTask`` for every task it ran), and shut down when no allocation uses it.
+
+Task events come on one stream per plugin and are handed to the allocation they belong to.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from driversdk.client import DriverClient, launch, reattach
+from driversdk.errors import DriverSDKError
+from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
+from driversdk.plugin.host import ReattachConfig, pid_alive
+from driversdk.runner.clientconfig import ClientConfig
+from driversdk.runner.events import Emit, RunEvent
+from driversdk.runner.runstate import RunState
+
+# How often a driver plugin may die under one running task before the task counts as lost.
+MAX_PLUGIN_RELAUNCHES = 3
+AGENT_CONFIG = AgentConfig(14000, 14512)
+
+
+class NoDriverPlugin(DriverSDKError):
+    """No plugin is configured or bundled for a driver a job names."""
+
+
+class TaskLost(DriverSDKError):
+    """A task's driver plugin died and the task could not be taken over again."""
+
+
+class WaitFailed(DriverSDKError):
+    """WaitTask failed while the plugin lived on."""
+
+
+@dataclass
+class TrackedTask:
+    """A running task the manager recovers when its plugin dies."""
+
+    driver: str
+    handle: TaskHandle
+    event: Callable[[str], None]  # the task's own event line (task "x" …)
+    label: str  # "docker, alloc 1234abcd", as the started/recovered lines say
+    client: DriverClient
+    relaunches: int = 0
+    lost: str = ""
+    waiters: int = field(default=0)
+
+
+class DriverManager:
+    def __init__(
+        self, client: ClientConfig, state: RunState, emit: Emit, spare: dict[str, DriverClient] | None = None
+    ) -> None:
+        self.client = client
+        self.state = state
+        self.emit = emit
+        # Plugins validation launched and configured: the first use of each takes it.
+        self._spare: dict[str, DriverClient] = dict(spare or {})
+        self._plugins: dict[str, DriverClient] = {}
+        self._users: dict[str, int] = {}
+        self._tasks: dict[str, TrackedTask] = {}
+        self._subscribers: dict[str, Callable[[TaskEvent], None]] = {}
+        # Held while a plugin is launched or replaced: tasks that lost it together relaunch it once.
+        self._lock = threading.RLock()
+        self._closing = False
+
+    # --- instances -----------------------------------------------------------------------------
+
+    def dispense(self, driver: str) -> DriverClient:
+        """The driver's live plugin: reattached, taken from validation, or launched now."""
+        with self._lock:
+            current = self._plugins.get(driver)
+            if current is not None and current.process.alive():
+                return current
+            if current is not None:  # died between uses: same path as a death seen by a waiting task
+                return self._replace(driver, current)
+            plugin = self._reattach(driver)
+            if plugin is None:
+                plugin = self._launch(driver)
+            else:
+                spare = self._spare.pop(driver, None)
+                if spare is not None:  # validation's instance is not needed: the reattached one runs the tasks
+                    spare.kill()
+            self._plugins[driver] = plugin
+            self._relay_events(plugin)
+            return plugin
+
+    def acquire(self, driver: str) -> DriverClient:
+        """Count one more user (an allocation) of the driver; see :meth:`release`."""
+        with self._lock:
+            plugin = self.dispense(driver)
+            self._users[driver] = self._users.get(driver, 0) + 1
+            return plugin
+
+    def release(self, driver: str) -> None:
+        """One user fewer; the last one shuts the plugin down."""
+        with self._lock:
+            self._users[driver] = self._users.get(driver, 0) - 1
+            if self._users[driver] > 0:
+                return
+            del self._users[driver]
+            plugin = self._plugins.pop(driver, None)
+            if plugin is not None:
+                plugin.kill()
+                self.state.plugin_gone(driver)
+            self._shut_down_retired(driver)
+
+    def running(self) -> dict[str, int]:
+        """Driver → pid of its plugin process, for status and tests."""
+        with self._lock:
+            return {d: p.process.pid for d, p in self._plugins.items()}
+
+    def _launch(self, driver: str) -> DriverClient:
+        plugin = self._spare.pop(driver, None)
+        if plugin is None:
+            command = self.client.driver_command(driver)
+            if command is None:
+                raise NoDriverPlugin(f'no plugin is configured for driver "{driver}"')
+            plugin = launch(command, name=driver)
+        try:
+            plugin.set_config(self.client.plugin_config(driver), AGENT_CONFIG)
+            plugin.init()
+        except BaseException:
+            plugin.kill()
+            raise
+        self.state.plugin_started(driver, plugin.process.reattach_config.to_json())
+        return plugin
+
+    def _reattach(self, driver: str) -> DriverClient | None:
+        """The plugin a killed run of this data dir left running, or one of the per-allocation
+        plugins a run before the driver manager left (state migration 2)."""
+        for old_pid, saved in self.state.plugins_to_adopt(driver, pid_alive):
+            plugin = self._try_reattach(driver, saved)
+            if plugin is None:
+                self.state.plugin_gone(driver, old_pid)
+                continue
+            self.state.plugin_adopted(driver, old_pid, saved)
+            return plugin
+        for alloc_id, saved in self.state.retired_plugins(driver):
+            plugin = self._try_reattach(driver, saved)
+            self.state.retired_plugin_gone(alloc_id, driver)
+            if plugin is not None:
+                self.state.plugin_started(driver, saved)
+                return plugin
+        return None
+
+    def _try_reattach(self, driver: str, saved: str) -> DriverClient | None:
+        try:
+            plugin = reattach(ReattachConfig.from_json(saved), name=driver)
+        except DriverSDKError:
+            return None  # it died with the run: a new one is launched and RecoverTask finds the tasks
+        self.emit(RunEvent("driver", "reattached to its running plugin", name=driver))
+        return plugin
+
+    def _shut_down_retired(self, driver: str) -> None:
+        """Per-allocation plugins of an older run: their tasks were recovered through the shared
+        instance (or are gone), so the processes only hold memory now."""
+        for alloc_id, saved in self.state.retired_plugins(driver):
+            try:
+                reattach(ReattachConfig.from_json(saved), name=driver).kill()
+            except DriverSDKError:
+                pass  # already gone
+            self.state.retired_plugin_gone(alloc_id, driver)
+
+    # --- task events ---------------------------------------------------------------------------
+
+    def subscribe(self, alloc_id: str, handler: Callable[[TaskEvent], None]) -> None:
+        with self._lock:
+            self._subscribers[alloc_id] = handler
+
+    def unsubscribe(self, alloc_id: str) -> None:
+        with self._lock:
+            self._subscribers.pop(alloc_id, None)
+
+    def _relay_events(self, plugin: DriverClient) -> None:
+        """One stream per plugin instance, each event handed to its allocation (image pulls, OOM
+        kills, …); the stream ends with the instance."""
+
+        def relay() -> None:
+            try:
+                for event in plugin.task_events():
+                    handler = self._subscribers.get(event.alloc_id)
+                    if handler is not None:
+                        handler(event)
+            except DriverSDKError:
+                pass  # the plugin went away: the stream ends with it
+
+        threading.Thread(target=relay, daemon=True, name=f"task-events-{plugin.name}").start()
+
+    # --- tasks through plugin deaths ------------------------------------------------------------
+
+    def track(self, task_id: str, task: TrackedTask) -> None:
+        with self._lock:
+            self._tasks[task_id] = task
+
+    def untrack(self, task_id: str) -> None:
+        with self._lock:
+            self._tasks.pop(task_id, None)
+
+    def client_of(self, task_id: str, driver: str) -> DriverClient:
+        """The plugin instance that runs the task now (it changes when a plugin is relaunched)."""
+        with self._lock:
+            tracked = self._tasks.get(task_id)
+            return tracked.client if tracked is not None else self.dispense(driver)
+
+    def wait_task(self, task_id: str) -> ExitResult:
+        """WaitTask; when the plugin dies meanwhile, relaunch it and RecoverTask (as Nomad's
+        driver manager and task runner do), so the task's real exit code is recorded and nothing
+        is left behind. Raises :class:`TaskLost` when the task cannot be followed any more."""
+        tracked = self._tasks[task_id]
+        while True:
+            client = tracked.client
+            try:
+                return client.wait_task(task_id)
+            except DriverSDKError as err:
+                if tracked.client is not client:
+                    continue  # another task saw the death first and recovered this one too
+                if self._closing or not client.process.exited_within(1.0):
+                    raise WaitFailed(f"wait failed: {err}") from None
+            with self._lock:
+                if tracked.client is client:
+                    try:
+                        self._replace(tracked.driver, client)
+                    except DriverSDKError as err:
+                        tracked.lost = f"could not be recovered after its driver plugin exited: {err}"
+                        tracked.event(tracked.lost)
+            if tracked.lost:
+                raise TaskLost(tracked.lost)
+
+    def _replace(self, driver: str, dead: DriverClient) -> DriverClient:
+        """A fresh plugin in place of one that died, then RecoverTask for every task it ran.
+        Called with the lock held; a death is handled once, by whoever sees it first."""
+        current = self._plugins.get(driver)
+        if current is not None and current is not dead and current.process.alive():
+            return current
+        dead.kill()  # reaps the process and removes its socket
+        self.state.plugin_gone(driver)
+        orphans = [t for t in self._tasks.values() if t.client is dead and not t.lost]
+        for tracked in orphans:
+            if tracked.relaunches >= MAX_PLUGIN_RELAUNCHES:
+                tracked.lost = f"the {driver} driver plugin died {tracked.relaunches + 1} times while the task ran"
+                tracked.event(f"lost: {tracked.lost}")
+            else:
+                tracked.event(f"driver plugin {driver!r} exited; relaunching it and recovering the task")
+        self._plugins.pop(driver, None)
+        plugin = self._launch(driver)
+        self._plugins[driver] = plugin
+        self._relay_events(plugin)
+        for tracked in orphans:
+            if tracked.lost:
+                continue
+            tracked.relaunches += 1
+            tracked.client = plugin
+            try:
+                plugin.recover_task(tracked.handle)
+            except DriverSDKError as err:
+                tracked.lost = f"could not be recovered after its driver plugin exited: {err}"
+                tracked.event(tracked.lost)
+                continue
+            tracked.event(f"recovered ({tracked.label})")
+        return plugin
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut down every plugin still held (an allocation that never released its driver, or
+        validation's plugins no allocation needed)."""
+        with self._lock:
+            self._closing = True
+            for driver, plugin in list(self._plugins.items()):
+                plugin.kill()
+                self.state.plugin_gone(driver)
+                self._shut_down_retired(driver)
+            self._plugins.clear()
+            for plugin in self._spare.values():
+                plugin.kill()
+            self._spare.clear()

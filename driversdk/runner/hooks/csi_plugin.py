@@ -1,0 +1,70 @@
+"""CSI plugin supervision, for tasks with a ``csi_plugin`` block (task hook) and the shared
+mount under ``<data_dir>/client/csi`` their bidirectional mounts need (alloc hook).
+
+Before the task starts the supervisor lays out the plugin's socket and staging dirs and hands
+the task two bidirectional mounts and ``CSI_ENDPOINT``; once it runs, probe until healthy (or
+the health timeout fails the task), register, heartbeat; on stop deregister; after the task is
+gone remove the socket dir. See :mod:`driversdk.runner.supervisor`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from driversdk.model import FSIsolation
+from driversdk.runner.hooks import AllocHook, TaskHook
+from driversdk.runner.supervisor import PluginSupervisor, csi_dir, release_shared
+
+if TYPE_CHECKING:
+    from driversdk.runner.allocrunner import AllocRunner
+    from driversdk.runner.taskrunner import TaskRunner
+
+
+class CSIPluginSupervisorHook(TaskHook):
+    name = "csi plugin supervisor"
+
+    def __init__(self) -> None:
+        self.supervisor: PluginSupervisor | None = None
+
+    def prerun(self, task: TaskRunner) -> None:
+        record = task.restoring
+        if task.task.csi_plugin is None or (record is not None and record.state != "running"):
+            return
+        alloc = task.alloc
+        self.supervisor = PluginSupervisor(
+            task=task.task,
+            alloc_id=alloc.alloc_id,
+            data_dir=alloc.client.data_dir,
+            registry=alloc.node.registry,
+            say=lambda _: None,
+            event=lambda text: task.event(text, kind="plugin"),
+            fs_isolated=task.caps.fs_isolation != FSIsolation.NONE,
+        )
+        mounts, env = self.supervisor.prestart()
+        if record is None:  # a recovered task has its mounts and environment already
+            task.mount_requests += mounts
+            task.env.update(env)
+
+    def poststart(self, task: TaskRunner) -> None:
+        if self.supervisor is not None:
+            self.supervisor.start(task.fail, task.done)
+            task.alloc.node.supervisors.append(self.supervisor)
+
+    def stop(self, task: TaskRunner) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+    def postrun(self, task: TaskRunner) -> None:
+        if self.supervisor is not None:
+            self.supervisor.cleanup()
+
+
+class CSIPluginDirHook(AllocHook):
+    """A group of plugin tasks made ``<data_dir>/client/csi`` a shared mount (the supervisor did,
+    at prerun); once the group's volumes and tasks are gone, undo it if nothing is below."""
+
+    name = "csi plugin dir"
+
+    def postrun(self, alloc: AllocRunner) -> None:
+        if any(t.csi_plugin is not None for t in alloc.group.tasks):
+            release_shared(csi_dir(alloc.client.data_dir))

@@ -1,0 +1,83 @@
+"""Group network hook: ``network { mode = "bridge" }`` asks the first task driver that creates
+group networks for one (docker: a pause container; exec: a network namespace) and every task of
+the group joins it; the network is recorded so a restarted run finds it, and removed at postrun."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from driversdk.errors import ConfigError, DriverSDKError
+from driversdk.model import NetworkIsolationMode, NetworkIsolationSpec
+from driversdk.runner.hooks import AllocHook
+from driversdk.runner.jobspec import Group
+
+if TYPE_CHECKING:
+    from driversdk.runner.allocrunner import AllocRunner
+
+
+class NetworkRefused(ConfigError):
+    """The group asks for a network mode that ``driversdk run`` does not provide."""
+
+
+class NetworkHook(AllocHook):
+    name = "group network"
+
+    def __init__(self) -> None:
+        self.spec: NetworkIsolationSpec | None = None
+        self.owner = ""
+
+    @staticmethod
+    def refusal(group: Group) -> str | None:
+        """Why the group's network cannot be run here; asked before any allocation starts."""
+        mode = group.network_mode or "host"
+        if mode in ("host", "bridge"):
+            return None
+        return f'group "{group.name}": network mode {mode!r} is not run by driversdk run; use mode = "host" or "bridge"'
+
+    def prerun(self, alloc: AllocRunner) -> None:
+        refusal = self.refusal(alloc.group)
+        if refusal is not None:
+            raise NetworkRefused(refusal)
+        mode = alloc.group.network_mode or "host"
+        if alloc.restoring is not None:
+            self._restore(alloc, alloc.restoring.network)
+        elif mode == "bridge":
+            self._create(alloc)
+        alloc.network = self.spec
+
+    def _create(self, alloc: AllocRunner) -> None:
+        for task in alloc.group.tasks:
+            plugin = alloc.drivers.dispense(task.driver)
+            caps = plugin.capabilities()
+            if caps.must_create_network and NetworkIsolationMode.GROUP in caps.network_isolation_modes:
+                self.spec, _ = plugin.create_network(alloc.alloc_id, f"{alloc.group.name}-{alloc.index}")
+                self.owner = task.driver
+                alloc.state.alloc_update(alloc.alloc_id, network=json.dumps(self._json()))
+                alloc.event("group", f"network created by the {task.driver} driver")
+                return
+        drivers = ", ".join(sorted({t.driver for t in alloc.group.tasks}))
+        raise NetworkRefused(
+            f'group "{alloc.group.name}": network mode "bridge" needs a task driver that creates group networks, and '
+            f'none of {drivers} does; use docker or exec, or mode = "host"'
+        )
+
+    def _json(self) -> dict[str, Any]:
+        assert self.spec is not None
+        return {"owner": self.owner, "mode": self.spec.mode.value, "path": self.spec.path, "labels": self.spec.labels}
+
+    def _restore(self, alloc: AllocRunner, saved: str | None) -> None:
+        if not saved:
+            return
+        data = json.loads(saved)
+        self.owner = data["owner"]
+        self.spec = NetworkIsolationSpec(NetworkIsolationMode(data["mode"]), data["path"], dict(data["labels"]))
+
+    def postrun(self, alloc: AllocRunner) -> None:
+        if self.spec is None:
+            return
+        try:
+            alloc.drivers.dispense(self.owner).destroy_network(alloc.alloc_id, self.spec)
+            self.spec = alloc.network = None
+        except DriverSDKError as err:
+            alloc.event("group", f"network removal failed: {err}")

@@ -1,0 +1,283 @@
+"""The task runner: one task of an allocation through its hooks and its driver plugin.
+
+It sequences :data:`TASK_HOOKS` (prerun in order, postrun in reverse), records each step in the
+run state (a ``starting`` row before StartTask, so a run killed inside the call is finished by
+the next one), starts or recovers the task through the driver manager, waits for it and reports
+events. What a task needs (its dir, logs, mounts, CSI plugin supervision) is in the hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from driversdk import convert
+from driversdk.client import DriverClient
+from driversdk.durations import parse_duration
+from driversdk.errors import DriverSDKError
+from driversdk.model import Capabilities, ExitResult, LinuxResources, Resources, TaskConfig, TaskHandle
+from driversdk.mounts import Mount, MountRequest
+from driversdk.runner import logcollect
+from driversdk.runner.drivermanager import TaskLost, TrackedTask, WaitFailed
+from driversdk.runner.events import RunEvent
+from driversdk.runner.hooks import TaskHook
+from driversdk.runner.hooks.csi_plugin import CSIPluginSupervisorHook
+from driversdk.runner.hooks.logs import LogCollectionHook
+from driversdk.runner.hooks.task_dir import TaskDirHook
+from driversdk.runner.hooks.volume_mounts import VolumeMountsHook
+from driversdk.runner.jobspec import Task
+from driversdk.runner.logcollect import MIB
+from driversdk.runner.runstate import TaskRecord
+
+if TYPE_CHECKING:
+    from driversdk.runner.allocrunner import AllocRunner
+
+# The order of start; teardown runs it backwards. A new hook is a new file and a line here.
+TASK_HOOKS: list[Callable[[], TaskHook]] = [
+    TaskDirHook,  # task dir, secrets dir, NOMAD_* environment
+    LogCollectionHook,  # fifos and the detached log collector
+    CSIPluginSupervisorHook,  # csi_plugin tasks: socket and staging dirs, probe, register
+    VolumeMountsHook,  # host and CSI volume mounts (and the plugin's), checked against the driver
+]
+
+
+class InterruptedStartError(DriverSDKError):
+    """A half-started task a killed run left could not be removed."""
+
+
+class TaskRunner:
+    def __init__(self, alloc: AllocRunner, task: Task, restoring: TaskRecord | None = None) -> None:
+        self.alloc = alloc
+        self.task = task
+        self.restoring = restoring
+        self.hooks = [make() for make in TASK_HOOKS]
+        self._ran: list[TaskHook] = []
+        self.caps = Capabilities()
+        # What the prerun hooks hand StartTask.
+        self.env: dict[str, str] = {}
+        self.mount_requests: list[MountRequest] = []
+        self.mounts: list[Mount] = []
+        self.logmon: logcollect.Logmon | None = None
+        self.config: TaskConfig | None = None
+        self.handle: TaskHandle | None = None
+        self.result: ExitResult | None = None
+        self.started = False
+        self.failure = ""
+        self.done = threading.Event()
+
+    # --- events --------------------------------------------------------------------------------
+
+    def event(self, message: str, kind: str = "task") -> None:
+        a = self.alloc
+        a.emit(RunEvent(kind, message, job=a.job.name, group=a.group.name, alloc_id=a.alloc_id, task=self.task.name))
+
+    @property
+    def label(self) -> str:
+        return f"{self.task.driver}, alloc {self.alloc.alloc_id[:8]}"
+
+    @property
+    def client(self) -> DriverClient:
+        return self.alloc.drivers.client_of(self.config.id if self.config else "", self.task.driver)
+
+    # --- hooks ---------------------------------------------------------------------------------
+
+    def _prerun(self) -> None:
+        for hook in self.hooks:
+            self._ran.append(hook)
+            hook.prerun(self)
+
+    def _postrun(self) -> None:
+        for hook in reversed(self._ran):
+            try:
+                hook.postrun(self)
+            except DriverSDKError as err:
+                self.event(f"{hook.name}: cleanup failed: {err}")
+        self._ran.clear()
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Start the task (or take over the one a killed run left) and follow it in a thread."""
+        self.caps = self.alloc.drivers.dispense(self.task.driver).capabilities()
+        record = self.restoring
+        if record is not None and record.state == "starting":
+            self.restoring = None
+            self._finish_interrupted_start(record)
+            self._start(record.task_id)
+        elif record is not None:
+            self._recover(record)
+        else:
+            self._start(None)
+
+    def _start(self, task_id: str | None) -> None:
+        state, a = self.alloc.state, self.alloc
+        recorded = False
+        try:
+            self._prerun()
+            self.config = self._task_config(task_id)
+            state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id,
+                           a.alloc_dir, self.logmon.pid if self.logmon else 0)  # fmt: skip
+            recorded = True
+            handle = self.alloc.drivers.dispense(self.task.driver).start_task(self.config)
+        except BaseException:
+            if recorded:
+                state.start_failed(a.alloc_id, self.task.name)
+            self._postrun()
+            raise
+        self.started, self.handle = True, handle
+        proto = convert.task_handle_to_proto(handle).SerializeToString()
+        state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id, proto,
+                      a.alloc_dir, self.logmon.pid if self.logmon else 0)  # fmt: skip
+        self.event(f"started ({self.label})")
+        self._follow()
+
+    def _task_config(self, task_id: str | None) -> TaskConfig:
+        a, t = self.alloc, self.task
+        stdout = stderr = os.devnull
+        if self.logmon is not None:
+            stdout, stderr = self.logmon.stdout_fifo, self.logmon.stderr_fifo
+        return TaskConfig(
+            id=task_id or f"{a.alloc_id}/{t.name}/{secrets.token_hex(4)}",
+            name=t.name,
+            alloc_id=a.alloc_id,
+            job_name=a.job.name,
+            job_id=a.job.name,
+            task_group_name=a.group.name,
+            namespace=a.job.namespace,
+            env={**self.env, **t.env},
+            resources=Resources(
+                cpu_shares=t.cpu,
+                memory_mb=t.memory,
+                memory_max_mb=t.memory_max,
+                linux=LinuxResources(cpu_shares=t.cpu, memory_limit_bytes=max(t.memory, t.memory_max) * MIB),
+            ),
+            mounts=self.mounts,
+            user=t.user,
+            alloc_dir=a.alloc_dir,
+            stdout_path=stdout,
+            stderr_path=stderr,
+            driver_config=dict(t.config),
+            network_isolation_spec=a.network,
+        )
+
+    def _finish_interrupted_start(self, record: TaskRecord) -> None:
+        """The killed run was inside StartTask: the task may exist without a handle we could recover.
+        A plugin that survived and knows it removes it; then the task starts again under the same id,
+        which lets a driver adopt (docker: a running container labelled with that id) or replace what
+        a plugin that died with the run left, instead of starting a second copy next to it."""
+        if record.logmon_pid:  # the interrupted start's collector: one collector per fifo pair
+            logs = os.path.join(self.alloc.alloc_dir, "alloc", "logs")
+            logcollect.stop(logcollect.Logmon(record.logmon_pid, *logcollect.fifo_paths(logs, self.task.name)))
+        plugin = self.alloc.drivers.dispense(self.task.driver)
+        try:
+            plugin.inspect_task(record.task_id)
+        except DriverSDKError:
+            return  # the plugin does not know it: the driver finds it by its id at StartTask, if it exists
+        self.event("was being started when the previous run was killed; replacing it")
+        try:
+            plugin.destroy_task(record.task_id, force=True)
+        except DriverSDKError as err:
+            raise InterruptedStartError(
+                f'task "{self.task.name}": the previous run was killed while starting it, and the half-started task '
+                f"could not be removed: {err}; remove it by hand, then run the job again"
+            ) from None
+
+    def _recover(self, record: TaskRecord) -> None:
+        handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
+        self.config, self.handle, self.started = handle.config, handle, True
+        self._prerun()
+        if record.state != "running":
+            self.result = ExitResult(record.exit_code or 0, record.signal or 0, record.oom)
+            self.done.set()
+            return
+        try:
+            self.alloc.drivers.dispense(self.task.driver).recover_task(handle)
+        except DriverSDKError as err:
+            self.event(f"could not be recovered: {err}")
+            self.result = ExitResult(exit_code=1)
+            self.alloc.state.finished(self.alloc.alloc_id, self.task.name, 1, 0, False)
+            self.done.set()
+            return
+        self.event(f"recovered ({self.label})")
+        self._follow()
+
+    # --- running -------------------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        assert self.config is not None and self.handle is not None
+        drivers = self.alloc.drivers
+        drivers.track(
+            self.config.id,
+            TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
+        )
+        threading.Thread(target=self._wait, daemon=True, name=f"wait-{self.task.name}").start()
+        for hook in self.hooks:
+            hook.poststart(self)
+
+    def _wait(self) -> None:
+        assert self.config is not None
+        try:
+            result = self.alloc.drivers.wait_task(self.config.id)
+        except TaskLost as err:  # the manager reported why
+            self.failure = str(err)
+            result = ExitResult(exit_code=1)
+        except WaitFailed as err:
+            self.event(str(err))
+            result = ExitResult(exit_code=1)
+        if self.failure and result.successful:
+            result = ExitResult(exit_code=1, signal=result.signal)
+        self.result = result
+        self.alloc.state.finished(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
+                                  result.oom_killed)  # fmt: skip
+        how = f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}"
+        oom = " (killed: out of memory)" if result.oom_killed else ""
+        self.event(f"finished with {how}{oom}")
+        self.done.set()
+
+    def fail(self, why: str) -> None:
+        """A hook found the task failed (a CSI plugin that never became healthy): stop it."""
+        self.failure = why
+        self.event(f"failed: {why}")
+        self._stop_task()
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def _stop_task(self) -> None:
+        if self.started and not self.done.is_set() and self.config is not None:
+            self.event("stopping")
+            try:
+                timeout = parse_duration(self.task.kill_timeout, "kill_timeout")
+                self.client.stop_task(self.config.id, timeout, self.task.kill_signal)
+            except DriverSDKError as err:
+                self.event(f"stop failed: {err}")
+
+    def stop(self) -> None:
+        for hook in self.hooks:
+            hook.stop(self)
+        self._stop_task()
+
+    def destroy(self) -> None:
+        """The task is gone or must go: remove it from its driver, then undo the hooks."""
+        for hook in self.hooks:
+            hook.stop(self)
+        if self.started and self.config is not None:
+            self.alloc.state.stopped(self.alloc.alloc_id, self.task.name)
+            try:
+                self.client.destroy_task(self.config.id, force=True)
+            except DriverSDKError as err:
+                self.event(f"destroy failed: {err}")
+            self.alloc.drivers.untrack(self.config.id)
+        self._postrun()
+        for hook in self.hooks:
+            hook.destroy(self)
+
+
+def _handle_proto(data: bytes) -> Any:
+    from driversdk.pb import driver_pb2
+
+    proto = driver_pb2.TaskHandle()
+    proto.ParseFromString(data)
+    return proto

@@ -1,0 +1,108 @@
+"""Numbered migrations of ``state.db``; ``PRAGMA user_version`` says how many have run.
+
+Migration 1 is the schema as the three stores created it before there were versions (run
+state, CSI state, volume store), so a database of any earlier version lands on the same
+tables; each later migration is one change, in order, in one transaction with the version
+bump, so a second process opening the file meanwhile waits and then finds it done.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from driversdk.errors import DriverSDKError
+
+
+class StateVersionError(DriverSDKError):
+    """The state file was written by a newer driversdk than this one."""
+
+
+# Exactly as runstate.py, csi/state.py and volumes.py created them before migrations existed.
+_V1_TABLES = [
+    """CREATE TABLE IF NOT EXISTS run_tasks (
+    alloc_id TEXT NOT NULL, job TEXT NOT NULL, grp TEXT NOT NULL, task TEXT NOT NULL, driver TEXT NOT NULL,
+    task_id TEXT NOT NULL, state TEXT NOT NULL, exit_code INTEGER, signal INTEGER, oom INTEGER,
+    handle BLOB, alloc_dir TEXT NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (alloc_id, task)
+)""",
+    """CREATE TABLE IF NOT EXISTS run_allocs (
+    alloc_id TEXT PRIMARY KEY, job TEXT NOT NULL, grp TEXT NOT NULL, idx INTEGER NOT NULL, alloc_dir TEXT NOT NULL,
+    state TEXT NOT NULL, run_pid INTEGER NOT NULL, network TEXT, csi TEXT, updated REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS run_plugins (
+    alloc_id TEXT NOT NULL, driver TEXT NOT NULL, reattach TEXT NOT NULL, PRIMARY KEY (alloc_id, driver)
+)""",
+    """CREATE TABLE IF NOT EXISTS csi_usage (
+    plugin_id TEXT NOT NULL, namespace TEXT NOT NULL, volume_id TEXT NOT NULL, usage TEXT NOT NULL,
+    alloc_id TEXT NOT NULL, phase TEXT NOT NULL, volume_json TEXT NOT NULL,
+    PRIMARY KEY (plugin_id, namespace, volume_id, usage, alloc_id)
+)""",
+    """CREATE TABLE IF NOT EXISTS csi_staged (
+    plugin_id TEXT NOT NULL, namespace TEXT NOT NULL, volume_id TEXT NOT NULL, usage TEXT NOT NULL,
+    PRIMARY KEY (plugin_id, namespace, volume_id, usage)
+)""",
+    """CREATE TABLE IF NOT EXISTS csi_plugins (
+    type TEXT NOT NULL, name TEXT NOT NULL, alloc_id TEXT NOT NULL, position INTEGER NOT NULL,
+    record TEXT NOT NULL, PRIMARY KEY (type, name, alloc_id)
+)""",
+    "CREATE TABLE IF NOT EXISTS volumes (namespace TEXT NOT NULL, id TEXT NOT NULL, record TEXT NOT NULL, "
+    "PRIMARY KEY (namespace, id))",
+    "CREATE TABLE IF NOT EXISTS volume_claims (namespace TEXT NOT NULL, volume_id TEXT NOT NULL, "
+    "alloc_id TEXT NOT NULL, job TEXT NOT NULL, mode TEXT NOT NULL, access_mode TEXT NOT NULL, "
+    "attachment_mode TEXT NOT NULL, PRIMARY KEY (namespace, volume_id, alloc_id))",
+]
+
+
+def _v1_unversioned_schema(db: sqlite3.Connection) -> None:
+    for statement in _V1_TABLES:
+        db.execute(statement)
+    columns = {r[1] for r in db.execute("PRAGMA table_info(run_tasks)")}
+    if "logmon_pid" not in columns:  # written before log collectors were processes
+        db.execute("ALTER TABLE run_tasks ADD COLUMN logmon_pid INTEGER NOT NULL DEFAULT 0")
+
+
+def _v2_one_plugin_per_driver(db: sqlite3.Connection) -> None:
+    """Driver plugins were one per allocation; now one per driver per ``run`` process (the driver
+    manager). The old per-allocation rows are kept aside as retired plugins: the manager adopts a
+    live one as its driver's instance and shuts the others down once their tasks are recovered."""
+    db.execute(
+        "CREATE TABLE run_plugins_retired (alloc_id TEXT NOT NULL, driver TEXT NOT NULL, reattach TEXT NOT NULL, "
+        "PRIMARY KEY (alloc_id, driver))"
+    )
+    db.execute("INSERT INTO run_plugins_retired SELECT alloc_id, driver, reattach FROM run_plugins")
+    db.execute("DROP TABLE run_plugins")
+    db.execute(
+        "CREATE TABLE run_plugins (driver TEXT NOT NULL, run_pid INTEGER NOT NULL, reattach TEXT NOT NULL, "
+        "PRIMARY KEY (driver, run_pid))"
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_unversioned_schema, _v2_one_plugin_per_driver]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def version(db: sqlite3.Connection) -> int:
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(db: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Run the pending migrations up to ``target`` in one transaction; returns the version."""
+    if version(db) == target:
+        return target  # the common case: no write lock taken
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        current = version(db)
+        if current > SCHEMA_VERSION:
+            raise StateVersionError(
+                f"the state database was written by a newer driversdk (schema version {current}; this one knows up "
+                f"to {SCHEMA_VERSION}); run that version, or use another data_dir"
+            )
+        for number in range(current + 1, target + 1):
+            MIGRATIONS[number - 1](db)
+            db.execute(f"PRAGMA user_version={number}")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return target
