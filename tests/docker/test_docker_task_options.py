@@ -101,7 +101,7 @@ def test_docker_task_options_applied_read_back(
     resolv = _sh(harness, task.id, "cat /etc/resolv.conf")
     assert "nameserver 10.11.12.13" in resolv and "search.example" in resolv and "ndots:3" in resolv
     assert "10.9.8.7\tdb.example" in _sh(harness, task.id, "cat /etc/hosts")
-    assert _sh(harness, task.id, "ulimit -n").strip() == "1024"
+    assert _sh(harness, task.id, "grep 'open files' /proc/1/limits").split()[3:5] == ["1024", "2048"]
     assert _sh(harness, task.id, "cat /proc/sys/net/core/somaxconn").strip() == "511"
     assert _sh(harness, task.id, "cat /proc/self/oom_score_adj").strip() == "123"
     assert "4321" in _sh(harness, task.id, "id -G").split()
