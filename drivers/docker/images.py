@@ -85,7 +85,7 @@ def ensure_image(
         )
 
     emit("Downloading image", image=reference)
-    pull_image(pulls, make_client, task.name, repo, tag, reference, credentials, timeout, plugin, report)
+    pull_image(pulls, make_client, f"task {task.name!r}", repo, tag, reference, credentials, timeout, plugin, report)
     try:
         return str(api.inspect_image(reference)["Id"])
     except (ImageNotFound, NotFound):
@@ -98,7 +98,7 @@ def ensure_image(
 def pull_image(
     pulls: PullCoordinator,
     make_client: Callable[[float], Any],
-    who: str,
+    where: str,
     repo: str,
     tag: str,
     reference: str,
@@ -108,8 +108,7 @@ def pull_image(
     report: ProgressListener | None = None,
     timeout_name: str = "image_pull_timeout",
 ) -> None:
-    """Pull through the coordinator; failures as one sentence naming `who` (a task or the infra image)."""
-    where = f"task {who!r}" if not who.startswith("infra_image") else who
+    """Pull through the coordinator; failures as one sentence that starts with `where` (the task, or infra_image)."""
     try:
         pulls.pull(
             make_client, repo, tag, reference, credentials, timeout, plugin.pull_activity_timeout, report, timeout_name
