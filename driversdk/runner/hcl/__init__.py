@@ -1,0 +1,12 @@
+"""HCL2 job files evaluated as Nomad's jobspec2 evaluates them.
+
+- :mod:`.values`: values, type constraints and cty's conversions;
+- :mod:`.functions`: the functions a job file may call;
+- :mod:`.evaluator`: expressions and templates over python-hcl2's parse tree (why: see there);
+- :mod:`.document`: a whole file — variables and their values, locals, the job, dynamic blocks.
+"""
+
+from driversdk.runner.hcl.document import Document, Inputs, evaluate
+from driversdk.runner.hcl.evaluator import Body, EvalError
+
+__all__ = ["Body", "Document", "EvalError", "Inputs", "evaluate"]
