@@ -7,6 +7,7 @@ volumes and mounts against them and against this host.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +19,11 @@ from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap
 from driversdk.model import Capabilities
 from driversdk.mounts import MountRequest, MountValidationError, check_mounts
 from driversdk.paths import check_name, show
+from driversdk.runner import taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
+from driversdk.runner.hcl import Inputs
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
-from driversdk.runner.problems import Problem, ValidationFailed
+from driversdk.runner.problems import Problem, ValidationFailed, with_field
 
 
 @dataclass
@@ -35,6 +38,8 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     parsed: Job | None = field(default=None, repr=False)
+    # Keys Nomad knows that `driversdk run` does not act on, each once; never a problem.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -42,7 +47,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "valid": self.valid, "problems": [p.as_dict() for p in self.problems],
-                "checked": self.checked}  # fmt: skip
+                "checked": self.checked, "notes": self.notes}  # fmt: skip
 
 
 def _block_shapes(spec: Spec, body: dict[str, Any], key: str, path: str) -> list[str]:
@@ -90,6 +95,7 @@ def _driver_facts(
             f'no plugin is configured for driver "{driver}"; add plugin "{driver}" {{ command = [...] }} to the '
             "client config or use docker or exec",
             job=job.name,
+            field="driver",
         )
     else:
         plugin: DriverClient | None = None
@@ -103,11 +109,15 @@ def _driver_facts(
             plugin.set_config(config)
             result = DriverFacts(plugin.capabilities(), plugin.task_config_schema())
         except DriverSDKError as err:
-            result = Problem(client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name)
+            result = Problem(
+                client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name,
+                field=f'plugin "{driver}"',
+            )  # fmt: skip
         except OSError as err:  # e.g. a plugin command that cannot be executed
             result = Problem(
-                client.file or job.file, f'driver "{driver}" could not be started: {err.strerror or err}', job=job.name
-            )
+                client.file or job.file, f'driver "{driver}" could not be started: {err.strerror or err}', job=job.name,
+                field=f'plugin "{driver}"',
+            )  # fmt: skip
         finally:
             if plugin is not None:
                 if keep is not None and isinstance(result, DriverFacts):
@@ -119,12 +129,17 @@ def _driver_facts(
 
 
 def _mount_requests(
-    job: Job, group: Group, task: Task, client: ClientConfig, problems: list[Problem]
+    job: Job,
+    group: Group,
+    task: Task,
+    client: ClientConfig,
+    problems: list[Problem],
+    refused: frozenset[str] = frozenset(),
 ) -> tuple[list[MountRequest], list[MountRequest]]:
     host, csi = [], []
     for i, mount in enumerate(task.volume_mounts):
         req = group.volumes.get(mount.volume)
-        if req is None:
+        if req is None or f"volume_mount[{i}]" in refused:
             continue  # already reported by the static rules
         where = {"job": job.name, "group": group.name, "task": task.name, "field": f"volume_mount[{i}]"}
         if req.type == "host":
@@ -264,11 +279,54 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     return out
 
 
-def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, DriverClient] | None = None) -> Report:
+def dry_interpolated(job: Job) -> Job:
+    """A copy of the job with each task's runtime variables interpolated as a client would, with
+    a placeholder allocation: what the static and mount checks look at. The job itself keeps
+    its ``${…}`` for `run`, which interpolates with the real allocation."""
+    dry = copy.deepcopy(job)
+    for group in dry.groups:
+        for task in group.tasks:
+            env = taskenv.dry(dry, group, task, fs_isolation=task.driver not in ("raw_exec",))
+            task.env = {k: env.env.get(k, v) for k, v in task.env.items()}
+            task.user = env.replace(task.user)
+            task.config = env.interpolate(task.config)
+            for mount in task.volume_mounts:
+                mount.destination = env.replace(mount.destination)
+    return dry
+
+
+def _once(problems: list[Problem]) -> list[Problem]:
+    """Each problem once, in the order found, each with its field."""
+    seen: set[Problem] = set()
+    out = []
+    for problem in map(with_field, problems):
+        if problem not in seen:
+            seen.add(problem)
+            out.append(problem)
+    return out
+
+
+def validate_job(
+    path: str,
+    client: ClientConfig,
+    keep_plugins: dict[str, DriverClient] | None = None,
+    inputs: Inputs | None = None,
+) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
     there (configured, not yet initialised) instead of being shut down."""
-    job, problems = parse_job(path)
-    report = Report(job.name, problems + static_problems(job), parsed=job)
+    report = _validate(path, client, keep_plugins, inputs)
+    report.problems = _once(report.problems)
+    return report
+
+
+def _validate(
+    path: str, client: ClientConfig, keep_plugins: dict[str, DriverClient] | None, inputs: Inputs | None
+) -> Report:
+    parsed, problems = parse_job(path, inputs)
+    job = dry_interpolated(parsed)
+    report = Report(job.name, problems + static_problems(job), parsed=parsed, notes=list(parsed.notes))
+    if problems and not job.groups:
+        return report
     if any(check_name(value, what) for value, what in path_names(job)):
         # Names that would escape or break a path must not reach the state store, the host or a
         # plugin: stop at the static problems, before anything is opened or launched.
@@ -294,8 +352,7 @@ def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, Driver
             where = {"job": job.name, "group": group.name, "task": task.name}
             facts = _driver_facts(task.driver, client, job, cache, keep_plugins)
             if isinstance(facts, Problem):
-                if facts not in report.problems:
-                    report.problems.append(facts)
+                report.problems.append(facts)
                 continue
             report.checked.append(f'task "{task.name}": driver "{task.driver}" loaded')
             try:
@@ -304,8 +361,10 @@ def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, Driver
                     raise ConfigError("; ".join(shapes))
                 encode(facts.task_schema, task.config, what="config")
             except ConfigError as err:
-                report.problems.append(Problem(job.file, str(err), **where))
-            host, csi = _mount_requests(job, group, task, client, report.problems)
+                report.problems.append(Problem(job.file, str(err), **where, field="config"))
+            # A mount the static rules already refused is not checked again (one problem, once).
+            refused = frozenset(p.field for p in report.problems if p.task == task.name and p.group == group.name)
+            host, csi = _mount_requests(job, group, task, client, report.problems, refused)
             for requests, check_host in ((host, True), (csi, False)):
                 if not requests:
                     continue
@@ -342,18 +401,18 @@ def _host_volume_lines(job: Job, client: ClientConfig) -> list[str]:
     return out
 
 
-def check_files(job_path: str, client_path: str | None) -> Report:
+def check_files(job_path: str, client_path: str | None, inputs: Inputs | None = None) -> Report:
     """What `driversdk validate` answers: a verdict for any pair of files, never an exception
     for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too)."""
     try:
         client = load_client(client_path)
     except ValidationFailed as err:
-        return Report(job="", problems=list(err.problems))
+        return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
-        return Report(job="", problems=[Problem("", str(err))])  # the sentence names the file
+        return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
     try:
-        return validate_job(job_path, client)
+        return validate_job(job_path, client, inputs=inputs)
     except ValidationFailed as err:
-        return Report(job="", problems=list(err.problems))
+        return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
-        return Report(job="", problems=[Problem("", str(err))])
+        return Report(job="", problems=[Problem("", str(err), field="file")])

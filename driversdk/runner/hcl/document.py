@@ -145,7 +145,9 @@ class _Run:
             return [(kind, labels, self.body(inner, scope, self.ev.line(node)))]
         return self.dynamic(node, labels, inner, scope)
 
-    def dynamic(self, node: Tree[Any], labels: list[str], inner: Tree[Any], scope: Scope) -> list[tuple[str, list[str], Body]]:
+    def dynamic(
+        self, node: Tree[Any], labels: list[str], inner: Tree[Any], scope: Scope
+    ) -> list[tuple[str, list[str], Body]]:
         if len(labels) != 1:
             self.error(self.ev.fail(node, 'a dynamic block needs one label, the block type: dynamic "port" { … }'))
             return []
@@ -155,9 +157,13 @@ class _Run:
         unknown = sorted(set(attrs) - {"for_each", "iterator", "labels"})
         others = [c for c in trees(inner) if c.data == "block" and name_of(trees(c)[0]) != "content"]
         for name in unknown:
-            self.error(self.ev.fail(node, f'dynamic "{kind}": unexpected argument "{name}"; use for_each, iterator, labels'))
+            self.error(
+                self.ev.fail(node, f'dynamic "{kind}": unexpected argument "{name}"; use for_each, iterator, labels')
+            )
         for other in others:
-            self.error(self.ev.fail(other, f'dynamic "{kind}": unexpected block; the block body goes in content {{ … }}'))
+            self.error(
+                self.ev.fail(other, f'dynamic "{kind}": unexpected block; the block body goes in content {{ … }}')
+            )
         if "for_each" not in attrs or len(contents) != 1:
             self.error(self.ev.fail(node, f'dynamic "{kind}" needs for_each = … and exactly one content {{ … }} block'))
             return []
@@ -179,7 +185,9 @@ class _Run:
         elif isinstance(collection, list):
             pairs = list(enumerate(collection))
         else:
-            self.error(self.ev.fail(attrs["for_each"], f"for_each needs a list, set or map, not {type(collection).__name__}"))
+            self.error(
+                self.ev.fail(attrs["for_each"], f"for_each needs a list, set or map, not {type(collection).__name__}")
+            )
             return []
         content_body = next(p for p in trees(contents[0]) if p.data == "body")
         out = []
@@ -210,8 +218,11 @@ class _Run:
             if child.data == "attribute":
                 name = name_of(trees(child)[0])
                 self.error(
-                    self.ev.fail(child, f'unexpected argument "{name}" at the top of a job file; it holds variable, '
-                                 "locals and job blocks")  # fmt: skip
+                    self.ev.fail(
+                        child,
+                        f'unexpected argument "{name}" at the top of a job file; it holds variable, '
+                        "locals and job blocks",
+                    )
                 )
                 continue
             kind = name_of(trees(child)[0])
@@ -250,7 +261,9 @@ class _Run:
                 jobs.append(child)
             else:
                 close = get_close_matches(kind, TOP_LEVEL, n=1)
-                hint = f'; did you mean "{close[0]}"?' if close else "; a job file holds variable, locals and job blocks"
+                hint = (
+                    f'; did you mean "{close[0]}"?' if close else "; a job file holds variable, locals and job blocks"
+                )
                 self.error(self.ev.fail(child, f'unsupported block type "{kind}" at the top of a job file{hint}'))
         self.collect_values(variables)
         values = self.variable_values(variables)
@@ -275,7 +288,9 @@ class _Run:
         self.doc.body = out
         return self.doc
 
-    def variable_block(self, node: Tree[Any], labels: list[str], inner: Tree[Any], variables: dict[str, Variable]) -> None:
+    def variable_block(
+        self, node: Tree[Any], labels: list[str], inner: Tree[Any], variables: dict[str, Variable]
+    ) -> None:
         if len(labels) != 1:
             self.error(self.ev.fail(node, 'a variable block needs one label, its name: variable "image" { … }'))
             return
@@ -300,7 +315,9 @@ class _Run:
                     try:
                         value = convert(value, var.type)
                     except ConvertError as err:
-                        raise self.ev.fail(expr, f'the default of variable "{name}" is not a {show_type(var.type)}: {err}') from None
+                        raise self.ev.fail(
+                            expr, f'the default of variable "{name}" is not a {show_type(var.type)}: {err}'
+                        ) from None
                 else:
                     var.type = type_of(value)
                 var.values.append(("default", value))
@@ -312,7 +329,9 @@ class _Run:
             kind = name_of(trees(block)[0])
             body = next(p for p in trees(block) if p.data == "body")
             if kind != "validation":
-                self.error(self.ev.fail(block, f'variable "{name}": unexpected block "{kind}"; only validation {{ … }}'))
+                self.error(
+                    self.ev.fail(block, f'variable "{name}": unexpected block "{kind}"; only validation {{ … }}')
+                )
                 continue
             vattrs = {name_of(trees(c)[0]): c for c in trees(body) if c.data == "attribute"}
             if "condition" not in vattrs or "error_message" not in vattrs:
@@ -338,12 +357,14 @@ class _Run:
     def parse_value(self, var: Variable, text: str, origin: str) -> Any:
         """A -var or NOMAD_VAR_ value: a literal string for string/number/untyped variables,
         else an HCL expression."""
-        if var.type is None or var.type[0] in ("string", "number", "any") and var.type[0] != "any":
+        if var.type is None or (var.type[0] in ("string", "number", "any") and var.type[0] != "any"):
             return text
         try:
             sub = Source(f"_ = {text}\n", parse(f"_ = {text}\n"))
         except LarkError:
-            raise EvalError(var.line, text, f'the value of variable "{var.name}" from {origin} is not valid HCL') from None
+            raise EvalError(
+                var.line, text, f'the value of variable "{var.name}" from {origin} is not valid HCL'
+            ) from None
         ev = _DocEvaluator(sub)
         return ev.value(trees(trees(trees(sub.tree)[0])[0])[-1], _literal_scope())
 
@@ -375,7 +396,9 @@ class _Run:
                 try:
                     value = convert(value, var.type)
                 except ConvertError as err:
-                    raise EvalError(var.line, f"var.{var.name}", f"the value from {origin} is not a {show_type(var.type)}: {err}") from None
+                    raise EvalError(
+                        var.line, f"var.{var.name}", f"the value from {origin} is not a {show_type(var.type)}: {err}"
+                    ) from None
         except EvalError as err:
             self.error(err)
             return
@@ -410,7 +433,11 @@ class _Run:
             ev = _DocEvaluator(sub)
             for child in trees(trees(sub.tree)[0]):
                 if child.data == "block":
-                    self.error(ev.fail(child, f"{where}: a var file sets values (name = value); declare variables in the job file"))
+                    self.error(
+                        ev.fail(
+                            child, f"{where}: a var file sets values (name = value); declare variables in the job file"
+                        )
+                    )
                     continue
                 name = name_of(trees(child)[0])
                 try:
@@ -420,13 +447,19 @@ class _Run:
         for name, value in values.items():
             var = variables.get(name)
             if var is None:
-                self.doc.warnings.append(f'{where}: no variable "{name}" is declared in the job file; the value is not used')
+                self.doc.warnings.append(
+                    f'{where}: no variable "{name}" is declared in the job file; the value is not used'
+                )
                 continue
             if var.type is not None:
                 try:
                     value = convert(value, var.type)
                 except ConvertError as err:
-                    self.error(EvalError(var.line, f"var.{name}", f"the value from {where} is not a {show_type(var.type)}: {err}"))
+                    self.error(
+                        EvalError(
+                            var.line, f"var.{name}", f"the value from {where} is not a {show_type(var.type)}: {err}"
+                        )
+                    )
                     continue
             var.values.append(("varfile", value))
 
@@ -435,8 +468,12 @@ class _Run:
         for name, var in variables.items():
             if not var.values:
                 self.error(
-                    EvalError(var.line, f"var.{name}", f'variable "{name}" is not set and has no default; set it with '
-                              f"-var {name}=…, a -var-file or the environment variable {VAR_ENV_PREFIX}{name}")  # fmt: skip
+                    EvalError(
+                        var.line,
+                        f"var.{name}",
+                        f'variable "{name}" is not set and has no default; set it with '
+                        f"-var {name}=…, a -var-file or the environment variable {VAR_ENV_PREFIX}{name}",
+                    )
                 )
                 continue
             origin, value = var.values[-1]
@@ -454,7 +491,9 @@ class _Run:
                     continue
                 if passed is not True:
                     kind = {"default": "default", "env": "env", "varfile": "varfile", "cmd": "-var"}[origin]
-                    self.error(EvalError(line, f"var.{name}", f'invalid value for variable "{name}" (from {kind}): {message}'))
+                    self.error(
+                        EvalError(line, f"var.{name}", f'invalid value for variable "{name}" (from {kind}): {message}')
+                    )
         return out
 
     def locals(self, nodes: list[tuple[str, Tree[Any]]], values: dict[str, Any]) -> dict[str, Any]:

@@ -75,7 +75,7 @@ class Source:
 def parse(text: str) -> Tree[Any]:
     from hcl2.parser import parser
 
-    tree: Tree[Any] = parser().parse(text if text.endswith("\n") else text + "\n")
+    tree: Tree[Any] = parser().parse(text + "\n")
     return tree
 
 
@@ -217,8 +217,8 @@ class Evaluator:
         return self.value(yes if chosen else no, scope)
 
     def e_unary_op(self, node: Tree[Any], scope: Scope) -> Any:
-        op, operand = node.children[0], trees(node)[0]
-        value = self.value(operand, scope)
+        op = next(c for c in node.children if isinstance(c, Token))
+        value = self.value(trees(node)[0], scope)
         try:
             if op.type == "NOT":
                 return not to_bool(value)
@@ -350,7 +350,11 @@ class Evaluator:
         for item in items:
             value = item
             for step in trees(splat):
-                value = self.get_attr(value, step, node) if step.data == "get_attr" else self.index(value, step, scope, node)
+                value = (
+                    self.get_attr(value, step, node)
+                    if step.data == "get_attr"
+                    else self.index(value, step, scope, node)
+                )
             out.append(value)
         return out
 
@@ -365,7 +369,9 @@ class Evaluator:
         name = "::".join(str(n.children[0]) for n in names)
         args_node = next((p for p in parts if isinstance(p, Tree) and p.data == "arguments"), None)
         arg_nodes = trees(args_node) if args_node is not None else []
-        expand = args_node is not None and any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in args_node.children)
+        expand = args_node is not None and any(
+            isinstance(c, Token) and c.type == "ELLIPSIS" for c in args_node.children
+        )
         if name in LAZY:
             return self.lazy(name, node, arg_nodes, scope)
         func = scope.functions.get(name)
@@ -513,7 +519,9 @@ class Evaluator:
         try:
             return to_string(value)
         except ConvertError:
-            raise self.fail(node, f"a {type_name(value)} cannot be part of a string; use jsonencode() or join()") from None
+            raise self.fail(
+                node, f"a {type_name(value)} cannot be part of a string; use jsonencode() or join()"
+            ) from None
 
     def e_heredoc_template(self, node: Tree[Any], scope: Scope) -> Any:
         return self.heredoc(node, scope, trim=False)

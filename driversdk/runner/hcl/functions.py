@@ -23,7 +23,15 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from driversdk.runner.hcl.values import ConvertError, convert, number_text, parse_number, to_number, to_string, type_name
+from driversdk.runner.hcl.values import (
+    ConvertError,
+    convert,
+    number_text,
+    parse_number,
+    to_number,
+    to_string,
+    type_name,
+)
 
 
 class FunctionError(ValueError):
@@ -110,13 +118,11 @@ def _format(fmt: Any, *args: Any) -> str:
                 raise FunctionError("%t needs a bool")
             out.append("true" if value else "false")
         elif verb in ("d", "x", "X", "o", "b"):
-            n = _int(value)
-            out.append(format(n, spec + verb.replace("d", "d")))
+            out.append(format(_int(value), spec + verb))
         elif verb in ("f", "F", "e", "E", "g", "G"):
-            n = float(_num(value))
             if verb in ("f", "F") and not precision:
                 spec += ".6"
-            out.append(format(n, spec + verb))
+            out.append(format(float(_num(value)), spec + verb))
         else:
             raise FunctionError(f"unsupported format verb %{verb}")
     out.append(text[pos:])
@@ -303,6 +309,9 @@ def _merge(*maps: Any) -> dict[str, Any]:
 
 def _range(*args: Any) -> list[Any]:
     nums = [_num(a) for a in args]
+    start: int | float
+    end: int | float
+    step: int | float
     if len(nums) == 1:
         start, end, step = 0, nums[0], 1
     elif len(nums) == 2:
@@ -338,7 +347,7 @@ def _sort(lst: Any) -> list[str]:
 def _setproduct(*sets: Any) -> list[Any]:
     out: list[list[Any]] = [[]]
     for s in sets:
-        out = [prev + [v] for prev in out for v in _list(s)]
+        out = [[*prev, v] for prev in out for v in _list(s)]
     return out if sets else []
 
 
@@ -698,7 +707,12 @@ def table(base_dir: str) -> dict[str, Func]:
 
 
 def _uuid_ns(ns: Any) -> uuid.UUID:
-    known = {"dns": uuid.NAMESPACE_DNS, "url": uuid.NAMESPACE_URL, "oid": uuid.NAMESPACE_OID, "x500": uuid.NAMESPACE_X500}
+    known = {
+        "dns": uuid.NAMESPACE_DNS,
+        "url": uuid.NAMESPACE_URL,
+        "oid": uuid.NAMESPACE_OID,
+        "x500": uuid.NAMESPACE_X500,
+    }
     text = _str(ns)
     if text in known:
         return known[text]
