@@ -253,10 +253,16 @@ class Result:
     notes: list[Finding] = field(default_factory=list)
     _noted: set[str] = field(default_factory=set)
 
-    def note(self, path: str, where: dict[str, str]) -> None:
-        if path not in self._noted:
-            self._noted.add(path)
-            self.notes.append(Finding(path, f"{path}: not acted on by driversdk run", where))
+    def note(self, path: str, what: str, where: dict[str, str]) -> None:
+        """Once per schema path (``group.task.service``), at the first place it is written."""
+        if path in self._noted:
+            return
+        self._noted.add(path)
+        place = next(
+            (f"{kind} {show(where[kind])}" for kind in ("task", "group", "job") if where.get(kind)),
+            "the job",
+        )
+        self.notes.append(Finding(path, f"{what} (first in {place}): not acted on by driversdk run", where))
 
 
 def _go_duration(ns: int) -> str:
@@ -333,7 +339,15 @@ def _where(where: dict[str, str], key: str, label: str) -> dict[str, str]:
     return where
 
 
-def _walk(body: dict[str, Any], spec: Block, path: str, rel: str, where: dict[str, str], result: Result) -> None:
+def _walk(
+    body: dict[str, Any],
+    spec: Block,
+    path: str,
+    rel: str,
+    where: dict[str, str],
+    result: Result,
+    noted: bool = False,
+) -> None:
     lines: dict[str, int] = getattr(body, "lines", {})
     for key in list(body):
         value = body[key]
@@ -371,12 +385,12 @@ def _walk(body: dict[str, Any], spec: Block, path: str, rel: str, where: dict[st
                         parse_duration(body[key], what)
                     except ConfigError as err:
                         result.problems.append(Finding(what, str(err), where, line))
-            if child.acted is Acted.NO:
-                result.note(here, where)
+            if child.acted is Acted.NO and not noted:
+                result.note(here, what, where)
             continue
         # A block.
-        if child.acted is Acted.NO:
-            result.note(here, where)
+        if child.acted is Acted.NO and not noted:
+            result.note(here, what, where)
         if not _is_blocks(value):
             if child.as_map is not None and isinstance(value, dict):
                 try:
@@ -411,7 +425,9 @@ def _walk(body: dict[str, Any], spec: Block, path: str, rel: str, where: dict[st
                                 del inner[k]
                     continue
                 inner_rel = "" if key in ("group", "task") else (f"{what} {show(label)}" if label else what)
-                _walk(inner, child, here, inner_rel, _where(where, key, label), result)
+                _walk(
+                    inner, child, here, inner_rel, _where(where, key, label), result, noted or child.acted is Acted.NO
+                )
 
 
 def _is_blocks(value: Any) -> bool:

@@ -23,6 +23,7 @@ from driversdk.runner import taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
+from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
 from driversdk.runner.problems import Problem, ValidationFailed, with_field
 
 
@@ -30,6 +31,47 @@ from driversdk.runner.problems import Problem, ValidationFailed, with_field
 class DriverFacts:
     capabilities: Capabilities
     task_schema: Spec
+    # Plugin options Nomad's driver of that name has and this one does not: left out, noted.
+    skipped_options: list[str] = field(default_factory=list)
+
+
+def _fields(spec: Spec) -> dict[str, Spec] | None:
+    """The input names an object schema reads, each with its schema; None if not an object."""
+    while isinstance(spec, Default):
+        spec = spec.primary
+    if isinstance(spec, Block | BlockList | BlockSet):
+        return _fields(spec.nested)
+    if not isinstance(spec, Object):
+        return None
+    return {input_name(child, key) or key: child for key, child in spec.attributes.items()}
+
+
+def _without_nomad_only(
+    config: dict[str, Any], spec: Spec, nomad: dict[str, Any], path: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``config`` without the options Nomad's driver knows and this driver's schema does not;
+    with the dotted names of what was left out. Unknown to both stays: the driver refuses it."""
+    fields = _fields(spec)
+    if fields is None:
+        return config, []
+    kept: dict[str, Any] = {}
+    skipped: list[str] = []
+    for key, value in config.items():
+        here = f"{path}.{key}" if path else key
+        if key not in fields and key in nomad:
+            skipped.append(here)
+            continue
+        nested = nomad.get(key)
+        if key in fields and isinstance(nested, dict):
+            if isinstance(value, dict):
+                value, more = _without_nomad_only(value, fields[key], nested, here)
+                skipped += more
+            elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
+                parts = [_without_nomad_only(v, fields[key], nested, here) for v in value]
+                value = [p[0] for p in parts]
+                skipped += [name for p in parts for name in p[1]]
+        kept[key] = value
+    return kept, skipped
 
 
 @dataclass
@@ -103,11 +145,14 @@ def _driver_facts(
             plugin = launch(command, timeout=60, name=driver)
             config = client.plugin_config(driver)
             schema = plugin.config_schema()
+            skipped: list[str] = []
+            if schema is not None and driver in PLUGIN_OPTIONS:
+                config, skipped = _without_nomad_only(config, schema, PLUGIN_OPTIONS[driver], "")
             shapes = _block_shapes(schema, config, "", "config") if schema is not None else []
             if shapes:
                 raise ConfigError(f'plugin "{driver}" {"; ".join(shapes)}')
             plugin.set_config(config)
-            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema())
+            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema(), skipped)
         except DriverSDKError as err:
             result = Problem(
                 client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name,
@@ -355,6 +400,14 @@ def _validate(
                 report.problems.append(facts)
                 continue
             report.checked.append(f'task "{task.name}": driver "{task.driver}" loaded')
+            for option in facts.skipped_options:
+                note = (
+                    f'plugin "{task.driver}" config.{option}: a Nomad option not acted on by driversdk\'s {task.driver}'
+                )
+                if note not in report.notes:
+                    report.notes.append(note)
+            config = _task_config_for_driver(task, facts, report, parsed)
+            task.config = config
             try:
                 shapes = _block_shapes(facts.task_schema, task.config, "", "config")
                 if shapes:
@@ -388,6 +441,27 @@ def _validate(
     return report
 
 
+def _task_config_for_driver(task: Task, facts: DriverFacts, report: Report, parsed: Job) -> dict[str, Any]:
+    """The task config without the keys Nomad's driver of that name has and this one does not
+    (docker ``ports``, ``dns_servers`` …): noted once and left out, in the checked copy and in the
+    job `run` starts, so the driver is never handed a key it would refuse."""
+    known = TASK_CONFIG.get(task.driver)
+    fields = _fields(facts.task_schema)
+    if known is None or fields is None:
+        return task.config
+    dropped = [k for k in task.config if k not in fields and k in known]
+    for key in dropped:
+        note = f"config.{key} (first in task {show(task.name)}): a Nomad {task.driver} option not acted on by driversdk"
+        if not any(n.startswith(f"config.{key} ") for n in report.notes):
+            report.notes.append(note)
+    if dropped:
+        for group in parsed.groups:
+            for original in group.tasks:
+                if original.name == task.name and original.driver == task.driver:
+                    original.config = {k: v for k, v in original.config.items() if k not in dropped}
+    return {k: v for k, v in task.config.items() if k not in dropped}
+
+
 def _host_volume_lines(job: Job, client: ClientConfig) -> list[str]:
     """Where each host volume the job uses really is: resolved once, when the config was read."""
     names = sorted({r.source for g in job.groups for r in g.volumes.values() if r.type == "host"})
@@ -411,7 +485,9 @@ def check_files(job_path: str, client_path: str | None, inputs: Inputs | None = 
     except DriverSDKError as err:
         return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
     try:
-        return validate_job(job_path, client, inputs=inputs)
+        report = validate_job(job_path, client, inputs=inputs)
+        report.notes = client.notes + report.notes
+        return report
     except ValidationFailed as err:
         return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
