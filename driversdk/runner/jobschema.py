@@ -114,7 +114,7 @@ CHECK = Block({
             timeout=D, initial_status=S, notes=S, tls_server_name=S, tls_skip_verify=B, method=S, body=S,
             grpc_service=S, grpc_use_tls=B, task=S, success_before_passing=N, failures_before_critical=N,
             failures_before_warning=N, on_update=S),
-    "header": Block(open=True, as_map=Kind.ANY, acted=NO),
+    "header": Block(open=True, as_map=Kind.STRINGS, acted=NO),
     "check_restart": CHECK_RESTART,
 }, acted=NO)  # fmt: skip
 UPSTREAM = Block({
@@ -393,11 +393,7 @@ def _walk(
             result.note(here, what, where)
         if not _is_blocks(value):
             if child.as_map is not None and isinstance(value, dict):
-                try:
-                    body[key] = convert_attr(Kind.MAP if child.as_map is Kind.STRING else Kind.ANY, value, here)
-                except ConvertError as err:
-                    result.problems.append(Finding(what, f"{what}: {err}", where, line))
-                    del body[key]
+                _map_values(value, child.as_map, what, where, line, result)
                 continue
             if child.as_map is not None and isinstance(value, list) and all(isinstance(v, dict) for v in value):
                 continue
@@ -416,18 +412,26 @@ def _walk(
                 continue
             for label, inner in bodies:
                 if child.as_map is not None:
-                    if child.as_map is Kind.STRING:
-                        for k, v in list(inner.items()):
-                            try:
-                                inner[k] = convert_attr(Kind.STRING, v, f"{here}.{k}")
-                            except ConvertError as err:
-                                result.problems.append(Finding(f"{what}.{k}", f"{what}.{k}: {err}", where, line))
-                                del inner[k]
+                    _map_values(inner, child.as_map, what, where, line, result)
                     continue
                 inner_rel = "" if key in ("group", "task") else (f"{what} {show(label)}" if label else what)
                 _walk(
                     inner, child, here, inner_rel, _where(where, key, label), result, noted or child.acted is Acted.NO
                 )
+
+
+def _map_values(body: dict[str, Any], kind: Kind, what: str, where: dict[str, str], line: int, result: Result) -> None:
+    """A map's values (meta, env, a check's header) converted in place to ``kind``."""
+    for k, v in list(body.items()):
+        if kind is Kind.ANY:
+            continue
+        try:
+            body[k] = convert_attr(kind, v, f"{what}.{k}")
+        except ConvertError:
+            result.problems.append(
+                Finding(f"{what}.{k}", f"{what}.{k} must be {_expected(kind)}, got {_shown(v)}", where, line)
+            )
+            del body[k]
 
 
 def _is_blocks(value: Any) -> bool:
