@@ -232,6 +232,13 @@ JOB = Block({
     "ui": blk(INERT, description=S, link=blk(INERT, label=S, url=S)),
 }, labels=1)  # fmt: skip
 
+# Unlabelled blocks that may be written more than once (a list in Nomad's api); any other
+# unlabelled block written twice is refused, as Nomad refuses it.
+REPEATABLE = frozenset(
+    "constraint affinity spread service check template artifact identity volume_mount upstreams listener link "
+    "reserved_ports path".split()
+)
+
 # Durations the job parser checks itself, with its own sentence.
 CHECKED_ELSEWHERE = frozenset({"group.task.kill_timeout", "group.task.csi_plugin.health_timeout",
                                "task.kill_timeout", "task.csi_plugin.health_timeout"})  # fmt: skip
@@ -399,6 +406,12 @@ def _walk(
                 continue
             result.problems.append(
                 Finding(what, f"{what} must be a block ({key} {{ … }}), not {_shown(value)}", where, line)
+            )
+            del body[key]
+            continue
+        if not child.labels and key not in REPEATABLE and len(value) > 1 and child.as_map is None:
+            result.problems.append(
+                Finding(what, f"only one {key} block is allowed here, found {len(value)}", where, line)
             )
             del body[key]
             continue

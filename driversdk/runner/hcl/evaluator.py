@@ -300,7 +300,17 @@ class Evaluator:
         if literal is not None:
             return literal
         base_node, attr = trees(node)
-        return self.get_attr(self.value(base_node, scope), attr, node)
+        base = self.value(base_node, scope)
+        root = self._root(base_node)
+        if root is base_node or (root is not None and self.text(base_node) == str(root.children[0])):
+            name = name_of(trees(attr)[0])
+            kind = {"var": "variable", "local": "local value"}.get(str(root.children[0]) if root else "")
+            if kind and isinstance(base, dict) and name not in base:
+                hint = _did_you_mean(name, base) or (
+                    f'; declare it: variable "{name}" {{ … }}' if kind == "variable" else f"; define it in locals {{ … }}"
+                )
+                raise self.fail(node, f'there is no {kind} named "{name}"{hint}')
+        return self.get_attr(base, attr, node)
 
     def get_attr(self, base: Any, attr: Tree[Any], where: Tree[Any]) -> Any:
         name = name_of(trees(attr)[0])
