@@ -36,7 +36,8 @@ def read_text(path: str | Path) -> str:
         ) from None
 
 
-def syntax_error(path: str | Path, err: LarkError) -> HCLFileError:
+def syntax_error(path: str | Path, err: Exception) -> HCLFileError:
+    """One sentence for a syntax error (lark's, or the evaluator's carrying line and column)."""
     line: Any = getattr(err, "line", None)
     column: Any = getattr(err, "column", None)
     where = f"{path}:{line}:{column}" if line else str(path)

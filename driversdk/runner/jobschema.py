@@ -235,8 +235,22 @@ JOB = Block({
 # Unlabelled blocks that may be written more than once (a list in Nomad's api); any other
 # unlabelled block written twice is refused, as Nomad refuses it.
 REPEATABLE = frozenset(
-    "constraint affinity spread service check template artifact identity volume_mount upstreams listener link "
-    "reserved_ports path".split()
+    [
+        "constraint",
+        "affinity",
+        "spread",
+        "service",
+        "check",
+        "template",
+        "artifact",
+        "identity",
+        "volume_mount",
+        "upstreams",
+        "listener",
+        "link",
+        "reserved_ports",
+        "path",
+    ]
 )
 
 # Durations the job parser checks itself, with its own sentence.

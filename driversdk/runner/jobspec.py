@@ -13,14 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lark.exceptions import LarkError
-
 from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
 from driversdk.paths import PATH_MAX, check_name, show
 from driversdk.runner import jobschema
-from driversdk.runner.hcl import Body, Inputs, evaluate
+from driversdk.runner.hcl import Body, HCLSyntaxError, Inputs, evaluate
 from driversdk.runner.hclload import is_blocks, labelled, read_text, single, syntax_error
 from driversdk.runner.problems import Problem, ValidationFailed
 from driversdk.signals import UnknownSignalError, signal_name
@@ -396,7 +394,7 @@ def evaluate_job(path: str | Path, inputs: Inputs | None = None) -> tuple[dict[s
     text = read_text(path)
     try:
         document = evaluate(file, text, inputs)
-    except LarkError as err:
+    except HCLSyntaxError as err:
         raise syntax_error(path, err) from None
     problems = [Problem.at(err.line, file, err.reason, field=err.expr) for err in document.errors]
     notes = list(document.warnings)

@@ -103,7 +103,10 @@ def test_a_var_file_may_not_declare_variables(tmp_path: Path) -> None:
 
 def test_an_undeclared_variable_is_an_error_naming_line_and_expression() -> None:
     found = errors('job "j" {\n  group "g" {\n    x = var.not_declared\n  }\n}\n')
-    assert found == ['line 3: there is no variable named "not_declared"; declare it: variable "not_declared" { … } (in var.not_declared)']
+    assert found == [
+        'line 3: there is no variable named "not_declared"; declare it: variable "not_declared" { … } '
+        "(in var.not_declared)"
+    ]
 
 
 def test_an_unknown_function_is_an_error_with_did_you_mean() -> None:

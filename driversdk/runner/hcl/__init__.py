@@ -6,7 +6,10 @@
 - :mod:`.document`: a whole file — variables and their values, locals, the job, dynamic blocks.
 """
 
-from driversdk.runner.hcl.document import Document, Inputs, evaluate
-from driversdk.runner.hcl.evaluator import Body, EvalError
+# python-hcl2 is the parser: imported first, so a missing runner extra is named by it.
+import hcl2  # noqa: F401  # isort: skip
 
-__all__ = ["Body", "Document", "EvalError", "Inputs", "evaluate"]
+from driversdk.runner.hcl.document import Document, Inputs, evaluate
+from driversdk.runner.hcl.evaluator import Body, EvalError, HCLSyntaxError
+
+__all__ = ["Body", "Document", "EvalError", "HCLSyntaxError", "Inputs", "evaluate"]

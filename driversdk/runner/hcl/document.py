@@ -17,12 +17,12 @@ from difflib import get_close_matches
 from typing import Any
 
 from lark import Tree
-from lark.exceptions import LarkError
 
 from driversdk.runner.hcl.evaluator import (
     Body,
     EvalError,
     Evaluator,
+    HCLSyntaxError,
     Scope,
     Source,
     kids,
@@ -361,7 +361,7 @@ class _Run:
             return text
         try:
             sub = Source(f"_ = {text}\n", parse(f"_ = {text}\n"))
-        except LarkError:
+        except HCLSyntaxError:
             raise EvalError(
                 var.line, text, f'the value of variable "{var.name}" from {origin} is not valid HCL'
             ) from None
@@ -426,7 +426,7 @@ class _Run:
         else:
             try:
                 sub = Source(text, parse(text))
-            except LarkError as err:
+            except HCLSyntaxError as err:
                 line = getattr(err, "line", 0) or 0
                 self.error(EvalError(line, path, f"the var file {path} is not valid HCL ({str(err).splitlines()[0]})"))
                 return

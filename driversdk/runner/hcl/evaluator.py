@@ -72,10 +72,23 @@ class Source:
     line_offset: int = 0
 
 
+class HCLSyntaxError(Exception):
+    """Text that is not HCL: lark's error with its line and column."""
+
+    def __init__(self, err: LarkError) -> None:
+        super().__init__(str(err))
+        self.line: int | None = getattr(err, "line", None)
+        self.column: int | None = getattr(err, "column", None)
+
+
 def parse(text: str) -> Tree[Any]:
+    """python-hcl2's parse tree of ``text``; HCLSyntaxError when it is not HCL."""
     from hcl2.parser import parser
 
-    tree: Tree[Any] = parser().parse(text + "\n")
+    try:
+        tree: Tree[Any] = parser().parse(text + "\n")
+    except LarkError as err:
+        raise HCLSyntaxError(err) from None
     return tree
 
 
@@ -307,7 +320,7 @@ class Evaluator:
             kind = {"var": "variable", "local": "local value"}.get(str(root.children[0]) if root else "")
             if kind and isinstance(base, dict) and name not in base:
                 hint = _did_you_mean(name, base) or (
-                    f'; declare it: variable "{name}" {{ … }}' if kind == "variable" else f"; define it in locals {{ … }}"
+                    f'; declare it: variable "{name}" {{ … }}' if kind == "variable" else "; define it in locals { … }"
                 )
                 raise self.fail(node, f'there is no {kind} named "{name}"{hint}')
         return self.get_attr(base, attr, node)
@@ -556,7 +569,7 @@ class Evaluator:
         start_line = self.line(node)  # the body starts on the next line
         try:
             sub = Source(f"_ = {quoted}\n", parse(f"_ = {quoted}\n"), start_line)
-        except LarkError as err:
+        except HCLSyntaxError as err:
             raise self.fail(node, f"the heredoc's template is not valid HCL ({str(err).splitlines()[0]})") from None
         attr = trees(trees(sub.tree)[0])[0]
         expr = trees(attr)[-1]
