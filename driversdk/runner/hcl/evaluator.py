@@ -149,8 +149,14 @@ class Evaluator:
     # --- helpers ---------------------------------------------------------------------------------
 
     def text(self, node: Any) -> str:
+        """An expression's source text; for a block its header, for an argument its name."""
         if isinstance(node, Token):
             return str(node)
+        if node.data == "block":
+            parts = [p for p in trees(node) if p.data != "body"]
+            return " ".join([name_of(parts[0]), *(f'"{name_of(p)}"' for p in parts[1:])])
+        if node.data == "attribute":
+            return name_of(trees(node)[0])
         meta = node.meta
         if meta.empty:
             return ""
