@@ -518,8 +518,13 @@ class _Run:
 
 
 def evaluate(path: str, text: str, inputs: Inputs | None = None) -> Document:
-    """Evaluate a job file's text; syntax errors raise lark's errors, the rest are in ``errors``."""
-    return _Run(path, text, inputs or Inputs()).run()
+    """Evaluate a job file's text; syntax errors raise HCLSyntaxError, the rest are in ``errors``."""
+    run = _Run(path, text, inputs or Inputs())
+    try:
+        return run.run()
+    except RecursionError:
+        # Expressions nested hundreds deep: refused with a sentence, never a traceback.
+        return Document(None, [EvalError(0, "", "the file nests expressions too deeply to evaluate; flatten them")])
 
 
 __all__ = ["Document", "Inputs", "evaluate", "kids", "line_of"]
