@@ -370,6 +370,13 @@ def _shown(value: Any) -> str:
     return show(value) if isinstance(value, str) else show(repr(value))[1:-1]
 
 
+def _printable(text: str) -> str:
+    """Text from the file (an expression, a value) with control characters escaped and shortened,
+    so it can neither forge lines of the output nor flood it."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= 300 else out[:300] + "…"
+
+
 def _wrap_job_tasks(job_body: dict[str, Any]) -> None:
     """A task written directly under job becomes a group of that name holding it, as Nomad does."""
     tasks = job_body.pop("task", None)
@@ -396,7 +403,9 @@ def evaluate_job(path: str | Path, inputs: Inputs | None = None) -> tuple[dict[s
         document = evaluate(file, text, inputs)
     except HCLSyntaxError as err:
         raise syntax_error(path, err) from None
-    problems = [Problem.at(err.line, file, err.reason, field=err.expr) for err in document.errors]
+    problems = [
+        Problem.at(err.line, file, _printable(err.reason), field=_printable(err.expr)) for err in document.errors
+    ]
     notes = list(document.warnings)
     if problems or document.body is None:
         return {}, problems, notes
@@ -455,7 +464,7 @@ def static_problems(job: Job) -> list[Problem]:
                 if not mount.volume:
                     out.append(Problem(f, 'volume mount references an empty volume; set volume = "<name>"', **where))
                 elif mount.volume not in group.volumes:
-                    known = ", ".join(sorted(group.volumes)) or "none"
+                    known = ", ".join(show(v) for v in sorted(group.volumes)) or "none"
                     out.append(
                         Problem(
                             f,
