@@ -468,7 +468,14 @@ def _command(args: argparse.Namespace) -> str:
 
 
 # Packages that only an extra installs (pyproject's optional dependencies), by import name.
-_EXTRA_OF = {"hcl2": "runner", "lark": "runner", "docker": "docker", "requests": "docker", "pyroute2": "exec"}
+_EXTRA_OF = {
+    "hcl2": "runner",
+    "lark": "runner",
+    "hcl": "runner",
+    "docker": "docker",
+    "requests": "docker",
+    "pyroute2": "exec",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
