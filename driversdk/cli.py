@@ -77,9 +77,11 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
+    from driversdk.runner.hcl import Inputs
     from driversdk.runner.validate import check_files
 
-    report = check_files(args.job, args.client)
+    inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
+    report = check_files(args.job, args.client, inputs)
     if not report.job and report.problems and not report.checked and len(report.problems) == 1:
         problem = report.problems[0]
         if not problem.file and not args.json:  # a file that cannot be read as HCL at all
@@ -90,6 +92,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         for line in report.checked:
             print(f"ok    {line}")
+        for note in report.notes:
+            print(f"note  {note}")
         for problem in report.problems:
             print(f"error {problem}")
         verdict = "valid" if report.valid else f"{len(report.problems)} problem(s)"
@@ -389,6 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     # Not the data-dir parent: validate reads the client config, and a --data-dir would be ignored.
     validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
+    # As `nomad job run`: -var NAME=VALUE and -var-file FILE, repeatable, the last value wins
+    # (after NOMAD_VAR_<name> from the environment).
+    validate.add_argument(
+        "-var", "--var", action="append", metavar="NAME=VALUE", help="a value for a variable the job declares"
+    )
+    validate.add_argument(
+        "-var-file", "--var-file", action="append", metavar="FILE", help="variable values (HCL, or JSON if .json)"
+    )
     validate.set_defaults(func=cmd_validate)
 
     run = sub.add_parser("run", help="run jobs' tasks on this machine (exit 0 ok, 1 a task failed, 2 refused)")
@@ -463,7 +475,14 @@ def _command(args: argparse.Namespace) -> str:
 
 
 # Packages that only an extra installs (pyproject's optional dependencies), by import name.
-_EXTRA_OF = {"hcl2": "runner", "lark": "runner", "docker": "docker", "requests": "docker", "pyroute2": "exec"}
+_EXTRA_OF = {
+    "hcl2": "runner",
+    "lark": "runner",
+    "hcl": "runner",
+    "docker": "docker",
+    "requests": "docker",
+    "pyroute2": "exec",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

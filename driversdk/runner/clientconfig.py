@@ -1,5 +1,11 @@
 """The client (agent) config: data dir, host volumes, and the driver plugins with their config.
 
+Nomad writes agent configs in HCL1 (quoted and dotted keys such as
+``"docker.privileged.enabled" = "true"``); they are read with pyhcl, a maintained HCL1 parser,
+so a whole agent file loads: what the runner has no use for (server, consul, vault, telemetry,
+acl, ports, …) is listed in one note. Every option of Nomad's docker and exec plugin config is
+known (:mod:`driversdk.runner.nomadopts`); an unknown one is a problem with did-you-mean.
+
 Besides Nomad's ``plugin_dir`` + ``plugin "<name>" { args, config }`` we accept
 ``command = [...]`` in a plugin block, so any program can be a driver; the bundled docker and
 exec drivers need neither.
@@ -10,11 +16,13 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 from driversdk.paths import PATH_MAX, check_name, show
-from driversdk.runner.hclload import is_blocks, labelled, load_hcl
+from driversdk.runner.hclload import HCLFileError, read_text
+from driversdk.runner.nomadopts import PLUGIN_OPTIONS
 from driversdk.runner.problems import Problem, ValidationFailed
 
 BUNDLED = {
@@ -52,6 +60,8 @@ class ClientConfig:
     plugin_dir: str = ""
     host_volumes: dict[str, HostVolume] = field(default_factory=dict)
     plugins: dict[str, PluginBlock] = field(default_factory=dict)
+    # What the file holds that the runner has no use for, said once.
+    notes: list[str] = field(default_factory=list)
 
     def driver_command(self, driver: str) -> list[str] | None:
         block = self.plugins.get(driver)
@@ -73,6 +83,108 @@ class ClientConfig:
 
 _PLUGIN_KEYS = {"command", "args", "config"}
 _HOST_VOLUME_KEYS = {"path", "read_only"}
+# Nomad agent options the runner does not use (command/agent/config.go and its docs).
+_AGENT_KEYS = frozenset(
+    [
+        "region",
+        "datacenter",
+        "name",
+        "log_level",
+        "log_json",
+        "log_file",
+        "log_rotate_duration",
+        "log_rotate_bytes",
+        "log_rotate_max_files",
+        "log_include_location",
+        "bind_addr",
+        "enable_debug",
+        "ports",
+        "addresses",
+        "advertise",
+        "server",
+        "acl",
+        "audit",
+        "consul",
+        "vault",
+        "telemetry",
+        "tls",
+        "sentinel",
+        "autopilot",
+        "ui",
+        "limits",
+        "leave_on_interrupt",
+        "leave_on_terminate",
+        "enable_syslog",
+        "syslog_facility",
+        "disable_update_check",
+        "disable_anonymous_signature",
+        "http_api_response_headers",
+        "reporting",
+        "keyring",
+        "plugin_dir",
+        "data_dir",
+        "client",
+        "plugin",
+        "host_volume",
+    ]
+)
+_CLIENT_KEYS = frozenset(
+    [
+        "enabled",
+        "state_dir",
+        "alloc_dir",
+        "alloc_mounts_dir",
+        "servers",
+        "server_join",
+        "node_class",
+        "node_pool",
+        "options",
+        "meta",
+        "network_interface",
+        "preferred_address_family",
+        "cpu_total_compute",
+        "cpu_disable_dotnet",
+        "reservable_cores",
+        "memory_total_mb",
+        "disk_total_mb",
+        "disk_free_mb",
+        "reserved",
+        "host_volume",
+        "host_network",
+        "cni_path",
+        "cni_config_dir",
+        "bridge_network_name",
+        "bridge_network_subnet",
+        "bridge_network_subnet_ipv6",
+        "bridge_network_hairpin_mode",
+        "gc_interval",
+        "gc_disk_usage_threshold",
+        "gc_inode_usage_threshold",
+        "gc_max_allocs",
+        "gc_parallel_destroys",
+        "gc_volumes_on_node_gc",
+        "no_host_uuid",
+        "artifact",
+        "template",
+        "chroot_env",
+        "max_kill_timeout",
+        "drain_on_shutdown",
+        "cgroup_parent",
+        "disable_remote_exec",
+        "min_dynamic_port",
+        "max_dynamic_port",
+        "network_speed",
+        "nomad_service_discovery",
+        "host_volumes_dir",
+        "host_volume_plugin_dir",
+        "common_plugin_dir",
+        "cpu_total_compute",
+        "users",
+        "consul",
+        "vault",
+        "fingerprint_options",
+    ]
+)
 
 
 def _shown(value: Any) -> str:
@@ -85,7 +197,7 @@ def _body(value: Any) -> dict[str, Any] | None:
         return {}
     if isinstance(value, dict):
         return value
-    if is_blocks(value):
+    if isinstance(value, list) and all(isinstance(b, dict) for b in value):
         merged: dict[str, Any] = {}
         for block in value:
             merged.update(block)
@@ -168,45 +280,138 @@ def _plugin(file: str, name: str, body: dict[str, Any], problems: list[Problem])
     return PluginBlock(name, [*command, *lists["args"]] if command else [], config)
 
 
+def _labelled(value: Any) -> list[tuple[str, dict[str, Any]]] | None:
+    """Labelled blocks as pyhcl reads them ({name: body}, or a list of those when a block type is
+    repeated inside another block); None when ``value`` is not blocks (``host_volume = 5``)."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    out: list[tuple[str, dict[str, Any]]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            return None
+        for label, body in item.items():
+            if isinstance(body, list):
+                out += [(str(label), b) for b in body if isinstance(b, dict)]
+            elif isinstance(body, dict):
+                out.append((str(label), body))
+            else:
+                return None
+    return out
+
+
+def _plugin_options(file: str, name: str, config: dict[str, Any], problems: list[Problem]) -> None:
+    """Every option of Nomad's plugin config (docker, exec) is known; others are problems."""
+    known = PLUGIN_OPTIONS.get(name)
+    if known is None:
+        return  # a third-party driver's options are its own business (its schema checks them)
+
+    def walk(body: dict[str, Any], options: dict[str, Any], path: str) -> None:
+        for key, value in body.items():
+            if key not in options:
+                close = get_close_matches(key, list(options), n=1)
+                hint = f'; did you mean "{close[0]}"?' if close else "; remove it or check its spelling"
+                where = f" in {path}" if path else ""
+                problems.append(
+                    Problem(
+                        file,
+                        f'unknown option {key!r}{where} for driver "{name}"{hint}',
+                        field=f"plugin {show(name)} config.{path + '.' if path else ''}{key}",
+                    )
+                )
+                continue
+            nested = options[key]
+            if isinstance(nested, dict):
+                for inner in value if isinstance(value, list) else [value]:
+                    if isinstance(inner, dict):
+                        walk(inner, nested, f"{path}.{key}" if path else key)
+
+    walk(config, known, "")
+
+
+def _parse(path: str | Path) -> dict[str, Any]:
+    """An agent config file read as HCL1, as Nomad reads it."""
+    import hcl
+
+    text = read_text(path)
+    try:
+        data = hcl.loads(text)
+    except Exception as err:  # pyhcl raises ValueError (and lexer errors) for any syntax problem
+        first = (str(err).strip().splitlines() or ["syntax error"])[0]
+        raise HCLFileError(f"{path}: this is not valid HCL ({first}); fix the syntax there") from None
+    if not isinstance(data, dict):
+        raise HCLFileError(f"{path}: this HCL file has no body of arguments and blocks")
+    return data
+
+
 def load_client(path: str | Path | None) -> ClientConfig:
     """Read a client config; every value of the wrong type is refused, never coerced or defaulted."""
     if path is None:
         return ClientConfig()
     file = str(path)
-    data = load_hcl(path)
+    data = _parse(path)
     problems: list[Problem] = []
     cfg = ClientConfig(file=file)
+    unused = []
+    for key in data:
+        if key in ("data_dir", "plugin_dir", "client", "plugin", "host_volume"):
+            continue
+        if key in _AGENT_KEYS:
+            unused.append(key)
+            continue
+        close = get_close_matches(key, sorted(_AGENT_KEYS), n=1)
+        hint = f'; did you mean "{close[0]}"?' if close else "; remove it or check its spelling"
+        problems.append(Problem(file, f"unknown agent option {key!r}{hint}", field=key))
     if "data_dir" in data:
         problem = _absolute(data["data_dir"], "data_dir")
         if problem is not None:
-            problems.append(Problem(file, problem))
+            problems.append(Problem(file, problem, field="data_dir"))
         else:
             cfg.data_dir = data["data_dir"]
     if data.get("plugin_dir") is not None:
         problem = _absolute(data["plugin_dir"], "plugin_dir")
         if problem is not None:
-            problems.append(Problem(file, problem))
+            problems.append(Problem(file, problem, field="plugin_dir"))
         else:
             cfg.plugin_dir = data["plugin_dir"]
     client = _body(data.get("client"))
     if client is None:
-        problems.append(Problem(file, f"client must be a block (client {{ … }}), not {_shown(data.get('client'))}"))
+        problems.append(
+            Problem(file, f"client must be a block (client {{ … }}), not {_shown(data.get('client'))}", field="client")
+        )
         client = {}
+    for key in client:
+        if key == "host_volume":
+            continue
+        if key in _CLIENT_KEYS:
+            unused.append(f"client.{key}")
+            continue
+        close = get_close_matches(key, sorted(_CLIENT_KEYS), n=1)
+        hint = f'; did you mean "{close[0]}"?' if close else "; remove it or check its spelling"
+        problems.append(Problem(file, f"unknown client option {key!r}{hint}", field=f"client.{key}"))
+    volumes: list[tuple[str, dict[str, Any]]] = []
     for key, blocks in (("host_volume", data.get("host_volume")), ("client.host_volume", client.get("host_volume"))):
-        if blocks is not None and not is_blocks(blocks):
-            problems.append(Problem(file, f'{key} must be blocks (host_volume "<name>" {{ path = … }})'))
-    for key in ("plugin",):
-        if data.get(key) is not None and not is_blocks(data[key]):
-            problems.append(Problem(file, f'{key} must be blocks (plugin "<name>" {{ … }})'))
-    for name, body in labelled(data.get("host_volume")) + labelled(client.get("host_volume")):
+        found = _labelled(blocks)
+        if found is None:
+            problems.append(Problem(file, f'{key} must be blocks (host_volume "<name>" {{ path = … }})', field=key))
+        else:
+            volumes += found
+    plugins = _labelled(data.get("plugin"))
+    if plugins is None:
+        problems.append(Problem(file, 'plugin must be blocks (plugin "<name>" { … })', field="plugin"))
+        plugins = []
+    for name, body in volumes:
         volume = _host_volume(file, name, body, problems)
         if volume is not None:
             # As Nomad merges config files: a later host_volume with the same name replaces the earlier.
             cfg.host_volumes[name] = volume
-    for name, body in labelled(data.get("plugin")):
+    for name, body in plugins:
         block = _plugin(file, name, body, problems)
         if block is not None:
+            _plugin_options(file, name, block.config, problems)
             cfg.plugins[name] = block
+    if unused:
+        cfg.notes.append(f"{file}: not used by driversdk: {', '.join(unused)}")
     if problems:
         raise ValidationFailed(problems)
     return cfg

@@ -18,13 +18,14 @@ class HCLFileError(ConfigError):
     """A file that is not valid HCL (or cannot be read)."""
 
 
-def load_hcl(path: str | Path) -> dict[str, Any]:
+def read_text(path: str | Path) -> str:
+    """A file's text; unreadable or non-UTF-8 files are one sentence naming the file (and line)."""
     try:
         raw = Path(path).read_bytes()
     except OSError as err:
         raise HCLFileError(f"{path}: cannot read the file: {err.strerror or err}") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         # HCL files are UTF-8 (as Nomad reads them); anything else is refused with the first bad
         # byte, so the operator can find it, instead of a decode traceback.
@@ -33,14 +34,23 @@ def load_hcl(path: str | Path) -> dict[str, Any]:
             f"{path}:{bad_line}: the file is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
             "save it as UTF-8"
         ) from None
+
+
+def syntax_error(path: str | Path, err: Exception) -> HCLFileError:
+    """One sentence for a syntax error (lark's, or the evaluator's carrying line and column)."""
+    line: Any = getattr(err, "line", None)
+    column: Any = getattr(err, "column", None)
+    where = f"{path}:{line}:{column}" if line else str(path)
+    first = (str(err).strip().splitlines() or ["syntax error"])[0]
+    return HCLFileError(f"{where}: this is not valid HCL ({first}); fix the syntax there")
+
+
+def load_hcl(path: str | Path) -> dict[str, Any]:
+    text = read_text(path)
     try:
         data = hcl2.loads(text, serialization_options=_OPTIONS)
     except LarkError as err:
-        line: Any = getattr(err, "line", None)
-        column: Any = getattr(err, "column", None)
-        where = f"{path}:{line}:{column}" if line else str(path)
-        first = (str(err).strip().splitlines() or ["syntax error"])[0]
-        raise HCLFileError(f"{where}: this is not valid HCL ({first}); fix the syntax there") from None
+        raise syntax_error(path, err) from None
     except Exception as err:
         # python-hcl2's transformer fails with plain Python errors (ValueError, RuntimeError for
         # an attribute and a block of the same name, ...) on some inputs that parse: whatever it

@@ -1,11 +1,15 @@
 """Job files: job / group / task, driver config, resources, volumes, volume mounts, csi_plugin.
 
-Parsing turns HCL into dataclasses and collects every structural problem; :func:`static_problems`
-then applies the submit-time rules Nomad applies (drivers-and-mounts reference §3.6).
+A job file is evaluated as Nomad's jobspec2 evaluates HCL2 (:mod:`driversdk.runner.hcl`), checked
+against the whole job specification (:mod:`driversdk.runner.jobschema`), then turned into
+dataclasses with every structural problem collected; :func:`static_problems` then applies the
+submit-time rules Nomad applies (drivers-and-mounts reference §3.6).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +19,9 @@ from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
 from driversdk.paths import PATH_MAX, check_name, show
-from driversdk.runner.hclload import is_blocks, labelled, load_hcl, single
+from driversdk.runner import jobschema
+from driversdk.runner.hcl import Body, HCLSyntaxError, Inputs, evaluate
+from driversdk.runner.hclload import is_blocks, labelled, read_text, single, syntax_error
 from driversdk.runner.problems import Problem, ValidationFailed
 from driversdk.signals import UnknownSignalError, signal_name
 
@@ -69,12 +75,60 @@ class CSIPluginConfig:
     health_timeout: str = "30s"
 
 
+class RestartMode(enum.Enum):
+    FAIL = "fail"
+    DELAY = "delay"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """A task's restart policy: the job type's default, then the group's, then the task's keys."""
+
+    attempts: int
+    interval: str
+    delay: str = "15s"
+    mode: RestartMode = RestartMode.FAIL
+    render_templates: bool = False
+
+    @classmethod
+    def default(cls, job_type: str) -> RestartPolicy:
+        # Nomad's defaults: service and system jobs 2 attempts in 30m, batch jobs 3 in 24h.
+        if job_type in ("service", "system"):
+            return cls(attempts=2, interval="30m")
+        return cls(attempts=3, interval="24h")
+
+    def merged(self, body: dict[str, Any]) -> RestartPolicy:
+        """This policy with the keys a ``restart {}`` block sets (already converted by the schema)."""
+        changes: dict[str, Any] = {}
+        for key in ("attempts", "interval", "delay", "render_templates"):
+            if body.get(key) is not None:
+                changes[key] = body[key]
+        mode = body.get("mode")
+        if isinstance(mode, str) and mode.lower() in ("fail", "delay"):
+            changes["mode"] = RestartMode(mode.lower())
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class Port:
+    """A group network port: ``static`` 0 means dynamic; ``to`` is the port inside the task."""
+
+    label: str
+    static: int = 0
+    to: int = 0
+    host_network: str = "default"
+
+
 @dataclass
 class Task:
     name: str
     driver: str
     config: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+    lifecycle_hook: str = ""
+    lifecycle_sidecar: bool = False
+    restart: RestartPolicy = field(default_factory=lambda: RestartPolicy.default("service"))
     cpu: int = 100
     memory: int = 300
     memory_max: int = 0
@@ -95,6 +149,11 @@ class Group:
     volumes: dict[str, VolumeRequest] = field(default_factory=dict)
     tasks: list[Task] = field(default_factory=list)
     network_mode: str = "host"
+    ports: list[Port] = field(default_factory=list)
+    meta: dict[str, str] = field(default_factory=dict)
+    # A Connect gateway group: Nomad injects its Envoy task; `run` starts none.
+    gateway: bool = False
+    restart: RestartPolicy = field(default_factory=lambda: RestartPolicy.default("service"))
 
 
 @dataclass
@@ -104,28 +163,18 @@ class Job:
     type: str = "service"
     namespace: str = "default"
     groups: list[Group] = field(default_factory=list)
-
-
-_JOB_KEYS = {"group", "type", "namespace", "datacenters", "region", "meta", "id", "name", "priority"}
-_GROUP_KEYS = {"task", "volume", "count", "network", "meta", "restart"}
-_TASK_KEYS = {"driver", "config", "env", "resources", "volume_mount", "csi_plugin", "kill_timeout", "kill_signal",
-              "user", "logs", "meta", "lifecycle", "restart"}  # fmt: skip
-_VOLUME_KEYS = {"type", "source", "read_only", "per_alloc", "sticky", "access_mode", "attachment_mode",
-                "mount_options"}  # fmt: skip
-_MOUNT_KEYS = {"volume", "destination", "read_only", "propagation_mode", "selinux_label"}
-_CSI_KEYS = {"id", "type", "mount_dir", "stage_publish_base_dir", "health_timeout"}
+    id: str = ""
+    region: str = "global"
+    datacenters: tuple[str, ...] = ()
+    meta: dict[str, str] = field(default_factory=dict)
+    # Keys Nomad knows that `driversdk run` does not act on, each once ("group.service: …").
+    notes: list[str] = field(default_factory=list)
 
 
 class _Parser:
     def __init__(self, file: str) -> None:
         self.file = file
         self.problems: list[Problem] = []
-
-    def unknown(self, body: dict[str, Any], allowed: set[str], **where: str) -> None:
-        for key in sorted(set(body) - allowed):
-            self.problems.append(
-                Problem(self.file, f"unsupported argument or block {key!r}; remove it or check its spelling", **where)
-            )
 
     def text(self, value: Any, what: str, **where: str) -> str:
         if value is None:
@@ -187,14 +236,16 @@ class _Parser:
         job = Job(self.file, name)
         shown = name
         self.name(name, "the job name", job=shown)
-        self.unknown(body, _JOB_KEYS, job=shown)
+        job.region = self.text(body.get("region"), "region", job=shown) or "global"
+        job.datacenters = self.strings(body.get("datacenters"), "datacenters", job=shown)
+        job.meta = {str(k): self.text(v, f"meta.{k}", job=shown) for k, v in single(body.get("meta")).items()}
         job.type = self.text(body.get("type"), "type", job=shown) or "service"
         job.namespace = self.text(body.get("namespace"), "namespace", job=shown) or "default"
         # The namespace is part of CSI staging paths.
         self.name(job.namespace, "namespace", job=shown)
         if body.get("id") is not None:
-            self.name(self.text(body.get("id"), "id", job=shown), "the job id", job=shown)
-        self.blocks(body, "group", job=shown)
+            job.id = self.text(body.get("id"), "id", job=shown)
+            self.name(job.id, "the job id", job=shown)
         seen: dict[str, int] = {}
         for index, (gname, gbody) in enumerate(labelled(body.get("group"))):
             if gname in seen:
@@ -210,14 +261,17 @@ class _Parser:
             seen.setdefault(gname, index)
             job.groups.append(self.group(job, gname, gbody))
         if not job.groups:
-            self.problems.append(Problem(self.file, "the job has no group; add a group with a task", job=name))
+            self.problems.append(
+                Problem(self.file, "the job has no group; add a group with a task", job=name, field="group")
+            )
         return job
 
     def group(self, job: Job, name: str, body: dict[str, Any]) -> Group:
         where = {"job": job.name, "group": name}
         self.name(name, "the group name", **where)
-        self.unknown(body, _GROUP_KEYS, **where)
         group = Group(name, count=self.number(body.get("count"), 1, "count", **where))
+        group.restart = RestartPolicy.default(job.type).merged(single(body.get("restart")))
+        group.meta = {str(k): self.text(v, f"meta.{k}", **where) for k, v in single(body.get("meta")).items()}
         if group.count < 0:
             self.problems.append(Problem(self.file, f"count can't be negative, got {group.count}", **where))
         elif group.count > MAX_COUNT:
@@ -228,10 +282,21 @@ class _Parser:
                     **where,
                 )
             )
-        for key in ("network", "volume", "task"):
-            self.blocks(body, key, **where)
         network = single(body.get("network"))
         group.network_mode = self.text(network.get("mode"), "network.mode", **where) or "host"
+        for label, pbody in labelled(network.get("port")):
+            group.ports.append(
+                Port(
+                    label,
+                    static=self.number(pbody.get("static"), 0, f"network.port {show(label)}.static", **where),
+                    to=self.number(pbody.get("to"), 0, f"network.port {show(label)}.to", **where),
+                    host_network=self.text(pbody.get("host_network"), "host_network", **where) or "default",
+                )
+            )
+        for service in body.get("service") or []:
+            connect = single(service.get("connect")) if isinstance(service, dict) else {}
+            if connect.get("gateway"):
+                group.gateway = True
         for vname, vbody in labelled(body.get("volume")):
             vwhere = {**where, "field": f"volume {show(vname)}"}
             self.name(vname, "the volume name", **vwhere)
@@ -239,8 +304,6 @@ class _Parser:
                 self.problems.append(
                     Problem(self.file, "volume is declared twice in this group; give each its own name", **vwhere)
                 )
-            self.unknown(vbody, _VOLUME_KEYS, **vwhere)
-            self.blocks(vbody, "mount_options", **vwhere)
             opts = single(vbody.get("mount_options"))
             group.volumes[vname] = VolumeRequest(
                 name=vname,
@@ -272,8 +335,8 @@ class _Parser:
                 )
             seen.setdefault(tname, index)
             group.tasks.append(self.task(job, group, tname, tbody))
-        if not group.tasks:
-            self.problems.append(Problem(self.file, "the group has no task", **where))
+        if not group.tasks and not group.gateway:
+            self.problems.append(Problem(self.file, "the group has no task", **where, field="task"))
         return group
 
     def task(self, job: Job, group: Group, name: str, body: dict[str, Any]) -> Task:
@@ -282,12 +345,11 @@ class _Parser:
         if "\\" in name:
             # Nomad refuses both slashes in task names, as the name becomes a directory.
             self.problems.append(Problem(self.file, "the task name cannot include slashes (\\)", **where))
-        self.unknown(body, _TASK_KEYS, **where)
-        for key in ("config", "env", "resources", "logs", "volume_mount", "csi_plugin"):
-            self.blocks(body, key, **where)
         driver = self.text(body.get("driver"), "driver", **where)
         if not driver:
-            self.problems.append(Problem(self.file, 'missing driver; set driver = "docker" or another', **where))
+            self.problems.append(
+                Problem(self.file, 'missing driver; set driver = "docker" or another', **where, field="driver")
+            )
         else:
             # The driver name is looked up as a file in the client's plugin_dir.
             self.name(driver, "driver", **where)
@@ -298,6 +360,9 @@ class _Parser:
             driver=driver,
             config=single(body.get("config")),
             env={str(k): self.text(v, f"env.{k}", **where) for k, v in single(body.get("env")).items()},
+            meta={str(k): self.text(v, f"meta.{k}", **where) for k, v in single(body.get("meta")).items()},
+            lifecycle_hook=self.text(single(body.get("lifecycle")).get("hook"), "lifecycle.hook", **where),
+            lifecycle_sidecar=self.flag(single(body.get("lifecycle")).get("sidecar"), "lifecycle.sidecar", **where),
             cpu=self.number(resources.get("cpu"), 100, "resources.cpu", **where),
             memory=self.number(resources.get("memory"), 300, "resources.memory", **where),
             memory_max=self.number(resources.get("memory_max"), 0, "resources.memory_max", **where),
@@ -307,11 +372,11 @@ class _Parser:
             logs_disabled=self.flag(logs.get("disabled"), "logs.disabled", **where),
             logs_max_files=self.number(logs.get("max_files"), 10, "logs.max_files", **where),
             logs_max_file_size=self.number(logs.get("max_file_size"), 10, "logs.max_file_size", **where),
+            restart=group.restart.merged(single(body.get("restart"))),
         )
         mounts: list[dict[str, Any]] = body["volume_mount"] if is_blocks(body.get("volume_mount")) else []
         for i, mbody in enumerate(mounts):
             mwhere = {**where, "field": f"volume_mount[{i}]"}
-            self.unknown(mbody, _MOUNT_KEYS, **mwhere)
             task.volume_mounts.append(
                 VolumeMount(
                     volume=self.text(mbody.get("volume"), "volume", **mwhere),
@@ -325,7 +390,6 @@ class _Parser:
         if "csi_plugin" in body:
             cbody = single(body.get("csi_plugin"))
             cwhere = {**where, "field": "csi_plugin"}
-            self.unknown(cbody, _CSI_KEYS, **cwhere)
             task.csi_plugin = CSIPluginConfig(
                 id=self.text(cbody.get("id"), "id", **cwhere),
                 type=self.text(cbody.get("type"), "type", **cwhere),
@@ -346,11 +410,64 @@ def _shown(value: Any) -> str:
     return show(value) if isinstance(value, str) else show(repr(value))[1:-1]
 
 
-def parse_job(path: str | Path) -> tuple[Job, list[Problem]]:
-    """Parse a job file; HCL syntax errors raise, structural problems are returned."""
+def _printable(text: str) -> str:
+    """Text from the file (an expression, a value) with control characters escaped and shortened,
+    so it can neither forge lines of the output nor flood it."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= 300 else out[:300] + "…"
+
+
+def _wrap_job_tasks(job_body: dict[str, Any]) -> None:
+    """A task written directly under job becomes a group of that name holding it, as Nomad does."""
+    tasks = job_body.pop("task", None)
+    if not is_blocks(tasks):
+        if tasks is not None:
+            job_body["task"] = tasks  # reported by the schema
+        return
+    groups = job_body.setdefault("group", [])
+    for item in tasks:
+        for name, body in item.items():
+            group = Body(getattr(body, "line", 0))
+            group["task"] = [{name: body}]
+            groups.append({name: group})
+
+
+def evaluate_job(path: str | Path, inputs: Inputs | None = None) -> tuple[dict[str, Any], list[Problem], list[str]]:
+    """A job file evaluated and checked against Nomad's schema: (body, problems, notes).
+
+    Unreadable files and HCL syntax errors raise; evaluation errors come back as problems (and
+    then the body is empty: nothing after them can be trusted)."""
+    file = str(path)
+    text = read_text(path)
+    try:
+        document = evaluate(file, text, inputs)
+    except HCLSyntaxError as err:
+        raise syntax_error(path, err) from None
+    problems = [
+        Problem.at(err.line, file, _printable(err.reason), field=_printable(err.expr)) for err in document.errors
+    ]
+    notes = list(document.warnings)
+    if problems or document.body is None:
+        return {}, problems, notes
+    data: dict[str, Any] = document.body
+    for name, body in labelled(data.get("job")):
+        result = jobschema.check(body, {"job": name})
+        _wrap_job_tasks(body)
+        for finding in result.problems:
+            problems.append(Problem.at(finding.line, file, finding.message, **finding.where, field=finding.path))
+        notes += [finding.message for finding in result.notes]
+    return data, problems, notes
+
+
+def parse_job(path: str | Path, inputs: Inputs | None = None) -> tuple[Job, list[Problem]]:
+    """Parse a job file; unreadable files and HCL syntax errors raise, the rest is returned."""
+    data, problems, notes = evaluate_job(path, inputs)
+    if problems and not data:
+        return Job(str(path), ""), problems
     parser = _Parser(str(path))
-    job = parser.job(load_hcl(path))
-    return job, parser.problems
+    job = parser.job(data)
+    job.notes = notes
+    return job, problems + parser.problems
 
 
 def path_names(job: Job) -> list[tuple[str, str]]:
@@ -387,7 +504,7 @@ def static_problems(job: Job) -> list[Problem]:
                 if not mount.volume:
                     out.append(Problem(f, 'volume mount references an empty volume; set volume = "<name>"', **where))
                 elif mount.volume not in group.volumes:
-                    known = ", ".join(sorted(group.volumes)) or "none"
+                    known = ", ".join(show(v) for v in sorted(group.volumes)) or "none"
                     out.append(
                         Problem(
                             f,
@@ -561,9 +678,9 @@ def _csi_plugin_problems(job: Job, group: Group, task: Task, cfg: CSIPluginConfi
     return out
 
 
-def load_job(path: str | Path) -> Job:
+def load_job(path: str | Path, inputs: Inputs | None = None) -> Job:
     """Parse and statically validate; raises ValidationFailed listing every problem."""
-    job, problems = parse_job(path)
+    job, problems = parse_job(path, inputs)
     problems += static_problems(job)
     if problems:
         raise ValidationFailed(problems)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import re
+from dataclasses import dataclass, replace
 
 from driversdk.errors import ConfigError
 from driversdk.paths import show
@@ -16,9 +18,18 @@ class Problem:
     group: str = ""
     task: str = ""
     field: str = ""
+    # The line in ``file``, when known; set through :meth:`at` (the other fields are all text,
+    # and callers pass them as ``**where``).
+    line: int = dataclasses.field(default=0, init=False)
+
+    @classmethod
+    def at(cls, line: int, file: str, message: str, **where: str) -> Problem:
+        problem = cls(file, message, **where)
+        object.__setattr__(problem, "line", line)
+        return problem
 
     def __str__(self) -> str:
-        where = [self.file] if self.file else []
+        where = [f"{self.file}:{self.line}" if self.file and self.line else self.file] if self.file else []
         # Names come from the job file: a hostile one is shown escaped and shortened, so it can
         # neither flood the output nor forge lines of it.
         if self.job:
@@ -27,7 +38,9 @@ class Problem:
             where.append(f"group {show(self.group)}")
         if self.task:
             where.append(f"task {show(self.task)}")
-        if self.field:
+        # A field that only repeats the place ("job") or that the sentence starts with is not shown twice.
+        shown = self.field and self.field not in _PLACES
+        if shown and not self.message.startswith((f"{self.field} ", f"{self.field}:")):
             where.append(self.field)
         return f"{', '.join(where)}: {self.message}" if where else self.message
 
@@ -38,9 +51,36 @@ class Problem:
             "group": self.group,
             "task": self.task,
             "field": self.field,
+            "line": str(self.line) if self.line else "",
             "message": self.message,
             "text": str(self),
         }
+
+
+_PLACES = ("file", "job", "group", "task")
+_KEY = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)[: ]")
+
+
+def with_field(problem: Problem) -> Problem:
+    """``problem`` with ``field`` filled: the key its sentence starts with ("resources: …",
+    "kill_timeout '5 minutes' …"), else the most specific place it names (task, group, job,
+    or the file)."""
+    if problem.field:
+        return problem
+    match = _KEY.match(problem.message)
+    if match and match.group(1) not in ("a", "the", "this", "volume", "task", "group", "job", "no", "only"):
+        guess = match.group(1)
+    elif problem.task:
+        guess = "task"
+    elif problem.group:
+        guess = "group"
+    elif problem.job:
+        guess = "job"
+    else:
+        guess = "file"
+    filled = replace(problem, field=guess)
+    object.__setattr__(filled, "line", problem.line)
+    return filled
 
 
 class ValidationFailed(ConfigError):

@@ -7,6 +7,7 @@ volumes and mounts against them and against this host.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,15 +19,59 @@ from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap
 from driversdk.model import Capabilities
 from driversdk.mounts import MountRequest, MountValidationError, check_mounts
 from driversdk.paths import check_name, show
+from driversdk.runner import taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
+from driversdk.runner.hcl import Inputs
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
-from driversdk.runner.problems import Problem, ValidationFailed
+from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
+from driversdk.runner.problems import Problem, ValidationFailed, with_field
 
 
 @dataclass
 class DriverFacts:
     capabilities: Capabilities
     task_schema: Spec
+    # Plugin options Nomad's driver of that name has and this one does not: left out, noted.
+    skipped_options: list[str] = field(default_factory=list)
+
+
+def _fields(spec: Spec) -> dict[str, Spec] | None:
+    """The input names an object schema reads, each with its schema; None if not an object."""
+    while isinstance(spec, Default):
+        spec = spec.primary
+    if isinstance(spec, Block | BlockList | BlockSet):
+        return _fields(spec.nested)
+    if not isinstance(spec, Object):
+        return None
+    return {input_name(child, key) or key: child for key, child in spec.attributes.items()}
+
+
+def _without_nomad_only(
+    config: dict[str, Any], spec: Spec, nomad: dict[str, Any], path: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``config`` without the options Nomad's driver knows and this driver's schema does not;
+    with the dotted names of what was left out. Unknown to both stays: the driver refuses it."""
+    fields = _fields(spec)
+    if fields is None:
+        return config, []
+    kept: dict[str, Any] = {}
+    skipped: list[str] = []
+    for key, value in config.items():
+        here = f"{path}.{key}" if path else key
+        if key not in fields and key in nomad:
+            skipped.append(here)
+            continue
+        nested = nomad.get(key)
+        if key in fields and isinstance(nested, dict):
+            if isinstance(value, dict):
+                value, more = _without_nomad_only(value, fields[key], nested, here)
+                skipped += more
+            elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
+                parts = [_without_nomad_only(v, fields[key], nested, here) for v in value]
+                value = [p[0] for p in parts]
+                skipped += [name for p in parts for name in p[1]]
+        kept[key] = value
+    return kept, skipped
 
 
 @dataclass
@@ -35,6 +80,8 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
     parsed: Job | None = field(default=None, repr=False)
+    # Keys Nomad knows that `driversdk run` does not act on, each once; never a problem.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -42,7 +89,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "valid": self.valid, "problems": [p.as_dict() for p in self.problems],
-                "checked": self.checked}  # fmt: skip
+                "checked": self.checked, "notes": self.notes}  # fmt: skip
 
 
 def _block_shapes(spec: Spec, body: dict[str, Any], key: str, path: str) -> list[str]:
@@ -90,6 +137,7 @@ def _driver_facts(
             f'no plugin is configured for driver "{driver}"; add plugin "{driver}" {{ command = [...] }} to the '
             "client config or use docker or exec",
             job=job.name,
+            field="driver",
         )
     else:
         plugin: DriverClient | None = None
@@ -97,17 +145,24 @@ def _driver_facts(
             plugin = launch(command, timeout=60, name=driver)
             config = client.plugin_config(driver)
             schema = plugin.config_schema()
+            skipped: list[str] = []
+            if schema is not None and driver in PLUGIN_OPTIONS:
+                config, skipped = _without_nomad_only(config, schema, PLUGIN_OPTIONS[driver], "")
             shapes = _block_shapes(schema, config, "", "config") if schema is not None else []
             if shapes:
                 raise ConfigError(f'plugin "{driver}" {"; ".join(shapes)}')
             plugin.set_config(config)
-            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema())
+            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema(), skipped)
         except DriverSDKError as err:
-            result = Problem(client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name)
+            result = Problem(
+                client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name,
+                field=f'plugin "{driver}"',
+            )  # fmt: skip
         except OSError as err:  # e.g. a plugin command that cannot be executed
             result = Problem(
-                client.file or job.file, f'driver "{driver}" could not be started: {err.strerror or err}', job=job.name
-            )
+                client.file or job.file, f'driver "{driver}" could not be started: {err.strerror or err}', job=job.name,
+                field=f'plugin "{driver}"',
+            )  # fmt: skip
         finally:
             if plugin is not None:
                 if keep is not None and isinstance(result, DriverFacts):
@@ -119,12 +174,17 @@ def _driver_facts(
 
 
 def _mount_requests(
-    job: Job, group: Group, task: Task, client: ClientConfig, problems: list[Problem]
+    job: Job,
+    group: Group,
+    task: Task,
+    client: ClientConfig,
+    problems: list[Problem],
+    refused: frozenset[str] = frozenset(),
 ) -> tuple[list[MountRequest], list[MountRequest]]:
     host, csi = [], []
     for i, mount in enumerate(task.volume_mounts):
         req = group.volumes.get(mount.volume)
-        if req is None:
+        if req is None or f"volume_mount[{i}]" in refused:
             continue  # already reported by the static rules
         where = {"job": job.name, "group": group.name, "task": task.name, "field": f"volume_mount[{i}]"}
         if req.type == "host":
@@ -264,11 +324,54 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     return out
 
 
-def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, DriverClient] | None = None) -> Report:
+def dry_interpolated(job: Job) -> Job:
+    """A copy of the job with each task's runtime variables interpolated as a client would, with
+    a placeholder allocation: what the static and mount checks look at. The job itself keeps
+    its ``${…}`` for `run`, which interpolates with the real allocation."""
+    dry = copy.deepcopy(job)
+    for group in dry.groups:
+        for task in group.tasks:
+            env = taskenv.dry(dry, group, task, fs_isolation=task.driver not in ("raw_exec",))
+            task.env = {k: env.env.get(k, v) for k, v in task.env.items()}
+            task.user = env.replace(task.user)
+            task.config = env.interpolate(task.config)
+            for mount in task.volume_mounts:
+                mount.destination = env.replace(mount.destination)
+    return dry
+
+
+def _once(problems: list[Problem]) -> list[Problem]:
+    """Each problem once, in the order found, each with its field."""
+    seen: set[Problem] = set()
+    out = []
+    for problem in map(with_field, problems):
+        if problem not in seen:
+            seen.add(problem)
+            out.append(problem)
+    return out
+
+
+def validate_job(
+    path: str,
+    client: ClientConfig,
+    keep_plugins: dict[str, DriverClient] | None = None,
+    inputs: Inputs | None = None,
+) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
     there (configured, not yet initialised) instead of being shut down."""
-    job, problems = parse_job(path)
-    report = Report(job.name, problems + static_problems(job), parsed=job)
+    report = _validate(path, client, keep_plugins, inputs)
+    report.problems = _once(report.problems)
+    return report
+
+
+def _validate(
+    path: str, client: ClientConfig, keep_plugins: dict[str, DriverClient] | None, inputs: Inputs | None
+) -> Report:
+    parsed, problems = parse_job(path, inputs)
+    job = dry_interpolated(parsed)
+    report = Report(job.name, problems + static_problems(job), parsed=parsed, notes=list(parsed.notes))
+    if problems and not job.groups:
+        return report
     if any(check_name(value, what) for value, what in path_names(job)):
         # Names that would escape or break a path must not reach the state store, the host or a
         # plugin: stop at the static problems, before anything is opened or launched.
@@ -294,18 +397,27 @@ def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, Driver
             where = {"job": job.name, "group": group.name, "task": task.name}
             facts = _driver_facts(task.driver, client, job, cache, keep_plugins)
             if isinstance(facts, Problem):
-                if facts not in report.problems:
-                    report.problems.append(facts)
+                report.problems.append(facts)
                 continue
             report.checked.append(f'task "{task.name}": driver "{task.driver}" loaded')
+            for option in facts.skipped_options:
+                note = (
+                    f'plugin "{task.driver}" config.{option}: a Nomad option not acted on by driversdk\'s {task.driver}'
+                )
+                if note not in report.notes:
+                    report.notes.append(note)
+            config = _task_config_for_driver(task, facts, report, parsed)
+            task.config = config
             try:
                 shapes = _block_shapes(facts.task_schema, task.config, "", "config")
                 if shapes:
                     raise ConfigError("; ".join(shapes))
                 encode(facts.task_schema, task.config, what="config")
             except ConfigError as err:
-                report.problems.append(Problem(job.file, str(err), **where))
-            host, csi = _mount_requests(job, group, task, client, report.problems)
+                report.problems.append(Problem(job.file, str(err), **where, field="config"))
+            # A mount the static rules already refused is not checked again (one problem, once).
+            refused = frozenset(p.field for p in report.problems if p.task == task.name and p.group == group.name)
+            host, csi = _mount_requests(job, group, task, client, report.problems, refused)
             for requests, check_host in ((host, True), (csi, False)):
                 if not requests:
                     continue
@@ -329,6 +441,27 @@ def validate_job(path: str, client: ClientConfig, keep_plugins: dict[str, Driver
     return report
 
 
+def _task_config_for_driver(task: Task, facts: DriverFacts, report: Report, parsed: Job) -> dict[str, Any]:
+    """The task config without the keys Nomad's driver of that name has and this one does not
+    (docker ``ports``, ``dns_servers`` …): noted once and left out, in the checked copy and in the
+    job `run` starts, so the driver is never handed a key it would refuse."""
+    known = TASK_CONFIG.get(task.driver)
+    fields = _fields(facts.task_schema)
+    if known is None or fields is None:
+        return task.config
+    dropped = [k for k in task.config if k not in fields and k in known]
+    for key in dropped:
+        note = f"config.{key} (first in task {show(task.name)}): a Nomad {task.driver} option not acted on by driversdk"
+        if not any(n.startswith(f"config.{key} ") for n in report.notes):
+            report.notes.append(note)
+    if dropped:
+        for group in parsed.groups:
+            for original in group.tasks:
+                if original.name == task.name and original.driver == task.driver:
+                    original.config = {k: v for k, v in original.config.items() if k not in dropped}
+    return {k: v for k, v in task.config.items() if k not in dropped}
+
+
 def _host_volume_lines(job: Job, client: ClientConfig) -> list[str]:
     """Where each host volume the job uses really is: resolved once, when the config was read."""
     names = sorted({r.source for g in job.groups for r in g.volumes.values() if r.type == "host"})
@@ -342,18 +475,20 @@ def _host_volume_lines(job: Job, client: ClientConfig) -> list[str]:
     return out
 
 
-def check_files(job_path: str, client_path: str | None) -> Report:
+def check_files(job_path: str, client_path: str | None, inputs: Inputs | None = None) -> Report:
     """What `driversdk validate` answers: a verdict for any pair of files, never an exception
     for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too)."""
     try:
         client = load_client(client_path)
     except ValidationFailed as err:
-        return Report(job="", problems=list(err.problems))
+        return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
-        return Report(job="", problems=[Problem("", str(err))])  # the sentence names the file
+        return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
     try:
-        return validate_job(job_path, client)
+        report = validate_job(job_path, client, inputs=inputs)
+        report.notes = client.notes + report.notes
+        return report
     except ValidationFailed as err:
-        return Report(job="", problems=list(err.problems))
+        return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
-        return Report(job="", problems=[Problem("", str(err))])
+        return Report(job="", problems=[Problem("", str(err), field="file")])

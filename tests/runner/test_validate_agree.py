@@ -3,6 +3,7 @@ refuses first with one sentence; and no command shows an operator a traceback un
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def client(tmp_path: Path, text: str = "") -> Path:
 def validate(tmp_path: Path, job_file: Path, client_file: Path | None = None) -> subprocess.CompletedProcess[str]:
     done = cli("validate", str(job_file), "--client", str(client_file or client(tmp_path)))
     assert "Traceback" not in done.stdout + done.stderr
+    # Problems found in the job file name their line (job.hcl:3); these tests match the rest.
+    done.stdout = re.sub(rf"{re.escape(str(job_file))}:\d+", str(job_file), done.stdout)
     assert not (tmp_path / "data").exists(), "validate created the data dir"
     return done
 
@@ -58,7 +61,7 @@ WHERE = 'error {job}, job "shop", group "web"'
         ("count = -1", "count can't be negative, got -1"),
         ("count = 1001", "count 1001 is more than this runner starts on one machine (at most 1000)"),
         ("count = 1.5", "count must be a whole number, got 1.5"),
-        ('count = "3"', 'count must be a number, got "3"'),
+        ('count = "three"', 'count must be a number, got "three"'),
     ],
 )
 def test_count(tmp_path: Path, group: str, sentence: str) -> None:
@@ -88,7 +91,7 @@ def test_count_zero_is_valid_and_says_what_run_does(tmp_path: Path) -> None:
             "resources: MemoryMaxMB value (100) should be larger than MemoryMB value (300)",
         ),
         ("memory_max = -1", "resources: memory_max can't be negative, got -1; leave it unset for no maximum"),
-        ("memory = 1e999", 'resources.memory must be a number, got "${1e999}"'),
+        ("memory = 1e999", "resources.memory must be a whole number, got a number too large to use"),
     ],
 )
 def test_resources(tmp_path: Path, resources: str, sentence: str) -> None:
@@ -128,7 +131,7 @@ def test_duplicate_volumes_in_a_group(tmp_path: Path) -> None:
     [
         ('kill_timeout = "5 minutes"', 'kill_timeout \'5 minutes\' is not a duration such as "30s" or "1m30s"'),
         ('kill_timeout = "."', 'kill_timeout \'.\' is not a duration such as "30s" or "1m30s"'),
-        ("kill_timeout = 5", 'kill_timeout \'5\' is not a duration such as "30s" or "1m30s"'),
+        ("kill_timeout = true", 'kill_timeout must be a duration such as "30s", got true'),
         (
             'csi_plugin {\n  id = "p"\n  type = "node"\n  health_timeout = "soon"\n}',
             'csi_plugin.health_timeout \'soon\' is not a duration such as "30s" or "1m30s"',
@@ -164,7 +167,7 @@ def test_a_signal_and_duration_are_refused_and_their_good_spellings_accepted(tmp
     done = validate(tmp_path, path)
     # Only the unconfigured driver is left.
     assert [line for line in done.stdout.splitlines() if line.startswith("error")] == [
-        f'error {path}, job "shop": no plugin is configured for driver "nosuch"; add plugin "nosuch" '
+        f'error {path}, job "shop", driver: no plugin is configured for driver "nosuch"; add plugin "nosuch" '
         "{ command = [...] } to the client config or use docker or exec"
     ]
 
@@ -242,7 +245,7 @@ def test_a_plugin_config_block_given_as_a_bool_is_refused(tmp_path: Path) -> Non
     done = validate(tmp_path, job(tmp_path, driver="docker", task='config {\n  image = "busybox:1"\n}'), path)
     assert done.returncode == 1
     sentence = 'driver "docker" could not be loaded: plugin "docker" config.gc must be a block (gc { … }), not false'
-    assert f'error {path}, job "shop": {sentence}' in done.stdout, done.stdout + done.stderr
+    assert f'error {path}, job "shop", plugin "docker": {sentence}' in done.stdout, done.stdout + done.stderr
 
 
 # --- other commands ----------------------------------------------------------------------------

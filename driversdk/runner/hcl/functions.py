@@ -1,0 +1,729 @@
+"""The functions a Nomad job file may call (the set Nomad's jobspec2 exposes), in Python.
+
+Each takes already evaluated arguments and returns a value, or raises :class:`FunctionError`
+with a short reason. ``try`` and ``can`` need their arguments unevaluated, so the evaluator
+implements those two itself. The file functions read relative to the job file's directory, as
+``nomad job run`` does (it allows them).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import glob
+import hashlib
+import io
+import ipaddress
+import json
+import math
+import os
+import re
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from driversdk.runner.hcl.values import (
+    ConvertError,
+    convert,
+    number_text,
+    parse_number,
+    to_number,
+    to_string,
+    type_name,
+)
+
+
+class FunctionError(ValueError):
+    """A call that cannot be evaluated (a bad argument, a function driversdk cannot run)."""
+
+
+Func = Callable[..., Any]
+
+
+def _str(v: Any) -> str:
+    try:
+        return to_string(v)
+    except ConvertError as err:
+        raise FunctionError(str(err)) from None
+
+
+def _num(v: Any) -> int | float:
+    try:
+        return to_number(v)
+    except ConvertError as err:
+        raise FunctionError(str(err)) from None
+
+
+def _int(v: Any) -> int:
+    n = _num(v)
+    if isinstance(n, float) and not n.is_integer():
+        raise FunctionError(f"a whole number is required, not {number_text(n)}")
+    return int(n)
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise FunctionError(f"a list is required, not {type_name(v)}")
+    return v
+
+
+def _map(v: Any) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise FunctionError(f"a map is required, not {type_name(v)}")
+    return v
+
+
+def _whole(n: float) -> int | float:
+    return int(n) if isinstance(n, float) and n.is_integer() and math.isfinite(n) else n
+
+
+# --- strings -------------------------------------------------------------------------------------
+
+_VERB = re.compile(r"%(?:\[(\d+)\])?([-+# 0]*)(\d+|\*)?(?:\.(\d+))?([a-zA-Z%])")
+
+
+def _format(fmt: Any, *args: Any) -> str:
+    """Go's fmt verbs as cty's format function accepts them: %v %s %q %d %f %e %g %t %x %X %o %b %%."""
+    text = _str(fmt)
+    out: list[str] = []
+    pos = 0
+    next_arg = 0
+    for m in _VERB.finditer(text):
+        out.append(text[pos : m.start()])
+        pos = m.end()
+        index, flags, width, precision, verb = m.groups()
+        if verb == "%":
+            out.append("%")
+            continue
+        if index is not None:
+            next_arg = int(index) - 1
+        if next_arg >= len(args):
+            raise FunctionError(f"not enough arguments for format verb %{verb}")
+        value = args[next_arg]
+        next_arg += 1
+        spec = flags.replace("#", "") + (width or "") + (f".{precision}" if precision else "")
+        if verb in ("v", "s"):
+            if isinstance(value, list | dict):
+                piece = json.dumps(value, separators=(",", ":")) if verb == "v" else None
+                if piece is None:
+                    raise FunctionError("%s needs a string, number or bool")
+            else:
+                piece = "null" if value is None else _str(value)
+            out.append(format(piece, spec.replace("0", "") if "-" in spec else spec) if spec else piece)
+        elif verb == "q":
+            out.append(json.dumps(_str(value)))
+        elif verb == "t":
+            if not isinstance(value, bool):
+                raise FunctionError("%t needs a bool")
+            out.append("true" if value else "false")
+        elif verb in ("d", "x", "X", "o", "b"):
+            out.append(format(_int(value), spec + verb))
+        elif verb in ("f", "F", "e", "E", "g", "G"):
+            if verb in ("f", "F") and not precision:
+                spec += ".6"
+            out.append(format(float(_num(value)), spec + verb))
+        else:
+            raise FunctionError(f"unsupported format verb %{verb}")
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _formatlist(fmt: Any, *args: Any) -> list[str]:
+    lengths = {len(a) for a in args if isinstance(a, list)}
+    if len(lengths) > 1:
+        raise FunctionError("all list arguments must have the same length")
+    n = lengths.pop() if lengths else 1
+    return [_format(fmt, *[a[i] if isinstance(a, list) else a for a in args]) for i in range(n)]
+
+
+def _indent(spaces: Any, text: Any) -> str:
+    pad = " " * _int(spaces)
+    lines = _str(text).split("\n")
+    return "\n".join([lines[0], *[pad + line if line else line for line in lines[1:]]])
+
+
+def _regex_replace(s: Any, pattern: Any, repl: Any) -> str:
+    # Go's $1 / ${name} references become Python's \g<…>.
+    py_repl = re.sub(r"\$\{?(\w+)\}?", lambda m: f"\\g<{m.group(1)}>", _str(repl).replace("\\", "\\\\"))
+    try:
+        return re.sub(_str(pattern), py_repl, _str(s))
+    except re.error as err:
+        raise FunctionError(f"invalid regular expression: {err}") from None
+
+
+def _replace(s: Any, old: Any, new: Any) -> str:
+    old_s = _str(old)
+    if len(old_s) > 1 and old_s.startswith("/") and old_s.endswith("/"):
+        return _regex_replace(s, old_s[1:-1], new)
+    return _str(s).replace(old_s, _str(new))
+
+
+def _substr(s: Any, offset: Any, length: Any) -> str:
+    text = _str(s)
+    start = _int(offset)
+    if start < 0:
+        start += len(text)
+    start = max(0, min(start, len(text)))
+    n = _int(length)
+    return text[start:] if n < 0 else text[start : start + n]
+
+
+def _title(s: Any) -> str:
+    return re.sub(r"(^|\s)(\S)", lambda m: m.group(1) + m.group(2).upper(), _str(s))
+
+
+def _trim(s: Any, chars: Any) -> str:
+    return _str(s).strip(_str(chars))
+
+
+def _split(sep: Any, s: Any) -> list[str]:
+    text = _str(s)
+    return [] if text == "" else text.split(_str(sep))
+
+
+def _join(sep: Any, *lists: Any) -> str:
+    items = [v for lst in lists for v in _list(lst)]
+    if any(v is None for v in items):
+        raise FunctionError("join cannot join null elements")
+    return _str(sep).join(_str(v) for v in items)
+
+
+def _chomp(s: Any) -> str:
+    return re.sub(r"(\r\n|\n|\r)+$", "", _str(s))
+
+
+# --- numbers -------------------------------------------------------------------------------------
+
+
+def _parseint(s: Any, base: Any) -> int:
+    b = _int(base)
+    if b < 2 or b > 62:
+        raise FunctionError("base must be a whole number between 2 and 62")
+    try:
+        return int(_str(s), b)
+    except ValueError:
+        raise FunctionError(f"cannot parse {_str(s)!r} as a base {b} integer") from None
+
+
+def _minmax(pick: Callable[..., Any]) -> Func:
+    def run(*numbers: Any) -> Any:
+        if not numbers:
+            raise FunctionError("needs at least one number")
+        return pick(_num(n) for n in numbers)
+
+    return run
+
+
+# --- collections ---------------------------------------------------------------------------------
+
+
+def _coalesce(*values: Any) -> Any:
+    for v in values:
+        if v is not None and v != "":
+            return v
+    raise FunctionError("no non-null, non-empty-string arguments")
+
+
+def _coalescelist(*lists: Any) -> Any:
+    for lst in lists:
+        if _list(lst):
+            return lst
+    return []
+
+
+def _chunklist(lst: Any, size: Any) -> list[Any]:
+    items = _list(lst)
+    n = _int(size)
+    if n < 0:
+        raise FunctionError("the chunk size must not be negative")
+    if n == 0:
+        return [items]
+    return [items[i : i + n] for i in range(0, len(items), n)]
+
+
+def _distinct(lst: Any) -> list[Any]:
+    out: list[Any] = []
+    for v in _list(lst):
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _element(lst: Any, index: Any) -> Any:
+    items = _list(lst)
+    if not items:
+        raise FunctionError("cannot use element function with an empty list")
+    i = _int(index)
+    if i < 0:
+        raise FunctionError("cannot use element function with a negative index")
+    return items[i % len(items)]
+
+
+def _flatten(lst: Any) -> list[Any]:
+    out: list[Any] = []
+    for v in _list(lst):
+        out.extend(_flatten(v) if isinstance(v, list) else [v])
+    return out
+
+
+def _index(lst: Any, value: Any) -> int:
+    items = _list(lst)
+    if value not in items:
+        raise FunctionError("item not found")
+    return items.index(value)
+
+
+def _keys(m: Any) -> list[str]:
+    return sorted(_map(m))
+
+
+def _values(m: Any) -> list[Any]:
+    d = _map(m)
+    return [d[k] for k in sorted(d)]
+
+
+def _length(v: Any) -> int:
+    if isinstance(v, str | list | dict):
+        return len(v)
+    raise FunctionError(f"cannot take the length of {type_name(v)}")
+
+
+def _lookup(m: Any, key: Any, *default: Any) -> Any:
+    d = _map(m)
+    k = _str(key)
+    if k in d:
+        return d[k]
+    if default:
+        return default[0]
+    raise FunctionError(f'the given key "{k}" does not identify an element in this map')
+
+
+def _merge(*maps: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in maps:
+        if m is not None:
+            out.update(_map(m))
+    return out
+
+
+def _range(*args: Any) -> list[Any]:
+    nums = [_num(a) for a in args]
+    start: int | float
+    end: int | float
+    step: int | float
+    if len(nums) == 1:
+        start, end, step = 0, nums[0], 1
+    elif len(nums) == 2:
+        start, end, step = nums[0], nums[1], 1 if nums[1] >= nums[0] else -1
+    elif len(nums) == 3:
+        start, end, step = nums
+    else:
+        raise FunctionError("range needs one to three numbers")
+    if step == 0:
+        raise FunctionError("step must not be zero")
+    out: list[Any] = []
+    v = start
+    while (v < end if step > 0 else v > end) and len(out) < 1024:
+        out.append(_whole(v))
+        v += step
+    if len(out) >= 1024:
+        raise FunctionError("more than 1024 values were generated")
+    return out
+
+
+def _slice(lst: Any, start: Any, end: Any) -> list[Any]:
+    items = _list(lst)
+    a, b = _int(start), _int(end)
+    if a < 0 or b > len(items) or a > b:
+        raise FunctionError("invalid slice indices")
+    return items[a:b]
+
+
+def _sort(lst: Any) -> list[str]:
+    return sorted(_str(v) for v in _list(lst))
+
+
+def _setproduct(*sets: Any) -> list[Any]:
+    out: list[list[Any]] = [[]]
+    for s in sets:
+        out = [[*prev, v] for prev in out for v in _list(s)]
+    return out if sets else []
+
+
+def _setop(op: str) -> Func:
+    def run(first: Any, *rest: Any) -> list[Any]:
+        result = _distinct(first)
+        for other in rest:
+            items = _list(other)
+            if op == "union":
+                result += [v for v in items if v not in result]
+            else:
+                result = [v for v in result if v in items]
+        return result
+
+    return run
+
+
+def _zipmap(keys: Any, values: Any) -> dict[str, Any]:
+    ks, vs = _list(keys), _list(values)
+    if len(ks) != len(vs):
+        raise FunctionError("the keys and values lists must have the same length")
+    return {_str(k): v for k, v in zip(ks, vs, strict=True)}
+
+
+def _concat(*lists: Any) -> list[Any]:
+    return [v for lst in lists for v in _list(lst)]
+
+
+def _compact(lst: Any) -> list[str]:
+    return [_str(v) for v in _list(lst) if v is not None and v != ""]
+
+
+def _reverse(v: Any) -> Any:
+    if isinstance(v, str):
+        return v[::-1]
+    return list(reversed(_list(v)))
+
+
+# --- encoding ------------------------------------------------------------------------------------
+
+
+def _jsondecode(s: Any) -> Any:
+    try:
+        return _plain(json.loads(_str(s)))
+    except ValueError as err:
+        raise FunctionError(f"invalid JSON: {err}") from None
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float):
+        return _whole(v)
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return v
+
+
+def _jsonencode(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), sort_keys=True)
+
+
+def _yamldecode(s: Any) -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise FunctionError("yamldecode needs PyYAML installed") from None
+    try:
+        return _plain(yaml.safe_load(_str(s)))
+    except yaml.YAMLError as err:
+        raise FunctionError(f"invalid YAML: {err}") from None
+
+
+def _yamlencode(v: Any) -> str:
+    try:
+        import yaml
+    except ImportError:
+        raise FunctionError("yamlencode needs PyYAML installed") from None
+    return str(yaml.safe_dump(v, sort_keys=True, default_flow_style=False))
+
+
+def _csvdecode(s: Any) -> list[dict[str, str]]:
+    rows = list(csv.reader(io.StringIO(_str(s))))
+    if not rows:
+        raise FunctionError("missing header line")
+    header = rows[0]
+    out = []
+    for row in rows[1:]:
+        if len(row) != len(header):
+            raise FunctionError("a row has a different number of fields than the header")
+        out.append(dict(zip(header, row, strict=True)))
+    return out
+
+
+def _b64decode(s: Any) -> str:
+    try:
+        return base64.b64decode(_str(s), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        raise FunctionError("the string is not valid base64 of UTF-8 text") from None
+
+
+def _urlencode(s: Any) -> str:
+    from urllib.parse import quote_plus
+
+    return quote_plus(_str(s))
+
+
+def _hash(name: str) -> Func:
+    return lambda s: hashlib.new(name, _str(s).encode()).hexdigest()
+
+
+# --- network -------------------------------------------------------------------------------------
+
+
+def _net(prefix: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(_str(prefix), strict=False)
+    except ValueError as err:
+        raise FunctionError(f"invalid CIDR expression: {err}") from None
+
+
+def _cidrhost(prefix: Any, num: Any) -> str:
+    net = _net(prefix)
+    n = _int(num)
+    size = net.num_addresses
+    if n >= size or n < -size:
+        raise FunctionError(f"prefix {net} has no host number {n}")
+    return str(net[n])
+
+
+def _cidrnetmask(prefix: Any) -> str:
+    net = _net(prefix)
+    if net.version != 4:
+        raise FunctionError("only IPv4 prefixes have a netmask")
+    return str(net.netmask)
+
+
+def _cidrsubnet(prefix: Any, newbits: Any, netnum: Any) -> str:
+    net = _net(prefix)
+    subnets = list(net.subnets(prefixlen_diff=_int(newbits))) if _int(newbits) <= 16 else []
+    n = _int(netnum)
+    if not 0 <= n < len(subnets):
+        raise FunctionError(f"prefix extension of {_int(newbits)} does not accommodate a subnet numbered {n}")
+    return str(subnets[n])
+
+
+def _cidrsubnets(prefix: Any, *newbits: Any) -> list[str]:
+    net = _net(prefix)
+    out = []
+    current = int(net.network_address)
+    for bits in newbits:
+        length = net.prefixlen + _int(bits)
+        block = 1 << (net.max_prefixlen - length)
+        current = (current + block - 1) // block * block
+        sub = ipaddress.ip_network(f"{ipaddress.ip_address(current)}/{length}")
+        if not sub.subnet_of(net):  # type: ignore[arg-type]
+            raise FunctionError("not enough remaining address space for a subnet")
+        out.append(str(sub))
+        current += block
+    return out
+
+
+# --- time ----------------------------------------------------------------------------------------
+
+
+def _rfc3339(s: Any) -> datetime:
+    try:
+        return datetime.fromisoformat(_str(s).replace("Z", "+00:00"))
+    except ValueError:
+        raise FunctionError(f"{_str(s)!r} is not an RFC 3339 timestamp") from None
+
+
+_DATE_TOKENS = [
+    ("YYYY", "%Y"), ("YY", "%y"), ("MMMM", "%B"), ("MMM", "%b"), ("MM", "%m"), ("M", "%-m"),
+    ("DD", "%d"), ("D", "%-d"), ("EEEE", "%A"), ("EEE", "%a"), ("hh", "%H"), ("h", "%-H"),
+    ("HH", "%I"), ("H", "%-I"), ("AA", "%p"), ("aa", "%p"), ("mm", "%M"), ("m", "%-M"),
+    ("ss", "%S"), ("s", "%-S"), ("ZZZZZ", "%:z"), ("ZZZZ", "%z"), ("ZZZ", "%Z"), ("Z", "Z"),
+]  # fmt: skip
+
+
+def _formatdate(fmt: Any, ts: Any) -> str:
+    when = _rfc3339(ts)
+    text = _str(fmt)
+    out = []
+    i = 0
+    while i < len(text):
+        if text[i] == "'":
+            end = text.find("'", i + 1)
+            if end < 0:
+                raise FunctionError("unterminated quoted literal in the format")
+            out.append(text[i + 1 : end] or "'")
+            i = end + 1
+            continue
+        for token, code in _DATE_TOKENS:
+            if text.startswith(token, i):
+                if token == "Z":
+                    offset = when.utcoffset()
+                    out.append("Z" if not offset else when.strftime("%:z"))
+                else:
+                    out.append(when.strftime(code))
+                i += len(token)
+                break
+        else:
+            if text[i].isalpha():
+                raise FunctionError(f"invalid date format verb {text[i]!r}")
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _timeadd(ts: Any, duration: Any) -> str:
+    from driversdk.durations import parse_duration
+    from driversdk.errors import ConfigError
+
+    try:
+        seconds = parse_duration(_str(duration), "duration", allow_negative=True)
+    except ConfigError as err:
+        raise FunctionError(str(err)) from None
+    when = _rfc3339(ts) + timedelta(seconds=seconds)
+    return when.isoformat().replace("+00:00", "Z")
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def _files(base_dir: str) -> dict[str, Func]:
+    def where(p: Any) -> str:
+        return os.path.join(base_dir, os.path.expanduser(_str(p)))
+
+    def read(p: Any) -> bytes:
+        try:
+            with open(where(p), "rb") as f:
+                return f.read()
+        except OSError as err:
+            raise FunctionError(f"cannot read {_str(p)!r}: {err.strerror or err}") from None
+
+    def file(p: Any) -> str:
+        try:
+            return read(p).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FunctionError(f"{_str(p)!r} is not UTF-8 text; use filebase64") from None
+
+    def fileset(path: Any, pattern: Any) -> list[str]:
+        root = where(path)
+        return sorted(
+            os.path.relpath(p, root)
+            for p in glob.glob(os.path.join(root, _str(pattern)), recursive=True)
+            if os.path.isfile(p)
+        )
+
+    return {
+        "abspath": lambda p: os.path.abspath(_str(p)),
+        "basename": lambda p: os.path.basename(_str(p)),
+        "dirname": lambda p: os.path.dirname(_str(p)),
+        "pathexpand": lambda p: os.path.expanduser(_str(p)),
+        "file": file,
+        "filebase64": lambda p: base64.b64encode(read(p)).decode(),
+        "fileexists": lambda p: os.path.isfile(where(p)),
+        "fileset": fileset,
+    }
+
+
+def _unsupported(name: str) -> Func:
+    def run(*_: Any) -> Any:
+        raise FunctionError(f"{name}() is a Nomad function driversdk cannot evaluate; compute the value elsewhere")
+
+    return run
+
+
+def _convert(value: Any, t: Any) -> Any:
+    # The evaluator passes the parsed type constraint as the second argument.
+    try:
+        return convert(value, t)
+    except ConvertError as err:
+        raise FunctionError(str(err)) from None
+
+
+def table(base_dir: str) -> dict[str, Func]:
+    """Every function name Nomad's job files may call, for a job file in ``base_dir``."""
+    funcs: dict[str, Func] = {
+        "abs": lambda n: abs(_num(n)),
+        "base64decode": _b64decode,
+        "base64encode": lambda s: base64.b64encode(_str(s).encode()).decode(),
+        "bcrypt": _unsupported("bcrypt"),
+        "ceil": lambda n: math.ceil(_num(n)),
+        "chomp": _chomp,
+        "chunklist": _chunklist,
+        "cidrhost": _cidrhost,
+        "cidrnetmask": _cidrnetmask,
+        "cidrsubnet": _cidrsubnet,
+        "cidrsubnets": _cidrsubnets,
+        "coalesce": _coalesce,
+        "coalescelist": _coalescelist,
+        "compact": _compact,
+        "concat": _concat,
+        "contains": lambda lst, v: v in _list(lst),
+        "convert": _convert,
+        "csvdecode": _csvdecode,
+        "distinct": _distinct,
+        "element": _element,
+        "flatten": _flatten,
+        "floor": lambda n: math.floor(_num(n)),
+        "format": _format,
+        "formatdate": _formatdate,
+        "formatlist": _formatlist,
+        "indent": _indent,
+        "index": _index,
+        "join": _join,
+        "jsondecode": _jsondecode,
+        "jsonencode": _jsonencode,
+        "keys": _keys,
+        "length": _length,
+        "log": lambda n, b: _whole(math.log(_num(n), _num(b))),
+        "lookup": _lookup,
+        "lower": lambda s: _str(s).lower(),
+        "max": _minmax(max),
+        "md5": _hash("md5"),
+        "merge": _merge,
+        "min": _minmax(min),
+        "parseint": _parseint,
+        "pow": lambda a, b: _whole(math.pow(_num(a), _num(b))),
+        "range": _range,
+        "reverse": _reverse,
+        "replace": _replace,
+        "regex_replace": _regex_replace,
+        "rsadecrypt": _unsupported("rsadecrypt"),
+        "setintersection": _setop("intersection"),
+        "setproduct": _setproduct,
+        "setunion": _setop("union"),
+        "sha1": _hash("sha1"),
+        "sha256": _hash("sha256"),
+        "sha512": _hash("sha512"),
+        "signum": lambda n: (_num(n) > 0) - (_num(n) < 0),
+        "slice": _slice,
+        "sort": _sort,
+        "split": _split,
+        "strlen": lambda s: len(_str(s)),
+        "strrev": lambda s: _str(s)[::-1],
+        "substr": _substr,
+        "timeadd": _timeadd,
+        "title": _title,
+        "trim": _trim,
+        "trimprefix": lambda s, p: _str(s).removeprefix(_str(p)),
+        "trimspace": lambda s: _str(s).strip(),
+        "trimsuffix": lambda s, p: _str(s).removesuffix(_str(p)),
+        "upper": lambda s: _str(s).upper(),
+        "urlencode": _urlencode,
+        "uuidv4": lambda: str(uuid.uuid4()),
+        "uuidv5": lambda ns, name: str(uuid.uuid5(_uuid_ns(ns), _str(name))),
+        "values": _values,
+        "yamldecode": _yamldecode,
+        "yamlencode": _yamlencode,
+        "zipmap": _zipmap,
+    }
+    funcs.update(_files(base_dir))
+    return funcs
+
+
+def _uuid_ns(ns: Any) -> uuid.UUID:
+    known = {
+        "dns": uuid.NAMESPACE_DNS,
+        "url": uuid.NAMESPACE_URL,
+        "oid": uuid.NAMESPACE_OID,
+        "x500": uuid.NAMESPACE_X500,
+    }
+    text = _str(ns)
+    if text in known:
+        return known[text]
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise FunctionError(f"{text!r} is not a UUID namespace (dns, url, oid, x500 or a UUID)") from None
+
+
+# try and can are evaluated lazily by the evaluator; they are listed here so they are "known".
+LAZY = ("try", "can")
+NAMES = frozenset([*table("."), *LAZY])
+
+__all__ = ["LAZY", "NAMES", "FunctionError", "parse_number", "table"]

@@ -1,0 +1,170 @@
+"""HCL values as plain Python, type constraints, and the conversions cty applies.
+
+Values are ``None``, ``bool``, ``int``/``float`` (HCL numbers), ``str``, ``list`` (tuples, lists
+and sets) and ``dict`` (objects and maps). A type constraint is a small tuple:
+``("string",)``, ``("number",)``, ``("bool",)``, ``("any",)``, ``("list", T)``, ``("set", T)``,
+``("map", T)``, ``("tuple", [T, …])`` or ``("object", {name: T})``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+Type = tuple[Any, ...]
+
+STRING: Type = ("string",)
+NUMBER: Type = ("number",)
+BOOL: Type = ("bool",)
+ANY: Type = ("any",)
+
+_NUMBER_TEXT = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+class ConvertError(ValueError):
+    """A value that cannot become the wanted type; the message says why, in a few words."""
+
+
+def type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "tuple"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def show_type(t: Type) -> str:
+    kind = t[0]
+    if kind in ("list", "set", "map"):
+        return f"{kind}({show_type(t[1])})"
+    if kind == "tuple":
+        return "tuple([" + ", ".join(show_type(e) for e in t[1]) + "])"
+    if kind == "object":
+        return "object({" + ", ".join(f"{k} = {show_type(v)}" for k, v in t[1].items()) + "})"
+    return str(kind)
+
+
+def type_of(value: Any) -> Type:
+    """The type a variable's default gives it when no ``type`` is declared."""
+    if value is None:
+        return ANY
+    if isinstance(value, bool):
+        return BOOL
+    if isinstance(value, int | float):
+        return NUMBER
+    if isinstance(value, str):
+        return STRING
+    if isinstance(value, list):
+        return ("tuple", [type_of(v) for v in value])
+    if isinstance(value, dict):
+        return ("object", {k: type_of(v) for k, v in value.items()})
+    return ANY
+
+
+def number_text(value: int | float) -> str:
+    """A number as cty writes it into a string: whole numbers without a fraction."""
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer() and abs(value) < 1e21:
+            return str(int(value))
+        return repr(value)
+    return str(value)
+
+
+def parse_number(text: str) -> int | float:
+    text = text.strip()
+    if not _NUMBER_TEXT.match(text):
+        raise ConvertError(f"a number is required, not the string {text!r}")
+    if re.match(r"^[+-]?\d+$", text):
+        return int(text)
+    number = float(text)
+    return int(number) if number.is_integer() and abs(number) < 2**63 else number
+
+
+def to_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return number_text(value)
+    if isinstance(value, str):
+        return value
+    raise ConvertError(f"a string is required, not {type_name(value)}")
+
+
+def to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value in ("true", "1"):
+            return True
+        if value in ("false", "0"):
+            return False
+        raise ConvertError(f"a bool is required, not the string {value!r}")
+    raise ConvertError(f"a bool is required, not {type_name(value)}")
+
+
+def to_number(value: Any) -> int | float:
+    if isinstance(value, bool):
+        raise ConvertError("a number is required, not bool")
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        return parse_number(value)
+    raise ConvertError(f"a number is required, not {type_name(value)}")
+
+
+def convert(value: Any, t: Type) -> Any:
+    """``value`` as type ``t``, converted as cty converts (``"3"`` → 3, ``5`` → ``"5"``)."""
+    kind = t[0]
+    if value is None or kind == "any":
+        return value
+    if kind == "string":
+        return to_string(value)
+    if kind == "number":
+        return to_number(value)
+    if kind == "bool":
+        return to_bool(value)
+    if kind in ("list", "set"):
+        if not isinstance(value, list):
+            raise ConvertError(f"a {kind} is required, not {type_name(value)}")
+        items = [convert(v, t[1]) for v in value]
+        if kind == "set":
+            unique: list[Any] = []
+            for item in items:
+                if item not in unique:
+                    unique.append(item)
+            items = unique
+        return items
+    if kind == "tuple":
+        if not isinstance(value, list) or len(value) != len(t[1]):
+            raise ConvertError(f"a tuple of {len(t[1])} elements is required")
+        return [convert(v, e) for v, e in zip(value, t[1], strict=True)]
+    if kind == "map":
+        if not isinstance(value, dict):
+            raise ConvertError(f"a map is required, not {type_name(value)}")
+        return {str(k): convert(v, t[1]) for k, v in value.items()}
+    if kind == "object":
+        if not isinstance(value, dict):
+            raise ConvertError(f"an object is required, not {type_name(value)}")
+        out = {}
+        for name, attr_type in t[1].items():
+            if name not in value:
+                raise ConvertError(f'attribute "{name}" is required')
+            out[name] = convert(value[name], attr_type)
+        return out
+    raise ConvertError(f"unknown type {show_type(t)}")
+
+
+def truthy(value: Any) -> bool:
+    """A condition's value: a bool, or a string cty converts to one."""
+    if value is None:
+        raise ConvertError("a condition cannot be null")
+    return to_bool(value)
