@@ -135,7 +135,7 @@ def _driver_facts(
         result = Problem(
             job.file,
             f'no plugin is configured for driver "{driver}"; add plugin "{driver}" {{ command = [...] }} to the '
-            "client config or use docker or exec",
+            "client config or use a bundled driver (docker, exec, raw_exec)",
             job=job.name,
             field="driver",
         )
