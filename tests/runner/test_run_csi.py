@@ -150,6 +150,8 @@ def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "") 
       }}
       env {{
         CSI_HOSTPATH_ROOT = "/srv/csi"
+        # The plugin imports this tree (the installed one may be another checkout, outside the chroot).
+        PYTHONPATH = "{ROOT}"
         {env}
       }}
       volume_mount {{
