@@ -119,7 +119,10 @@ class Env:
 
 @pytest.fixture
 def env(engine: docker.DockerClient, short_dir: Path) -> Env:
-    work = short_dir
+    return make_env(engine, short_dir)
+
+
+def make_env(engine: docker.DockerClient, work: Path) -> Env:
     (work / "backing" / "volumes").mkdir(parents=True)
     # The demo's own client config (examples/demo.py), plus what the tests need on top.
     demo.client_config(
