@@ -28,9 +28,10 @@ from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.manager import NodeVolumeManager, UsageOptions, controller_unpublish, forget_node_use
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
-from driversdk.csi.registry import PluginRegistry, RegistryEvent
+from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistry, RegistryEvent
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
+from driversdk.runner.supervisor import csi_dir, release_shared
 from driversdk.runner.volumes import NODE_DETACHED, TAKEN, UNPUBLISHING, Claim, ClaimDetail, VolumeStore
 
 BACKOFF_START = 1.0
@@ -156,6 +157,7 @@ class VolumeWatcher:
                     continue
                 try:
                     outcome.released.append(Released(claim, self.release(claim, detach=detach)))
+                    self._release_shared_dir()
                 except (CSIError, OSError) as err:
                     error = str(err) if isinstance(err, CSIError) else f"{err.strerror or err} ({err.filename})"
                     self.volumes.claim_failed(
@@ -163,6 +165,12 @@ class VolumeWatcher:
                     )
                     outcome.failed.append((claim, error))
         return outcome
+
+    def _release_shared_dir(self) -> None:
+        """The plugin tasks made ``<data_dir>/client/csi`` a shared mount and left it while a claim
+        still had mounts below; with no plugin left and the claim released, nothing needs it."""
+        if not any(self.registry.plugins(kind) for kind in PLUGIN_TYPES):
+            release_shared(csi_dir(self.data_dir))
 
     # --- one claim -----------------------------------------------------------------------------
 
