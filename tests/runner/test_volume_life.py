@@ -209,8 +209,8 @@ def test_create_snapshot_clone_delete_end_to_end(env: Env) -> None:
         (key, node), *_ = topologies[0].items()
 
         far = volume_file(
-            env, "far", f'topology_request {{\n  required {{\n    topology {{\n      segments {{\n        "{key}" = '
-            '"elsewhere"\n      }\n    }\n  }\n}\n',
+            env, "far", f'topology_request {{\n  required {{\n    topology {{\n      segments = {{ "{key}" = '
+            '"elsewhere" }\n    }\n  }\n}\n',
         )  # fmt: skip
         done = env.cli("volume", "create", str(far), "--client", str(env.client))
         assert done.returncode == 1
