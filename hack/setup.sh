@@ -29,3 +29,4 @@ log "starting the Docker engine if none answers"
 hack/docker-up.sh
 log "building local test images"
 hack/build-test-images.sh
+hack/build-csi-plugin-image.sh
