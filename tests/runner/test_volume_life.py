@@ -16,6 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from drivers.docker.config import DEFAULT_ALLOW_CAPS
 from driversdk.mountinfo import read_mountinfo
 from tests.runner.test_run_csi import Env, app_group, make_env, plugin_group, wait_for_line, write_job
 
@@ -284,3 +285,80 @@ def test_per_alloc_volumes_with_count_2(env: Env) -> None:
         assert (env.work / "backing" / "volumes" / f"vol{index}" / "index").read_text() == f"{index}\n"
         assert env.claims(f"vol[{index}]") == []
     env.assert_clean()
+
+
+PLUGIN_IMAGE = "driversdk-test/csi-hostpath:local"
+
+
+def privileged_allowed(engine: docker.DockerClient) -> bool:
+    """Whether this engine can start a privileged container at all (a sandbox whose own bounding
+    set lacks a capability cannot: runc fails to apply the full set)."""
+    try:
+        engine.containers.run("driversdk-test/busybox:local", "true", privileged=True, remove=True)
+    except docker.errors.APIError:
+        return False
+    return True
+
+
+def docker_plugin_group(privileged: bool) -> str:
+    # How Nomad users run a CSI plugin: privileged. Where the engine cannot, sys_admin is what
+    # the reference plugin needs (it bind-mounts).
+    power = "privileged = true" if privileged else 'cap_add    = ["sys_admin"]'
+    return f"""
+  group "storage" {{
+    volume "backing" {{
+      type   = "host"
+      source = "csi-backing"
+    }}
+    task "plugin" {{
+      driver = "docker"
+      kill_timeout = "2s"
+      config {{
+        image = "{PLUGIN_IMAGE}"
+        {power}
+      }}
+      env {{
+        CSI_HOSTPATH_ROOT = "/srv/csi"
+      }}
+      volume_mount {{
+        volume      = "backing"
+        destination = "/srv/csi"
+      }}
+      csi_plugin {{
+        id   = "hostpath"
+        type = "monolith"
+      }}
+    }}
+  }}"""
+
+
+def test_csi_plugin_in_a_privileged_docker_container_end_to_end(env: Env) -> None:
+    try:
+        image = env.engine.images.get(PLUGIN_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{PLUGIN_IMAGE} is not built; run hack/build-csi-plugin-image.sh")
+    assert image.labels.get("driversdk.source"), "built by hack/build-csi-plugin-image.sh"
+    privileged = privileged_allowed(env.engine)
+    caps = ", ".join(f'"{c}"' for c in (*DEFAULT_ALLOW_CAPS, "sys_admin"))
+    power = "allow_privileged = true" if privileged else f"allow_caps = [{caps}]"
+    env.client.write_text(env.client.read_text().replace("gc {", f"{power}\n    gc {{", 1))
+    env.register()
+    job = write_job(
+        env,
+        "dockerplugin",
+        docker_plugin_group(privileged),
+        app_group("grep ' /data ' /proc/self/mountinfo; echo from-docker > /data/greeting"),
+    )
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert '==> task "plugin": Plugin became healthy: plugin: hostpath' in out
+    assert '==> volume "data": CSI volume "vol" mounted at ' in out
+    assert '==> volume "data": CSI volume "vol" unmounted and released' in out
+    assert out.index("unmounted and released") < out.index('==> task "plugin" stopping'), "app first, plugin last"
+    logs = env.cli("logs", "app", "--client", str(env.client)).stdout
+    assert "/data" in logs.splitlines()[0], "the app saw the volume the containerised plugin published"
+    assert (env.work / "backing" / "volumes" / "vol" / "greeting").read_text() == "from-docker\n"
+    assert env.claims() == []
+    env.assert_clean()
+    assert not (env.data / "client" / "csi" / "plugins").exists(), "the plugin's socket dir is removed"
