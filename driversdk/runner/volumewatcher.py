@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -323,7 +324,7 @@ class BackgroundWatcher:
         while not self._stop.is_set():
             try:
                 outcome = self.watcher.reap(force=force, wait=0)
-            except DriverSDKError as err:  # a state file problem: say it, keep watching
+            except (DriverSDKError, sqlite3.Error) as err:  # a state file problem: say it, keep watching
                 self.say("", f"volume watcher: {err}")
                 outcome = Outcome()
             for released in outcome.released:
