@@ -170,8 +170,15 @@ class VolumeWatcher:
     def _release_shared_dir(self) -> None:
         """The plugin tasks made ``<data_dir>/client/csi`` a shared mount and left it while a claim
         still had mounts below; with no plugin left and the claim released, nothing needs it."""
-        if not any(self.registry.plugins(kind) for kind in PLUGIN_TYPES):
-            release_shared(csi_dir(self.data_dir))
+        if any(self.registry.plugins(kind) for kind in PLUGIN_TYPES):
+            return
+        try:
+            # A plugin task that is starting (not registered yet) already has its socket dir.
+            if os.listdir(os.path.join(csi_dir(self.data_dir), "plugins")):
+                return
+        except FileNotFoundError:
+            pass
+        release_shared(csi_dir(self.data_dir))
 
     # --- one claim -----------------------------------------------------------------------------
 
