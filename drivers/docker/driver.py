@@ -16,18 +16,20 @@ from typing import Any
 
 import docker
 import requests
+from docker.constants import MINIMUM_DOCKER_API_VERSION
 from docker.errors import APIError, DockerException, NotFound
 
+from drivers.docker import auth, reconcile
 from drivers.docker import container as containers
-from drivers.docker import reconcile
 from drivers.docker.config import PluginConfig, TaskDockerConfig, plugin_spec, task_spec
 from drivers.docker.fingerprint import fingerprint as read_fingerprint
 from drivers.docker.handle import STATE_VERSION, ContainerHandle, DriverState
-from drivers.docker.images import ImageGC, ensure_image
+from drivers.docker.images import ImageGC, ensure_image, pull_image, split_reference
 from drivers.docker.logs import LogCollector
+from drivers.docker.pulls import PullCoordinator
 from drivers.docker.stats import sample_stats
 from driversdk.driver import DriverPlugin, ExecSession
-from driversdk.errors import DriverError, TaskNotFoundError
+from driversdk.errors import ConfigError, DriverError, TaskNotFoundError
 from driversdk.hclspec import Spec
 from driversdk.model import (
     AgentConfig,
@@ -40,6 +42,7 @@ from driversdk.model import (
     MountConfigSupport,
     NetworkIsolationMode,
     NetworkIsolationSpec,
+    NetworkOverride,
     TaskConfig,
     TaskEvent,
     TaskHandle,
@@ -52,7 +55,6 @@ from driversdk.signals import signal_name
 
 log = logging.getLogger("driversdk.docker")
 
-CREATE_ATTEMPTS = 5
 PAUSE_PREFIX = "nomad_init_"
 # How long a stats request waits for an engine that went away before ending the stream.
 STATS_ENGINE_WAIT = 60.0
@@ -100,6 +102,8 @@ class DockerDriver(DriverPlugin):
         self._healthy: bool | None = None
         self._watcher: threading.Thread | None = None
         self._images = ImageGC()
+        self._pulls = PullCoordinator()
+        self._tls: docker.tls.TLSConfig | None = None
         self._reconciler: reconcile.Reconciler | None = None
 
     # --- configuration ---------------------------------------------------------------------
@@ -109,6 +113,7 @@ class DockerDriver(DriverPlugin):
 
     def set_config(self, config: dict[str, Any], agent: AgentConfig | None) -> None:
         self.config = PluginConfig.from_decoded(config)
+        self._tls = self._tls_config()
         self._api = None
         # Nomad starts its reconciler on the first Fingerprint, for want of a post-config hook;
         # SetConfig is ours, and every host (Nomad, the runner, the test harness) sends it.
@@ -139,12 +144,39 @@ class DockerDriver(DriverPlugin):
             disable_log_collection=self.config.disable_log_collection,
         )
 
+    def _tls_config(self) -> docker.tls.TLSConfig | None:
+        """Client TLS to the engine: only with an endpoint and any of tls { cert, key, ca } set, as in Nomad."""
+        c = self.config
+        if not c.endpoint or not (c.tls_cert or c.tls_key or c.tls_ca):
+            return None
+        if bool(c.tls_cert) != bool(c.tls_key):
+            raise ConfigError("tls needs both cert and key for a client certificate; set both or neither")
+        try:
+            return docker.tls.TLSConfig(
+                client_cert=(c.tls_cert, c.tls_key) if c.tls_cert else None,
+                ca_cert=c.tls_ca or None,
+                verify=bool(c.tls_ca),
+            )
+        except docker.errors.TLSParameterError as err:
+            raise ConfigError(f"tls in the docker plugin config: {err}") from None
+
+    def _client(self, version: str, timeout: int) -> Any:
+        if self.config.endpoint:
+            if self._tls is None:
+                return docker.APIClient(base_url=self.config.endpoint, version=version, timeout=timeout, tls=False)
+            fixed = MINIMUM_DOCKER_API_VERSION if version == "auto" else version
+            client: Any = docker.APIClient(base_url=self.config.endpoint, version=fixed, timeout=timeout, tls=self._tls)
+            # requests lets REQUESTS_CA_BUNDLE (and friends) in the environment replace the session's
+            # CA: the configured tls.ca must be what verifies the engine, so the version is asked after.
+            client.trust_env = False
+            if version == "auto":
+                client._version = client._retrieve_server_version()
+            return client
+        return docker.from_env(version=version, timeout=timeout).api
+
     def api(self) -> Any:
         if self._api is None:
-            if self.config.endpoint:
-                self._api = docker.APIClient(base_url=self.config.endpoint, version="auto", timeout=60)
-            else:
-                self._api = docker.from_env(version="auto", timeout=60).api
+            self._api = self._client("auto", 60)
         return self._api
 
     # --- fingerprint -------------------------------------------------------------------------
@@ -200,7 +232,15 @@ class DockerDriver(DriverPlugin):
         spec.kwargs["labels"][reconcile.LABEL_TASK_DIR] = task.task_dir
         try:
             api = self.api()
-            image_id = ensure_image(api, task, cfg, self.config)
+            image_id = ensure_image(
+                api,
+                task,
+                cfg,
+                self.config,
+                self._pulls,
+                lambda timeout: self._fresh_client(math.ceil(timeout)),
+                lambda message, **annotations: self._event(task, message, **annotations),
+            )
             container_id, adopted = self._create(api, task, spec)
         except (requests.exceptions.ConnectionError, docker.errors.DockerException) as err:
             raise DriverError(
@@ -219,6 +259,7 @@ class DockerDriver(DriverPlugin):
             if not adopted:
                 api.start(container_id)
             started = datetime.now(UTC)
+            network = self._network_override(api, container_id, cfg)
             state = DriverState(
                 container_id=container_id,
                 image=cfg.image,
@@ -250,15 +291,37 @@ class DockerDriver(DriverPlugin):
             self._images.acquire(image_id, cfg.image, task.id)
         self._track(handle)
         self._event(task, f"Started container {container_id[:12]}", image=cfg.image)
-        return TaskHandle(config=task, driver_state=state.encode(), version=STATE_VERSION, state=TaskState.RUNNING)
+        return TaskHandle(
+            config=task,
+            driver_state=state.encode(),
+            version=STATE_VERSION,
+            state=TaskState.RUNNING,
+            network_override=network,
+        )
+
+    @staticmethod
+    def _network_override(api: Any, container_id: str, cfg: TaskDockerConfig) -> NetworkOverride | None:
+        """The address the task is reached at: the first network's IP (global IPv6 when asked)."""
+        networks = (api.inspect_container(container_id).get("NetworkSettings") or {}).get("Networks") or {}
+        for name, net in networks.items():
+            addr = net.get("GlobalIPv6Address") if cfg.advertise_ipv6_address else net.get("IPAddress")
+            if addr:
+                return NetworkOverride(addr=str(addr), auto_advertise=name not in ("bridge", "nat"))
+        return None
 
     def _create(self, api: Any, task: TaskConfig, spec: containers.ContainerSpec) -> tuple[str, bool]:
         """Create the container; (id, True) when a running container of this task was adopted."""
         host_config = api.create_host_config(**spec.host_config)
+        networking = None
+        if spec.endpoint:
+            mode = spec.host_config["network_mode"]
+            networking = api.create_networking_config({mode: api.create_endpoint_config(**spec.endpoint)})
         last_error: Exception | None = None
-        for attempt in range(CREATE_ATTEMPTS):
+        for attempt in range(spec.create_attempts):
             try:
-                created = api.create_container(spec.image, name=spec.name, host_config=host_config, **spec.kwargs)
+                created = api.create_container(
+                    spec.image, name=spec.name, host_config=host_config, networking_config=networking, **spec.kwargs
+                )
                 return str(created["Id"]), False
             except APIError as err:
                 last_error = err
@@ -305,9 +368,7 @@ class DockerDriver(DriverPlugin):
         """A client on a new connection: a kept-alive one may still be served by an engine that
         already refuses new connections (dockerd closes its listener before stopping containers)."""
         version = getattr(self._api, "api_version", None) or "auto"
-        if self.config.endpoint:
-            return docker.APIClient(base_url=self.config.endpoint, version=version, timeout=timeout)
-        return docker.from_env(version=version, timeout=timeout).api
+        return self._client(version, timeout)
 
     def _engine_answers(self) -> bool:
         try:
@@ -687,13 +748,9 @@ class DockerDriver(DriverPlugin):
                 api.start(name)
                 info = api.inspect_container(name)
         except NotFound:
-            try:
-                api.inspect_image(self.config.infra_image)
-            except NotFound:
-                raise DriverError(
-                    f"infra_image {self.config.infra_image!r} for group networking is not present locally; "
-                    "load it with `docker load` or set infra_image in the docker plugin config"
-                ) from None
+            image_id = self._infra_image(api)
+            if self.config.gc_image:
+                self._images.acquire(image_id, self.config.infra_image, alloc_id)
             host_config = api.create_host_config(network_mode="none", restart_policy={"Name": "unless-stopped"})
             cid = api.create_container(
                 self.config.infra_image,
@@ -716,6 +773,35 @@ class DockerDriver(DriverPlugin):
         )
         return spec, created
 
+    def _infra_image(self, api: Any) -> str:
+        """The pause image's id, pulled (plugin credentials, infra_image_pull_timeout) when missing."""
+        image = self.config.infra_image
+        repo, tag = split_reference(image)
+        reference = f"{repo}:{tag}" if tag else repo
+        if tag != "latest":
+            try:
+                return str(api.inspect_image(reference)["Id"])
+            except NotFound:
+                pass
+        bare = repo.split("@", 1)[0]
+        try:
+            credentials = auth.resolve(bare, None, self.config)
+        except auth.AuthLookupError as err:
+            raise DriverError(f"infra_image: Failed to find docker auth for repo {bare!r}: {err}") from None
+        pull_image(
+            self._pulls,
+            lambda timeout: self._fresh_client(math.ceil(timeout)),
+            "infra_image",
+            repo,
+            tag,
+            reference,
+            credentials,
+            self.config.infra_image_pull_timeout,
+            self.config,
+            timeout_name="infra_image_pull_timeout",
+        )
+        return str(api.inspect_image(reference)["Id"])
+
     def destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
         with _engine_call(f"failed to destroy the network of allocation {alloc_id}"):
             self._destroy_network(alloc_id, spec)
@@ -723,8 +809,12 @@ class DockerDriver(DriverPlugin):
     def _destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
         api = self.api()
         target = spec.labels.get("docker_sandbox_container_id") or f"{PAUSE_PREFIX}{alloc_id}"
+        image_id = ""
         try:
+            image_id = str(api.inspect_container(target).get("Image") or "")
             api.stop(target, timeout=1)
         except (APIError, NotFound):
             pass
         self._remove_quietly(api, target)
+        if self.config.gc_image and image_id:
+            self._images.release(api, image_id, alloc_id, self.config.gc_image_delay)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import queue
 import stat
 import threading
-import time
+from collections.abc import Callable
 from typing import Any
 
 from docker.errors import APIError, ImageNotFound, NotFound
 
+from drivers.docker import auth
 from drivers.docker.config import PluginConfig, TaskDockerConfig
+from drivers.docker.pulls import ProgressListener, PullCoordinator
 from driversdk.errors import DriverError
 from driversdk.model import TaskConfig
 
@@ -35,8 +36,20 @@ def split_reference(image: str) -> tuple[str, str]:
     return image, "latest"
 
 
-def ensure_image(api: Any, task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> str:
-    """The image id to run; like Nomad, a :latest or force_pull image is always pulled."""
+# A task event: (message, annotations).
+Emit = Callable[..., None]
+
+
+def ensure_image(
+    api: Any,
+    task: TaskConfig,
+    cfg: TaskDockerConfig,
+    plugin: PluginConfig,
+    pulls: PullCoordinator,
+    make_client: Callable[[float], Any],
+    emit: Emit,
+) -> str:
+    """The image id to run; like Nomad, a :latest, tag-less or force_pull image is always pulled."""
     repo, tag = split_reference(cfg.image)
     reference = f"{repo}:{tag}" if tag else repo
     if not cfg.force_pull and tag != "latest":
@@ -52,19 +65,63 @@ def ensure_image(api: Any, task: TaskConfig, cfg: TaskDockerConfig, plugin: Plug
             raise DriverError(
                 f"task {task.name!r}: image archive {cfg.load!r} does not contain image {reference!r}"
             ) from None
-    timeout = cfg.image_pull_timeout or plugin.image_pull_timeout
+    bare = repo.split("@", 1)[0]
     try:
-        _pull(api, repo, tag, cfg.auth, reference, timeout, plugin.pull_activity_timeout)
+        credentials = auth.resolve(bare, cfg.auth, plugin)
+    except auth.AuthLookupError as err:
+        if not cfg.auth_soft_fail:
+            raise DriverError(f"task {task.name!r}: Failed to find docker auth for repo {bare!r}: {err}") from None
+        log.warning("pulling without credentials (auth_soft_fail)", extra={"image": reference, "error": str(err)})
+        emit(f"Failed to find docker auth for repo {bare!r}, pulling without credentials (auth_soft_fail): {err}")
+        credentials = None
+    timeout = cfg.image_pull_timeout or plugin.image_pull_timeout
+
+    def report(summary: str, done: int, total: int) -> None:
+        emit(
+            f"Docker image pull progress: {summary}",
+            image=reference,
+            bytes_done=str(done),
+            bytes_total=str(total),
+        )
+
+    emit("Downloading image", image=reference)
+    pull_image(pulls, make_client, f"task {task.name!r}", repo, tag, reference, credentials, timeout, plugin, report)
+    try:
         return str(api.inspect_image(reference)["Id"])
+    except (ImageNotFound, NotFound):
+        raise DriverError(
+            f"task {task.name!r}: Failed to pull `{reference}`: the engine reported success but has no such image",
+            recoverable=True,
+        ) from None
+
+
+def pull_image(
+    pulls: PullCoordinator,
+    make_client: Callable[[float], Any],
+    where: str,
+    repo: str,
+    tag: str,
+    reference: str,
+    credentials: dict[str, str] | None,
+    timeout: float,
+    plugin: PluginConfig,
+    report: ProgressListener | None = None,
+    timeout_name: str = "image_pull_timeout",
+) -> None:
+    """Pull through the coordinator; failures as one sentence that starts with `where` (the task, or infra_image)."""
+    try:
+        pulls.pull(
+            make_client, repo, tag, reference, credentials, timeout, plugin.pull_activity_timeout, report, timeout_name
+        )
     except PullStalled as err:
-        raise DriverError(f"task {task.name!r}: Failed to pull `{reference}`: {err}", recoverable=True) from None
+        raise DriverError(f"{where}: Failed to pull `{reference}`: {err}", recoverable=True) from None
     except APIError as err:
         cause = err.explanation or str(err)
         # The engine's 404 (docker-py's NotFound/ImageNotFound) means no registry has the image:
         # retrying cannot help. Anything else (a registry down, an error mid-stream) may pass.
         not_found = isinstance(err, NotFound) or err.status_code == 404
         raise DriverError(
-            f"task {task.name!r}: Failed to pull `{reference}`: {cause}; the image is not present locally "
+            f"{where}: Failed to pull `{reference}`: {cause}; the image is not present locally "
             "and the registry could not provide it (load it with `docker load` or set `load` in the task config)",
             recoverable=not not_found,
         ) from None
@@ -181,41 +238,6 @@ class PullStalled(DriverError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, recoverable=True)
-
-
-def _pull(
-    api: Any, repo: str, tag: str, auth: dict[str, str] | None, reference: str, timeout: float, activity: float
-) -> None:
-    """Pull with both limits Nomad applies: the whole pull, and the time between progress events."""
-    events: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
-
-    def run() -> None:
-        try:
-            for event in api.pull(repo, tag=tag or None, stream=True, decode=True, auth_config=auth):
-                events.put(event)
-            events.put(None)
-        except BaseException as err:
-            events.put(err)
-
-    # A stalled pull cannot be interrupted from here; the daemon thread ends with its connection.
-    threading.Thread(target=run, daemon=True, name=f"pull-{reference}").start()
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise PullStalled(f"the pull did not finish within image_pull_timeout ({timeout:.0f}s)")
-        try:
-            event = events.get(timeout=min(activity, remaining))
-        except queue.Empty:
-            if time.monotonic() >= deadline:
-                continue
-            raise PullStalled(f"the pull made no progress for pull_activity_timeout ({activity:.0f}s)") from None
-        if event is None:
-            return
-        if isinstance(event, BaseException):
-            raise event
-        if "error" in event:
-            raise APIError(str(event["error"]))
 
 
 class ImageGC:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from driversdk import convert
 from driversdk.client import DriverClient
 from driversdk.durations import parse_duration
-from driversdk.errors import DriverSDKError
+from driversdk.errors import DriverSDKError, PluginCallError
 from driversdk.model import Capabilities, ExitResult, LinuxResources, Resources, TaskConfig, TaskHandle
 from driversdk.mounts import Mount, MountRequest
 from driversdk.runner import logcollect
@@ -42,6 +43,10 @@ TASK_HOOKS: list[Callable[[], TaskHook]] = [
     CSIPluginSupervisorHook,  # csi_plugin tasks: socket and staging dirs, probe, register
     VolumeMountsHook,  # host and CSI volume mounts (and the plugin's), checked against the driver
 ]
+
+# How long a DestroyTask the driver calls recoverable is tried again, and how often.
+DESTROY_RETRY_WINDOW = 30.0
+DESTROY_RETRY_EVERY = 0.5
 
 
 class InterruptedStartError(DriverSDKError):
@@ -265,14 +270,33 @@ class TaskRunner:
             hook.stop(self)
         if self.started and self.config is not None:
             self.alloc.state.stopped(self.alloc.alloc_id, self.task.name)
-            try:
-                self.client.destroy_task(self.config.id, force=True)
-            except DriverSDKError as err:
-                self.event(f"destroy failed: {err}")
+            self._destroy_task(self.config.id)
             self.alloc.drivers.untrack(self.config.id)
         self._postrun()
         for hook in self.hooks:
             hook.destroy(self)
+
+    def _destroy_task(self, task_id: str) -> None:
+        """DestroyTask, tried again while the driver calls its failure recoverable (a Docker
+        engine restarting under the task answers again within seconds; giving up at once would
+        leave its container behind), for at most DESTROY_RETRY_WINDOW seconds."""
+        deadline = time.monotonic() + DESTROY_RETRY_WINDOW
+        said = False
+        while True:
+            try:
+                self.client.destroy_task(task_id, force=True)
+                return
+            except PluginCallError as err:
+                if not err.recoverable or time.monotonic() >= deadline:
+                    self.event(f"destroy failed: {err}")
+                    return
+                if not said:
+                    self.event(f"destroy failed for now, trying again for up to {DESTROY_RETRY_WINDOW:.0f}s: {err}")
+                    said = True
+            except DriverSDKError as err:
+                self.event(f"destroy failed: {err}")
+                return
+            time.sleep(DESTROY_RETRY_EVERY)
 
 
 def _handle_proto(data: bytes) -> Any:

@@ -15,6 +15,7 @@ from docker.errors import ImageNotFound
 
 from drivers.docker.config import PluginConfig, TaskDockerConfig
 from drivers.docker.images import ensure_image
+from drivers.docker.pulls import PullCoordinator
 from driversdk.errors import DriverError, PluginCallError
 from driversdk.testing import AllocDir, DriverHarness
 
@@ -76,8 +77,8 @@ def test_docker_pull_error_whose_text_says_not_found_stays_recoverable(
 
 
 class _PullAnswersWithEngine404:
-    """The real engine, except that pull returns the engine's own 404 for a missing image (what
-    newer engines answer on /images/create when no registry has it)."""
+    """The real engine, except that a pull (POST /images/create) returns the engine's own 404 for a
+    missing image (what newer engines answer when no registry has it)."""
 
     def __init__(self, api: docker.APIClient) -> None:
         self._api = api
@@ -86,10 +87,18 @@ class _PullAnswersWithEngine404:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._api, name)
 
-    def pull(self, repository: str, tag: str | None = None, **_: Any) -> Any:
-        self.pulled.append(f"{repository}:{tag}")
-        self._api.inspect_image(f"{repository}:{tag}")  # raises the engine's ImageNotFound
-        raise AssertionError(f"{repository}:{tag} exists in the engine")
+    def close(self) -> None:
+        pass
+
+    def _post(self, url: str, params: dict[str, str], **_: Any) -> Any:
+        reference = f"{params['fromImage']}:{params['tag']}"
+        self.pulled.append(reference)
+        self._api.inspect_image(reference)  # raises the engine's ImageNotFound
+        raise AssertionError(f"{reference} exists in the engine")
+
+
+def _no_event(message: str, **annotations: str) -> None:
+    pass
 
 
 def test_docker_engine_not_found_on_pull_is_not_recoverable(engine: docker.DockerClient, alloc: AllocDir) -> None:
@@ -100,7 +109,9 @@ def test_docker_engine_not_found_on_pull_is_not_recoverable(engine: docker.Docke
     assert real.value.status_code == 404
     task = alloc.task_config("web", driver_config=busybox("true", image=reference))
     with pytest.raises(DriverError) as info:
-        ensure_image(api, task, TaskDockerConfig(image=reference), PluginConfig())
+        ensure_image(
+            api, task, TaskDockerConfig(image=reference), PluginConfig(), PullCoordinator(), lambda _: api, _no_event
+        )
     assert api.pulled == [reference]
     assert str(info.value) == (
         f"task 'web': Failed to pull `{reference}`: {real.value.explanation}; the image is not present locally and "

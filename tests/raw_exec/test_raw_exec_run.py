@@ -74,6 +74,18 @@ def test_raw_exec_job_runs_through_the_runner_cli(track: Tracker, no_leaks: None
     assert "Traceback" not in done.stdout + done.stderr
 
 
+def test_raw_exec_task_dirs_in_its_environment_are_host_paths(track: Tracker, no_leaks: None) -> None:
+    # Without file-system isolation /local is the host's /local: the env names the real dirs.
+    script = "echo a > $NOMAD_TASK_DIR/f; echo b > $NOMAD_ALLOC_DIR/data/f; echo $NOMAD_SECRETS_DIR"
+    job, client, data = _files(track, enabled=True, script=script)
+    done = _run(job, client)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (alloc,) = (data / "allocs").iterdir()
+    assert (alloc / "work" / "local" / "f").read_text() == "a\n"
+    assert (alloc / "alloc" / "data" / "f").read_text() == "b\n"
+    assert (alloc / "alloc" / "logs" / "work.stdout.0").read_text() == f"{alloc / 'work' / 'secrets'}\n"
+
+
 def test_raw_exec_job_on_a_client_that_did_not_enable_it_is_refused(track: Tracker, no_leaks: None) -> None:
     job, client, _ = _files(track, enabled=False)
     done = _run(job, client)

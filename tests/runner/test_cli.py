@@ -198,6 +198,7 @@ def test_exit_status_table(tmp_path: Path) -> None:
         (["plugin", "probe", "--config", "[1]", "--", "true"], 1, "--config must be a JSON object"),
         (["plugin", "probe"], 2, "the following arguments are required: command"),
         (["run"], 2, "the following arguments are required: job"),
+        (["run", str(bad_job)], 2, 'no plugin is configured for driver "nosuch"'),
         (["nosuch"], 2, "invalid choice: 'nosuch'"),
     ]
     for args, code, text in table:

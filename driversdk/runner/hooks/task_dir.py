@@ -37,11 +37,22 @@ class TaskDirHook(TaskHook):
                 "NOMAD_JOB_NAME": alloc.job.name,
                 "NOMAD_GROUP_NAME": alloc.group.name,
                 "NOMAD_TASK_NAME": task.task.name,
-                "NOMAD_ALLOC_DIR": "/alloc",
-                "NOMAD_TASK_DIR": "/local",
-                "NOMAD_SECRETS_DIR": "/secrets",
+                **task_dir_env(alloc.alloc_dir, task_dir, task.caps.fs_isolation),
             }
         )
+
+
+def task_dir_env(alloc_dir: str, task_dir: str, isolation: FSIsolation) -> dict[str, str]:
+    """Where the task finds its dirs, as Nomad's client says it: inside the task's own root for a
+    driver that gives it one (chroot, image), on the host for a driver that runs it in the host's
+    file system (raw_exec), where ``/local`` would be a host directory nobody made for it."""
+    if isolation == FSIsolation.NONE:
+        return {
+            "NOMAD_ALLOC_DIR": os.path.join(alloc_dir, "alloc"),
+            "NOMAD_TASK_DIR": os.path.join(task_dir, "local"),
+            "NOMAD_SECRETS_DIR": os.path.join(task_dir, "secrets"),
+        }
+    return {"NOMAD_ALLOC_DIR": "/alloc", "NOMAD_TASK_DIR": "/local", "NOMAD_SECRETS_DIR": "/secrets"}
 
 
 def task_owner(user: str, isolation: FSIsolation) -> tuple[int, int] | None:
