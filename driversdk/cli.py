@@ -214,7 +214,41 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def _volume_store(args: argparse.Namespace, *, existing: bool = False) -> Any:
     from driversdk.runner.volumes import VolumeStore
 
-    return VolumeStore.for_data_dir(_data_dir(args, existing=existing))
+    data_dir = _data_dir(args, existing=existing)
+    _watch(data_dir)
+    return VolumeStore.for_data_dir(data_dir)
+
+
+def _watch(data_dir: str) -> None:
+    """Every `volume` command first gives the volume watcher a pass: past claims whose backoff
+    ran out are released (said on stderr, so --json output stays clean)."""
+    from driversdk.runner.volumewatcher import VolumeWatcher, describe
+
+    watcher = VolumeWatcher(data_dir)
+    try:
+        outcome = watcher.reap(wait=10.0)
+    finally:
+        watcher.close()
+    for released in outcome.released:
+        print(f"volume watcher: {describe(released)}", file=sys.stderr)
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CLIError(f"{flag} takes KEY=VALUE, not {item!r}")
+        out[key] = value
+    return out
+
+
+def _stores(args: argparse.Namespace) -> Any:
+    from driversdk.runner.volumeops import Stores
+
+    data_dir = _data_dir(args, existing=True)
+    _watch(data_dir)
+    return Stores.open(data_dir)
 
 
 def cmd_volume_register(args: argparse.Namespace) -> int:
@@ -226,29 +260,174 @@ def cmd_volume_register(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_volume_status(args: argparse.Namespace) -> int:
-    from driversdk.runner.volumes import VolumeError, public_view
+def cmd_volume_create(args: argparse.Namespace) -> int:
+    """CreateVolume through the plugin's controller, then register the result (`nomad volume create`)."""
+    from driversdk.runner.volumeops import Stores, create_volume
+    from driversdk.runner.volumes import parse_volume_file
 
-    store = _volume_store(args, existing=True)
-    if args.id:
-        volume = store.get(args.id, args.namespace)
-        if volume is None:
-            raise VolumeError(f'volume "{args.id}" is not registered in namespace "{args.namespace}"')
-        view = public_view(volume)
-        view["claims"] = [
-            {"alloc_id": c.alloc_id, "job": c.job, "mode": c.mode, "access_mode": c.access_mode}
-            for c in store.claims(volume.id, volume.namespace)
-        ]
-        print(json.dumps(view, indent=2))
+    volume = parse_volume_file(args.file)
+    data_dir = _data_dir(args)
+    _watch(data_dir)
+    stores = Stores.open(data_dir)
+    try:
+        stored, created = create_volume(stores, volume)
+    finally:
+        stores.close()
+    if not created:
+        print(f'updated CSI volume "{stored.id}" (it exists already; plugin "{stored.plugin_id}")')
         return 0
-    volumes = store.list()
+    print(
+        f'created CSI volume "{stored.id}" (external ID "{stored.external_id}", capacity {stored.capacity} bytes, '
+        f'plugin "{stored.plugin_id}")'
+    )
+    return 0
+
+
+def cmd_volume_delete(args: argparse.Namespace) -> int:
+    """DeleteVolume through the controller and deregister; refused while the volume is claimed."""
+    from driversdk.runner.volumeops import delete_volume
+
+    stores = _stores(args)
+    try:
+        volume = delete_volume(stores, args.id, args.namespace, _pairs(args.secret, "--secret"))
+    finally:
+        stores.close()
+    print(f'deleted CSI volume "{volume.id}" (external ID "{volume.external_id}")')
+    return 0
+
+
+def cmd_volume_detach(args: argparse.Namespace) -> int:
+    """Release the volume's claims whose allocations are over (`nomad volume detach`): node
+    unpublish, unstage, controller unpublish, free. With the plugin gone for good a claim is freed
+    once nothing of it is mounted, saying what could not be undone."""
+    from driversdk.runner.volumewatcher import DetachError, VolumeWatcher, describe, describe_failure
+
+    data_dir = _data_dir(args, existing=True)
+    watcher = VolumeWatcher(data_dir)
+    try:
+        if watcher.volumes.get(args.volume, args.namespace) is None:
+            raise DetachError(f'volume "{args.volume}" is not registered in namespace "{args.namespace}"')
+        watcher.denormalize()
+        claims = [
+            c
+            for c in watcher.volumes.claims(args.volume, args.namespace)
+            if not args.alloc or c.alloc_id.startswith(args.alloc)
+        ]
+        if not claims:
+            which = f" by an allocation starting with {args.alloc!r}" if args.alloc else ""
+            print(f'volume "{args.volume}" has no claims{which}; nothing to detach')
+            return 0
+        live = [c for c in claims if not c.past]
+        for claim in live:
+            found = watcher.volumes.alloc_state(claim.alloc_id)
+            how = f"its run (pid {found[1]})" if found else "it"
+            print(
+                f'error: alloc {claim.alloc_id[:8]} of job {claim.job} still uses volume "{args.volume}" ({how} is '
+                "not over); stop the job first (or run it again to recover it, then stop it), then detach",
+                file=sys.stderr,
+            )
+        outcome = watcher.reap(
+            volume_id=args.volume, namespace=args.namespace, alloc_id=args.alloc or None, force=True, detach=True
+        )
+    finally:
+        watcher.close()
+    for released in outcome.released:
+        print(describe(released))
+    for claim, error in outcome.failed:
+        print(f"error: {describe_failure(claim, error)}", file=sys.stderr)
+    return 1 if live or outcome.failed else 0
+
+
+def cmd_volume_status(args: argparse.Namespace) -> int:
+    from driversdk.runner.volumeops import plugin_health, volume_status
+    from driversdk.runner.volumes import VolumeError, claim_state_text, public_view
+
+    stores = _stores(args)
+    try:
+        if args.id:
+            volume = stores.volumes.get(args.id, args.namespace)
+            if volume is None:
+                raise VolumeError(f'volume "{args.id}" is not registered in namespace "{args.namespace}"')
+            view = public_view(volume)
+            view.update(volume_status(stores, volume, plugin_health(stores, volume.plugin_id)))
+            print(json.dumps(view, indent=2))
+            return 0
+        volumes = stores.volumes.list()
+        health = {p: plugin_health(stores, p) for p in sorted({v.plugin_id for v in volumes})}
+        views = []
+        for v in volumes:
+            view = public_view(v)
+            view.update(volume_status(stores, v, health[v.plugin_id]))
+            views.append(view)
+        if args.json:
+            print(json.dumps(views, indent=2))
+            return 0
+        if not volumes:
+            print("no CSI volumes registered")
+        for v, view in zip(volumes, views, strict=True):
+            caps = ", ".join(f"{c.access_mode.value}/{c.attachment_mode.value}" for c in v.capabilities)
+            print(
+                f"{v.namespace}/{v.id}  plugin={v.plugin_id}  external_id={v.remote_id}  capabilities={caps}  "
+                f"capacity={v.capacity}  schedulable={str(view['schedulable']).lower()}  "
+                f"node plugin: {view['plugin_node']}"
+            )
+            for c in stores.volumes.claims(v.id, v.namespace):
+                print(f"  claim  alloc {c.alloc_id[:8]}  job {c.job}  {c.mode}  {claim_state_text(c)}")
+    finally:
+        stores.close()
+    return 0
+
+
+def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
+    from driversdk.runner.volumeops import create_snapshot
+
+    stores = _stores(args)
+    try:
+        snap = create_snapshot(
+            stores,
+            args.volume,
+            args.namespace,
+            args.name or "",
+            secrets=_pairs(args.secret, "--secret"),
+            parameters=_pairs(args.parameter, "--parameter"),
+        )
+    finally:
+        stores.close()
+    ready = "ready" if snap.ready_to_use else "not ready yet"
+    print(f'created snapshot "{snap.snapshot_id}" of volume "{args.volume}" (size {snap.size_bytes} bytes, {ready})')
+    return 0
+
+
+def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
+    from driversdk.runner.volumeops import delete_snapshot
+
+    stores = _stores(args)
+    try:
+        delete_snapshot(stores, args.plugin_id, args.snapshot_id, _pairs(args.secret, "--secret"))
+    finally:
+        stores.close()
+    print(f'deleted snapshot "{args.snapshot_id}" of CSI plugin "{args.plugin_id}"')
+    return 0
+
+
+def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
+    from driversdk.runner.volumeops import list_snapshots
+
+    stores = _stores(args)
+    try:
+        rows = list_snapshots(stores, args.plugin, _pairs(args.secret, "--secret"))
+    finally:
+        stores.close()
     if args.json:
-        print(json.dumps([public_view(v) for v in volumes], indent=2))
-    elif not volumes:
-        print("no CSI volumes registered")
-    for v in [] if args.json else volumes:
-        caps = ", ".join(f"{c.access_mode.value}/{c.attachment_mode.value}" for c in v.capabilities)
-        print(f"{v.namespace}/{v.id}  plugin={v.plugin_id}  external_id={v.remote_id}  capabilities={caps}")
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no snapshots")
+    for r in rows:
+        volume = r["volume_id"] or f"(external {r['external_volume_id']})"
+        ready = "ready" if r["ready"] else "not ready"
+        print(f"{r['snapshot_id']}  plugin={r['plugin_id']}  volume={volume}  size={r['size_bytes']}  "
+              f"created={r['created']}  {ready}")  # fmt: skip
     return 0
 
 
@@ -438,6 +617,38 @@ def build_parser() -> argparse.ArgumentParser:
     dereg.add_argument("id")
     dereg.add_argument("--namespace", default="default")
     dereg.set_defaults(func=cmd_volume_deregister)
+    create = vsub.add_parser("create", parents=[where], help="create a volume through its plugin and register it")
+    create.add_argument("file", help="volume specification (HCL): capacity_min/max, topology_request, …")
+    create.set_defaults(func=cmd_volume_create)
+    delete = vsub.add_parser("delete", parents=[where], help="delete a volume through its plugin (not while claimed)")
+    delete.add_argument("id")
+    delete.add_argument("--namespace", default="default")
+    delete.add_argument("--secret", action="append", metavar="KEY=VALUE", help="a secret for DeleteVolume")
+    delete.set_defaults(func=cmd_volume_delete)
+    detach = vsub.add_parser("detach", parents=[where], help="release the claims of allocations that are over")
+    detach.add_argument("volume")
+    detach.add_argument("--alloc", help="only this allocation's claim (id or prefix)")
+    detach.add_argument("--namespace", default="default")
+    detach.set_defaults(func=cmd_volume_detach)
+    snapshot = vsub.add_parser("snapshot", parents=[where], help="snapshots of volumes, when the plugin has them")
+    ssub = snapshot.add_subparsers(dest="snapshot_cmd", required=True)
+    screate = ssub.add_parser("create", parents=[where], help="snapshot a volume")
+    screate.add_argument("volume")
+    screate.add_argument("name", nargs="?", help="snapshot name (default: the volume's name and the time)")
+    screate.add_argument("--namespace", default="default")
+    screate.add_argument("--secret", action="append", metavar="KEY=VALUE")
+    screate.add_argument("--parameter", action="append", metavar="KEY=VALUE")
+    screate.set_defaults(func=cmd_volume_snapshot_create)
+    sdelete = ssub.add_parser("delete", parents=[where], help="delete a snapshot")
+    sdelete.add_argument("plugin_id")
+    sdelete.add_argument("snapshot_id")
+    sdelete.add_argument("--secret", action="append", metavar="KEY=VALUE")
+    sdelete.set_defaults(func=cmd_volume_snapshot_delete)
+    slist = ssub.add_parser("list", parents=[where], help="list snapshots")
+    slist.add_argument("-plugin", "--plugin", dest="plugin", help="only this CSI plugin's snapshots")
+    slist.add_argument("--secret", action="append", metavar="KEY=VALUE")
+    slist.add_argument("--json", action="store_true")
+    slist.set_defaults(func=cmd_volume_snapshot_list)
     return parser
 
 
@@ -453,6 +664,12 @@ _TAKES: dict[Any, tuple[str, ...]] = {
     cmd_volume_register: DATA_DIR_OPTIONS,
     cmd_volume_status: DATA_DIR_OPTIONS,
     cmd_volume_deregister: DATA_DIR_OPTIONS,
+    cmd_volume_create: DATA_DIR_OPTIONS,
+    cmd_volume_delete: DATA_DIR_OPTIONS,
+    cmd_volume_detach: DATA_DIR_OPTIONS,
+    cmd_volume_snapshot_create: DATA_DIR_OPTIONS,
+    cmd_volume_snapshot_delete: DATA_DIR_OPTIONS,
+    cmd_volume_snapshot_list: DATA_DIR_OPTIONS,
 }
 
 
@@ -470,12 +687,20 @@ def _merge_where(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 def _command(args: argparse.Namespace) -> str:
-    words = [args.cmd] + [getattr(args, k) for k in ("plugin_cmd", "volume_cmd") if getattr(args, k, None)]
+    keys = ("plugin_cmd", "volume_cmd", "snapshot_cmd")
+    words = [args.cmd] + [getattr(args, k) for k in keys if getattr(args, k, None)]
     return "driversdk " + " ".join(words)
 
 
 # Packages that only an extra installs (pyproject's optional dependencies), by import name.
-_EXTRA_OF = {"hcl2": "runner", "lark": "runner", "docker": "docker", "requests": "docker", "pyroute2": "exec"}
+_EXTRA_OF = {
+    "hcl2": "runner",
+    "lark": "runner",
+    "hcl": "runner",
+    "docker": "docker",
+    "requests": "docker",
+    "pyroute2": "exec",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

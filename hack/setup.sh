@@ -41,3 +41,4 @@ fi
 log "building local test images"
 hack/build-test-images.sh
 hack/build-registry-image.sh
+hack/build-csi-plugin-image.sh

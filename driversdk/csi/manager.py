@@ -173,6 +173,16 @@ class NodeVolumeManager:
                 except CSIError:
                     if is_mount_point(host_target):
                         raise
+                if is_mount_point(host_target):
+                    # OK or NotFound ("no longer known") only counts once the target is no mount.
+                    raise CSIError(
+                        f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnpublishVolume but '
+                        f"{host_target} is still mounted; check the plugin's logs, or unmount it by hand "
+                        f"(umount {host_target})",
+                        code="OK",
+                        call="NodeUnpublishVolume",
+                        volume=volume.id,
+                    )
                 # Some plugins leave the target behind; the CO owns cleaning the tree.
                 if os.path.isdir(host_target) and not is_mount_point(host_target):
                     os.rmdir(host_target)
@@ -184,6 +194,14 @@ class NodeVolumeManager:
     def _unstage(self, volume: Volume, usage: UsageOptions) -> None:
         host_stage, plugin_stage = self.staging_paths(volume, usage)
         self.client.node_unstage(volume, plugin_stage)
+        if is_mount_point(host_stage):
+            raise CSIError(
+                f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnstageVolume but {host_stage} is '
+                f"still mounted; check the plugin's logs, or unmount it by hand (umount {host_stage})",
+                code="OK",
+                call="NodeUnstageVolume",
+                volume=volume.id,
+            )
         self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, False)
         if os.path.isdir(host_stage) and not is_mount_point(host_stage):
             os.rmdir(host_stage)
@@ -221,6 +239,59 @@ class NodeVolumeManager:
             self.unmount(volume, row.alloc_id, usage)
             finished.append(row.alloc_id)
         return finished
+
+
+def forget_node_use(
+    store: StateStore,
+    *,
+    plugin_id: str,
+    host_root: str,
+    volume: Volume,
+    alloc_id: str,
+    usage: UsageOptions,
+    requires_staging: bool,
+) -> list[str]:
+    """Drop one allocation's node-side use of a volume without the plugin (it is gone), which is
+    only safe when nothing of it is mounted any more; raises CSIError while something is.
+
+    Returns what could not be undone through the plugin, as phrases for the operator."""
+    target = resolve_under(host_root, "per-alloc", alloc_id, volume.id, usage.key, what="the publish path")
+    stage = resolve_under(host_root, "staging", volume.namespace, volume.id, usage.key, what="the staging path")
+    entries = read_mountinfo()
+    if is_mount_point(target, entries):
+        raise CSIError(
+            f'volume "{volume.id}": its publish target {target} is still mounted and no instance of CSI plugin '
+            f'"{plugin_id}" is registered to unmount it; start the plugin again, or unmount it by hand '
+            f"(umount {target})",
+            code="UNAVAILABLE",
+            call="NodeUnpublishVolume",
+            volume=volume.id,
+        )
+    left = store.drop_usage(plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
+    not_undone = [f"NodeUnpublishVolume of {target} (the plugin was not asked; the target is no mount)"]
+    staged = store.staged(plugin_id, volume.namespace, volume.id, usage.key)
+    if requires_staging and left == 0 and staged:
+        if is_mount_point(stage, entries):
+            raise CSIError(
+                f'volume "{volume.id}": its staging path {stage} is still mounted and no instance of CSI plugin '
+                f'"{plugin_id}" is registered to unstage it; start the plugin again, or unmount it by hand '
+                f"(umount {stage})",
+                code="UNAVAILABLE",
+                call="NodeUnstageVolume",
+                volume=volume.id,
+            )
+        store.set_staged(plugin_id, volume.namespace, volume.id, usage.key, False)
+        not_undone.append(f"NodeUnstageVolume of {stage} (the plugin was not asked; the path is no mount)")
+    for leaf in (target, stage if left == 0 else ""):
+        path = leaf
+        while path and path.startswith(host_root.rstrip("/") + "/"):
+            try:
+                if os.path.isdir(path) and not is_mount_point(path, entries):
+                    os.rmdir(path)
+            except OSError:
+                break
+            path = os.path.dirname(path)
+    return not_undone
 
 
 def controller_publish(controller: CSIClient, volume: Volume, csi_node_id: str, usage: UsageOptions) -> dict[str, str]:

@@ -106,6 +106,23 @@ class VolumeCapability:
         return f"{'ro' if read_only else 'rw'}-{self.attachment_mode.value}-{self.access_mode.value}"
 
 
+@dataclass(frozen=True)
+class TopologyRequest:
+    """A volume file's ``topology_request``: where the volume must (required) or should
+    (preferred) be reachable from; each entry is one topology's segments."""
+
+    required: tuple[dict[str, str], ...] = ()
+    preferred: tuple[dict[str, str], ...] = ()
+
+
+def topology_reachable(volume_topologies: list[dict[str, str]], node_segments: dict[str, str]) -> bool:
+    """Nomad's scheduler rule: a volume with topologies is usable on a node whose plugin topology
+    contains every segment of at least one of them; a volume without any is usable everywhere."""
+    if not volume_topologies:
+        return True
+    return any(all(node_segments.get(k) == v for k, v in t.items()) for t in volume_topologies)
+
+
 @dataclass
 class Volume:
     """A registered CSI volume. ``id`` names it here; ``external_id`` is what the plugin knows."""
@@ -120,6 +137,15 @@ class Volume:
     secrets: Secrets = field(default_factory=Secrets)
     parameters: dict[str, str] = field(default_factory=dict)
     context: dict[str, str] = field(default_factory=dict)
+    # What `volume create` asks for (capacity in bytes, 0 = unset; a content source) ...
+    capacity_min: int = 0
+    capacity_max: int = 0
+    snapshot_id: str = ""
+    clone_id: str = ""
+    requested_topologies: TopologyRequest = field(default_factory=lambda: TopologyRequest())
+    # ... and what the plugin reported (or registration stated): size, where it is reachable.
+    capacity: int = 0
+    topologies: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def remote_id(self) -> str:

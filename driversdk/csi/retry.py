@@ -59,6 +59,11 @@ RETRY_TABLE: dict[str, RetryPolicy] = {
     "NodePublishVolume": VOLUME_CALL,
     "NodeUnpublishVolume": VOLUME_CALL,
     "NodeExpandVolume": VOLUME_CALL,
+    # sent by Nomad's client endpoint with the same options as the volume calls (csi reference §2.4)
+    "CreateSnapshot": VOLUME_CALL,
+    "DeleteSnapshot": VOLUME_CALL,
+    "ListSnapshots": VOLUME_CALL,
+    "ControllerGetVolume": VOLUME_CALL,
 }
 
 

@@ -17,14 +17,23 @@ from dataclasses import asdict, dataclass
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.fingerprint import fingerprint
-from driversdk.csi.manager import MountInfo, NodeVolumeManager, UsageOptions, controller_publish, controller_unpublish
+from driversdk.csi.manager import MountInfo, NodeVolumeManager, UsageOptions, controller_publish
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Volume
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
 from driversdk.mountinfo import is_mount_point
 from driversdk.runner.jobspec import Group, Job, VolumeRequest
-from driversdk.runner.volumes import Claim, VolumeError, VolumeStore
+from driversdk.runner.volumes import (
+    NODE_DETACHED,
+    TAKEN,
+    UNPUBLISHING,
+    Claim,
+    ClaimDetail,
+    VolumeError,
+    VolumeStore,
+)
+from driversdk.runner.volumewatcher import VolumeWatcher
 
 WAIT_FOR_PLUGIN = 60.0  # Nomad's csi_hook waits one minute for a node plugin
 TEARDOWN_ATTEMPTS = 3
@@ -76,6 +85,7 @@ class CSIHook:
         store: StateStore,
         say: Callable[[str, str], None],
         persist: Callable[[str], None],
+        watcher: VolumeWatcher,
         wait_for_plugin: float = WAIT_FOR_PLUGIN,
         plugin_failure: Callable[[str], str | None] | None = None,
     ) -> None:
@@ -90,6 +100,7 @@ class CSIHook:
         self._persist = persist
         self.wait_for_plugin = wait_for_plugin
         self.plugin_failure = plugin_failure or (lambda _: None)
+        self.watcher = watcher
         self.stubs: dict[str, VolumeStub] = {}
 
     @property
@@ -149,9 +160,12 @@ class CSIHook:
                 f'{where}: claiming volumes: could not claim volume "{volume_id}": it is not registered in '
                 f'namespace "{self.job.namespace}"; register it with `driversdk volume register <file>`'
             )
+        # Past claims of the volume are released first when they can be; they never block the claim.
+        self.watcher.reap(volume_id=volume.id, namespace=volume.namespace, wait=0)
         mode = "read" if req.read_only else "write"
+        detail = ClaimDetail(plugin_id=volume.plugin_id, read_only=req.read_only)
         claim = Claim(self.job.namespace, volume.id, self.alloc_id, self.job.name, mode, req.access_mode,
-                      req.attachment_mode)  # fmt: skip
+                      req.attachment_mode, detail=detail.to_json())  # fmt: skip
         try:
             self.volumes.claim(claim)
         except VolumeError as err:
@@ -162,8 +176,6 @@ class CSIHook:
             req.read_only,
             MountOptions(req.fs_type, req.mount_flags) if req.has_mount_options else None,
         )
-        controller_published = False
-        csi_node_id = ""
         try:
             reg = self._plugin(volume, req)
             node = CSIClient(reg.socket_path, plugin=volume.plugin_id)
@@ -174,24 +186,32 @@ class CSIHook:
                         f'{where}: mounting volumes: CSI plugin "{volume.plugin_id}" is not healthy: '
                         f"{facts.health_description}; check the plugin task's logs"
                     )
-                csi_node_id = facts.node.node_id
+                detail.csi_node_id = facts.node.node_id
+                detail.requires_staging = facts.requires_staging
+                detail.host_root = reg.options.get("MountPoint", "")
+                detail.plugin_root = reg.options.get("ContainerMountPoint", "")
                 context: dict[str, str] = {}
                 if facts.requires_controller:
-                    context = self._controller_publish(volume, req, csi_node_id, usage)
-                    controller_published = True
+                    # Intent first: a kill during the call still leaves the unpublish to do.
+                    detail.controller_published = True
+                    self.volumes.set_detail(volume.id, volume.namespace, self.alloc_id, detail)
+                    context = self._controller_publish(volume, req, detail.csi_node_id, usage)
                 manager = self._manager(node, reg, facts.requires_staging)
+                detail.node_mounting = True
+                detail.source = manager.publish_paths(volume, self.alloc_id, usage)[0]
+                self.volumes.set_detail(volume.id, volume.namespace, self.alloc_id, detail)
                 info: MountInfo = manager.mount(volume, self.alloc_id, usage, context)
             finally:
                 node.close()
         except CSIError as err:
-            self._undo_claim(volume, csi_node_id if controller_published else "")
+            self._undo_claim(volume)
             raise CSIHookError(f"{where}: mounting volumes: {err}") from None
         except BaseException:
-            self._undo_claim(volume, csi_node_id if controller_published else "")
+            self._undo_claim(volume)
             raise
         self.stubs[req.name] = VolumeStub(
             req.name, volume.id, volume.namespace, volume.plugin_id, mode, req.access_mode, req.attachment_mode,
-            req.read_only, info.source, csi_node_id, controller_published, facts.requires_staging,
+            req.read_only, info.source, detail.csi_node_id, detail.controller_published, facts.requires_staging,
         )  # fmt: skip
         self.save()
         self.say(req.name, f'CSI volume "{volume.id}" mounted at {info.source}')
@@ -221,26 +241,25 @@ class CSIHook:
         finally:
             controller.close()
 
-    def _undo_claim(self, volume: Volume, csi_node_id: str) -> None:
-        if csi_node_id:
-            try:
-                self._controller_unpublish(volume, csi_node_id)
-            except CSIError as err:
-                self.say(volume.id, f"controller unpublish failed: {err}")
-        self.volumes.release(volume.id, volume.namespace, self.alloc_id)
+    def _undo_claim(self, volume: Volume) -> None:
+        """A claim whose mount failed: the volume manager undid the node side already, so what is
+        left is the controller side; what cannot be undone now stays a past claim for the watcher."""
+        self.volumes.set_claim_state(volume.id, volume.namespace, self.alloc_id, NODE_DETACHED)
+        error = self._release(volume.id, volume.namespace)
+        if error is not None:
+            self.say(volume.id, f"{error}; the past claim is released later by the volume watcher")
 
-    def _controller_unpublish(self, volume: Volume, csi_node_id: str) -> None:
-        reg = self.registry.current("csi-controller", volume.plugin_id)
-        if reg is None:
-            return
-        controller = CSIClient(reg.socket_path, plugin=volume.plugin_id)
-        try:
-            controller_unpublish(controller, volume, csi_node_id)
-        except CSIError as err:
-            if err.code != "NOT_FOUND":
-                raise
-        finally:
-            controller.close()
+    def _release(self, volume_id: str, namespace: str) -> str | None:
+        """Release this alloc's (past) claim on a volume, retried; None when it is freed."""
+        error = None
+        for attempt in range(1, TEARDOWN_ATTEMPTS + 1):
+            outcome = self.watcher.reap(volume_id=volume_id, namespace=namespace, alloc_id=self.alloc_id, force=True)
+            if self.volumes.get_claim(volume_id, namespace, self.alloc_id) is None:
+                return None
+            error = outcome.failed[0][1] if outcome.failed else "another volume watcher pass is still releasing it"
+            if attempt < TEARDOWN_ATTEMPTS:
+                time.sleep(attempt)
+        return error
 
     # --- restore -------------------------------------------------------------------------------
 
@@ -279,50 +298,36 @@ class CSIHook:
     # --- postrun -------------------------------------------------------------------------------
 
     def postrun(self) -> list[str]:
-        """Node unpublish (and unstage when last), controller unpublish, release the claim.
-
-        Each step is retried; what still fails is returned as sentences (and the claim kept, so
-        the volume is not handed to another job while it may still be mounted here)."""
+        """Make each claim a past claim and release it (node unpublish, unstage when last,
+        controller unpublish, free), retried. What still fails is returned as sentences; the
+        claim stays past, so the volume watcher finishes it later (no new claim waits for it)."""
         failures = []
         for name, stub in list(self.stubs.items()):
-            volume = self.volumes.get(stub.volume_id, stub.namespace) or Volume(
-                id=stub.volume_id, plugin_id=stub.plugin_id, namespace=stub.namespace
+            claim = self.volumes.get_claim(stub.volume_id, stub.namespace, self.alloc_id)
+            if claim is not None and not claim.details().plugin_id:
+                # A claim taken before claims recorded their detail: the stub knows it.
+                self.volumes.set_detail(stub.volume_id, stub.namespace, self.alloc_id, _detail_of(stub))
+            self.volumes.set_claim_state(
+                stub.volume_id, stub.namespace, self.alloc_id, UNPUBLISHING, only_from=(TAKEN,)
             )
-            error = self._retry(lambda v=volume, s=stub: self._unmount(v, s))  # type: ignore[misc]
-            if error is None and stub.controller_published:
-                error = self._retry(lambda v=volume, s=stub: self._controller_unpublish(v, s.csi_node_id))  # type: ignore[misc]
+            error = self._release(stub.volume_id, stub.namespace)
             if error is not None:
                 failures.append(f'volume "{name}" (CSI volume "{stub.volume_id}"): {error}')
                 continue
-            self.volumes.release(stub.volume_id, stub.namespace, self.alloc_id)
             del self.stubs[name]
             self.save()
             self.say(name, f'CSI volume "{stub.volume_id}" unmounted and released')
-        # Claims taken before a failure, with nothing mounted yet, are released by _undo_claim.
         return failures
 
-    def _unmount(self, volume: Volume, stub: VolumeStub) -> None:
-        reg = self.registry.current("csi-node", stub.plugin_id)
-        if reg is None:
-            raise CSIError(
-                f'no instance of CSI plugin "{stub.plugin_id}" is registered to unmount it; start the plugin '
-                "again and run `driversdk run` on this job to finish",
-                code="UNAVAILABLE",
-                call="NodeUnpublishVolume",
-            )
-        node = CSIClient(reg.socket_path, plugin=stub.plugin_id)
-        try:
-            self._manager(node, reg, stub.requires_staging).unmount(volume, self.alloc_id, stub.usage)
-        finally:
-            node.close()
 
-    def _retry(self, step: Callable[[], None]) -> str | None:
-        for attempt in range(1, TEARDOWN_ATTEMPTS + 1):
-            try:
-                step()
-                return None
-            except (CSIError, OSError) as err:
-                if attempt == TEARDOWN_ATTEMPTS:
-                    return str(err)
-                time.sleep(attempt)
-        return None  # pragma: no cover
+def _detail_of(stub: VolumeStub) -> ClaimDetail:
+    return ClaimDetail(
+        plugin_id=stub.plugin_id,
+        read_only=stub.read_only,
+        host_root="",
+        requires_staging=stub.requires_staging,
+        csi_node_id=stub.csi_node_id,
+        controller_published=stub.controller_published,
+        node_mounting=True,
+        source=stub.source,
+    )

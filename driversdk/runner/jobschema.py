@@ -253,6 +253,24 @@ REPEATABLE = frozenset(
     ]
 )
 
+# Arguments with a fixed set of values, by (block, argument); "" (unset) is always allowed.
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("", "type"): ("service", "batch", "system", "sysbatch"),
+    ("lifecycle", "hook"): ("prestart", "poststart", "poststop"),
+    ("restart", "mode"): ("fail", "delay"),
+    ("reschedule", "delay_function"): ("constant", "exponential", "fibonacci"),
+    ("template", "change_mode"): ("noop", "restart", "signal", "script"),
+    ("vault", "change_mode"): ("noop", "restart", "signal"),
+    ("disconnect", "reconcile"): ("keep_original", "keep_replacement", "best_score", "longest_running"),
+    ("update", "health_check"): ("checks", "task_states", "manual"),
+    ("migrate", "health_check"): ("checks", "task_states"),
+    ("check", "type"): ("http", "tcp", "grpc", "script"),
+    ("service", "provider"): ("consul", "nomad"),
+    ("service", "address_mode"): ("alloc", "auto", "driver", "host"),
+    ("artifact", "mode"): ("any", "file", "dir"),
+    ("parameterized", "payload"): ("optional", "required", "forbidden"),
+}
+
 # Durations the job parser checks itself, with its own sentence.
 CHECKED_ELSEWHERE = frozenset({"group.task.kill_timeout", "group.task.csi_plugin.health_timeout",
                                "task.kill_timeout", "task.csi_plugin.health_timeout"})  # fmt: skip
@@ -401,6 +419,13 @@ def _walk(
                     )
                     del body[key]
                     continue
+                parent = path.rsplit(".", 1)[-1] if path else ""
+                choices = CHOICES.get((parent, key))
+                if choices and isinstance(body[key], str) and body[key] and body[key].lower() not in choices:
+                    allowed = ", ".join(f'"{c}"' for c in choices)
+                    result.problems.append(
+                        Finding(what, f"{what} must be one of {allowed}, got {_shown(body[key])}", where, line)
+                    )
                 if child.kind is Kind.DURATION and isinstance(body[key], str) and here not in CHECKED_ELSEWHERE:
                     try:
                         parse_duration(body[key], what)

@@ -8,6 +8,8 @@ submit-time rules Nomad applies (drivers-and-mounts reference §3.6).
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +75,40 @@ class CSIPluginConfig:
     health_timeout: str = "30s"
 
 
+class RestartMode(enum.Enum):
+    FAIL = "fail"
+    DELAY = "delay"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """A task's restart policy: the job type's default, then the group's, then the task's keys."""
+
+    attempts: int
+    interval: str
+    delay: str = "15s"
+    mode: RestartMode = RestartMode.FAIL
+    render_templates: bool = False
+
+    @classmethod
+    def default(cls, job_type: str) -> RestartPolicy:
+        # Nomad's defaults: service and system jobs 2 attempts in 30m, batch jobs 3 in 24h.
+        if job_type in ("service", "system"):
+            return cls(attempts=2, interval="30m")
+        return cls(attempts=3, interval="24h")
+
+    def merged(self, body: dict[str, Any]) -> RestartPolicy:
+        """This policy with the keys a ``restart {}`` block sets (already converted by the schema)."""
+        changes: dict[str, Any] = {}
+        for key in ("attempts", "interval", "delay", "render_templates"):
+            if body.get(key) is not None:
+                changes[key] = body[key]
+        mode = body.get("mode")
+        if isinstance(mode, str) and mode.lower() in ("fail", "delay"):
+            changes["mode"] = RestartMode(mode.lower())
+        return dataclasses.replace(self, **changes)
+
+
 @dataclass
 class Port:
     """A group network port: ``static`` 0 means dynamic; ``to`` is the port inside the task."""
@@ -92,6 +128,7 @@ class Task:
     meta: dict[str, str] = field(default_factory=dict)
     lifecycle_hook: str = ""
     lifecycle_sidecar: bool = False
+    restart: RestartPolicy = field(default_factory=lambda: RestartPolicy.default("service"))
     cpu: int = 100
     memory: int = 300
     memory_max: int = 0
@@ -116,6 +153,7 @@ class Group:
     meta: dict[str, str] = field(default_factory=dict)
     # A Connect gateway group: Nomad injects its Envoy task; `run` starts none.
     gateway: bool = False
+    restart: RestartPolicy = field(default_factory=lambda: RestartPolicy.default("service"))
 
 
 @dataclass
@@ -232,6 +270,7 @@ class _Parser:
         where = {"job": job.name, "group": name}
         self.name(name, "the group name", **where)
         group = Group(name, count=self.number(body.get("count"), 1, "count", **where))
+        group.restart = RestartPolicy.default(job.type).merged(single(body.get("restart")))
         group.meta = {str(k): self.text(v, f"meta.{k}", **where) for k, v in single(body.get("meta")).items()}
         if group.count < 0:
             self.problems.append(Problem(self.file, f"count can't be negative, got {group.count}", **where))
@@ -333,6 +372,7 @@ class _Parser:
             logs_disabled=self.flag(logs.get("disabled"), "logs.disabled", **where),
             logs_max_files=self.number(logs.get("max_files"), 10, "logs.max_files", **where),
             logs_max_file_size=self.number(logs.get("max_file_size"), 10, "logs.max_file_size", **where),
+            restart=group.restart.merged(single(body.get("restart"))),
         )
         mounts: list[dict[str, Any]] = body["volume_mount"] if is_blocks(body.get("volume_mount")) else []
         for i, mbody in enumerate(mounts):
@@ -370,6 +410,13 @@ def _shown(value: Any) -> str:
     return show(value) if isinstance(value, str) else show(repr(value))[1:-1]
 
 
+def _printable(text: str) -> str:
+    """Text from the file (an expression, a value) with control characters escaped and shortened,
+    so it can neither forge lines of the output nor flood it."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= 300 else out[:300] + "…"
+
+
 def _wrap_job_tasks(job_body: dict[str, Any]) -> None:
     """A task written directly under job becomes a group of that name holding it, as Nomad does."""
     tasks = job_body.pop("task", None)
@@ -396,7 +443,9 @@ def evaluate_job(path: str | Path, inputs: Inputs | None = None) -> tuple[dict[s
         document = evaluate(file, text, inputs)
     except HCLSyntaxError as err:
         raise syntax_error(path, err) from None
-    problems = [Problem.at(err.line, file, err.reason, field=err.expr) for err in document.errors]
+    problems = [
+        Problem.at(err.line, file, _printable(err.reason), field=_printable(err.expr)) for err in document.errors
+    ]
     notes = list(document.warnings)
     if problems or document.body is None:
         return {}, problems, notes
@@ -455,7 +504,7 @@ def static_problems(job: Job) -> list[Problem]:
                 if not mount.volume:
                     out.append(Problem(f, 'volume mount references an empty volume; set volume = "<name>"', **where))
                 elif mount.volume not in group.volumes:
-                    known = ", ".join(sorted(group.volumes)) or "none"
+                    known = ", ".join(show(v) for v in sorted(group.volumes)) or "none"
                     out.append(
                         Problem(
                             f,

@@ -135,7 +135,7 @@ def _driver_facts(
         result = Problem(
             job.file,
             f'no plugin is configured for driver "{driver}"; add plugin "{driver}" {{ command = [...] }} to the '
-            "client config or use docker or exec",
+            "client config or use a bundled driver (docker, exec, raw_exec)",
             job=job.name,
             field="driver",
         )
@@ -243,6 +243,23 @@ def _plugin_down(socket_path: str, plugin_id: str) -> str | None:
         client.close()
 
 
+def _topology_problem(socket_path: str, volume: Any) -> str | None:
+    """The volume's accessible topology against this node's plugin topology (NodeGetInfo)."""
+    from driversdk.csi.client import CSIClient
+    from driversdk.csi.errors import CSIError
+    from driversdk.runner.volumeops import topology_problem
+
+    try:
+        client = CSIClient(socket_path, plugin=volume.plugin_id, connect_timeout=2.0)
+        try:
+            segments = client.node_info().topology
+        finally:
+            client.close()
+    except CSIError as err:
+        return f'CSI plugin "{volume.plugin_id}" did not say its node topology ({err}); check its task\'s logs'
+    return topology_problem(volume, segments)
+
+
 def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     """CSI volumes must be registered with a capability matching the request, and their node
     plugin must run here: registered by a running plugin, or provided by this job itself."""
@@ -320,6 +337,8 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
                     **where,
                 )
             )
+        elif volume.topologies and (far := _topology_problem(running.socket_path, volume)) is not None:
+            out.append(Problem(job.file, far, **where))
     volumes.close()
     return out
 

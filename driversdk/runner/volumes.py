@@ -2,7 +2,15 @@
 
 Volume specification files follow Nomad's format (``id``, ``name``, ``type = "csi"``,
 ``plugin_id``, ``external_id``, ``capability {}`` blocks, ``mount_options {}``, ``secrets {}``,
-``parameters {}``, ``context {}``). Secrets and mount flags never appear in ``status`` output.
+``parameters {}``, ``context {}``, and for ``volume create`` ``capacity_min`` / ``capacity_max``,
+``snapshot_id`` / ``clone_id``, ``topology_request {}``). Secrets and mount flags never appear in
+``status`` output.
+
+Claims have a life, as Nomad's: ``taken`` while the allocation uses the volume; once it is
+terminal the claim is *past* (``unpublishing``, then ``node-detached`` when the node side is
+undone) until the volume watcher (:mod:`driversdk.runner.volumewatcher`) has released it, and
+then it is gone. A past claim, or a taken one whose allocation is terminal, never blocks a new
+claim.
 """
 
 from __future__ import annotations
@@ -10,7 +18,9 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +31,7 @@ from driversdk.csi.model import (
     AttachmentMode,
     MountOptions,
     Secrets,
+    TopologyRequest,
     Volume,
     VolumeCapability,
 )
@@ -30,7 +41,16 @@ from driversdk.runner.hclload import is_blocks, load_hcl, single
 from driversdk.statedb import open_state
 
 _KEYS = {"id", "name", "namespace", "type", "plugin_id", "external_id", "capability", "mount_options", "secrets",
-         "parameters", "context"}  # fmt: skip
+         "parameters", "context", "capacity_min", "capacity_max", "snapshot_id", "clone_id",
+         "topology_request"}  # fmt: skip
+
+# Claim states (Nomad's CSIVolumeClaimState): taken is live; the others are past claims.
+TAKEN = "taken"
+UNPUBLISHING = "unpublishing"
+NODE_DETACHED = "node-detached"
+PAST_STATES = (UNPUBLISHING, NODE_DETACHED)
+# Allocation states of the run state that end an allocation.
+TERMINAL_ALLOC_STATES = ("stopped", "failed", "complete")
 
 
 class VolumeError(ConfigError):
@@ -50,6 +70,108 @@ class Claim:
     mode: str  # "read" | "write", as Nomad's claim modes
     access_mode: str
     attachment_mode: str
+    state: str = TAKEN
+    detail: str = "{}"  # JSON: what releasing it needs (see ClaimDetail)
+    last_error: str = ""
+    attempts: int = 0
+    next_attempt: float = 0.0
+    updated: float = 0.0
+
+    @property
+    def past(self) -> bool:
+        return self.state in PAST_STATES
+
+    def details(self) -> ClaimDetail:
+        return ClaimDetail.from_json(self.detail)
+
+
+@dataclass
+class ClaimDetail:
+    """What releasing a claim needs once its allocation is gone, recorded before each step is
+    taken (intent first), so a release after any restart knows what may have been done."""
+
+    plugin_id: str = ""
+    read_only: bool = False
+    host_root: str = ""  # the node plugin's host tree (<state>/csi/<type>/<id>)
+    plugin_root: str = ""  # the same tree as the plugin sees it
+    requires_staging: bool = False
+    csi_node_id: str = ""
+    controller_published: bool = False  # ControllerPublishVolume was (or may have been) sent
+    node_mounting: bool = False  # NodeStage/NodePublish was (or may have been) sent
+    source: str = ""  # the published target on the host
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClaimDetail:
+        data = json.loads(text or "{}")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+_CLAIM_COLUMNS = (
+    "namespace, volume_id, alloc_id, job, mode, access_mode, attachment_mode, state, detail, last_error, attempts, "
+    "next_attempt, updated"
+)
+# A claim that counts against the access mode: taken, by an allocation that is not terminal.
+_LIVE = (
+    f"state='{TAKEN}' AND NOT EXISTS (SELECT 1 FROM run_allocs a WHERE a.alloc_id=volume_claims.alloc_id "
+    f"AND a.state IN {TERMINAL_ALLOC_STATES!r})"
+)
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "ki": 2**10, "mib": 2**20, "mi": 2**20, "gib": 2**30,
+          "gi": 2**30, "tib": 2**40, "ti": 2**40}  # fmt: skip
+
+
+def parse_size(text: object, key: str, problems: list[str]) -> int:
+    """A human size as Nomad reads it ("10GiB", "500MB", "1G", a number of bytes); 0 when unset."""
+    if text is None or text == "":
+        return 0
+    if isinstance(text, bool) or not isinstance(text, str | int):
+        problems.append(f'{key} must be a size such as "10GiB"')
+        return 0
+    match = _SIZE.match(str(text))
+    unit = _UNITS.get(match.group(2).lower()) if match else None
+    if match is None or unit is None:
+        problems.append(f'{key} {show(str(text))} is not a size; use e.g. "10GiB", "500MB" or a number of bytes')
+        return 0
+    return int(float(match.group(1)) * unit)
+
+
+def _topologies(value: object, where: str, problems: list[str]) -> tuple[dict[str, str], ...]:
+    """``topology { segments { key = "value" } }`` blocks of a required/preferred block."""
+    out = []
+    blocks = single(value).get("topology")
+    if blocks is None:
+        return ()
+    if not is_blocks(blocks):
+        problems.append(f"{where}.topology must be blocks (topology {{ segments {{ … }} }})")
+        return ()
+    for i, block in enumerate(blocks):
+        segments = {str(k): str(v) for k, v in single(block.get("segments")).items()}
+        if not segments:
+            problems.append(f'{where}.topology[{i}] needs segments {{ key = "value" }}')
+        out.append(segments)
+    return tuple(out)
+
+
+def _topology_request(data: dict[str, Any], problems: list[str]) -> TopologyRequest:
+    raw = data.get("topology_request")
+    if raw is None:
+        return TopologyRequest()
+    if not (isinstance(raw, dict) or is_blocks(raw)):
+        problems.append("topology_request must be a block (topology_request { required { … } preferred { … } })")
+        return TopologyRequest()
+    body = single(raw)
+    unknown = sorted(set(body) - {"required", "preferred"})
+    problems.extend(f"topology_request: unsupported block {k!r}" for k in unknown)
+    return TopologyRequest(
+        _topologies(body.get("required"), "topology_request.required", problems),
+        _topologies(body.get("preferred"), "topology_request.preferred", problems),
+    )
 
 
 def _claim_refusal(current: str, mode: str, readers: int, writers: int) -> str | None:
@@ -132,7 +254,20 @@ def parse_volume_file(path: str | Path) -> Volume:
         secrets=Secrets(_string_map(data, "secrets", problems)),
         parameters=_string_map(data, "parameters", problems),
         context=_string_map(data, "context", problems),
+        capacity_min=parse_size(data.get("capacity_min"), "capacity_min", problems),
+        capacity_max=parse_size(data.get("capacity_max"), "capacity_max", problems),
+        snapshot_id=_string(data, "snapshot_id", problems),
+        clone_id=_string(data, "clone_id", problems),
+        requested_topologies=_topology_request(data, problems),
     )
+    # Registering states where the volume is; creating asks for it (the plugin answers).
+    volume.topologies = [dict(t) for t in volume.requested_topologies.required]
+    if volume.snapshot_id and volume.clone_id:
+        problems.append("only one of snapshot_id and clone_id may be set")
+    if volume.capacity_max and volume.capacity_max < volume.capacity_min:
+        problems.append(
+            f"capacity_max ({volume.capacity_max} bytes) is smaller than capacity_min ({volume.capacity_min} bytes)"
+        )
     if not volume.id:
         problems.append("missing id")
     if not volume.plugin_id:
@@ -152,14 +287,17 @@ def parse_volume_file(path: str | Path) -> Volume:
 def merge(existing: Volume, update: Volume) -> Volume:
     """Nomad's CSIVolume.Merge for an unclaimed volume: identity fields are immutable."""
     errors = []
-    for field, label in (("name", "name"), ("external_id", "external ID")):
-        new, old = getattr(update, field), getattr(existing, field)
+    for attr, label in (("name", "name"), ("external_id", "external ID"), ("snapshot_id", "snapshot ID"),
+                        ("clone_id", "clone ID")):  # fmt: skip
+        new, old = getattr(update, attr), getattr(existing, attr)
         if new and old and new != old:
             errors.append(f"volume {label} cannot be updated ({old!r} -> {new!r})")
     if update.plugin_id != existing.plugin_id:
         errors.append(f"volume plugin ID cannot be updated ({existing.plugin_id!r} -> {update.plugin_id!r})")
     if update.parameters and existing.parameters and update.parameters != existing.parameters:
         errors.append("volume parameters cannot be updated")
+    if existing.topologies and update.topologies and update.topologies != existing.topologies:
+        errors.append("volume topology request cannot be changed once the volume has topologies")
     if errors:
         raise VolumeError(f'unable to update volume "{existing.id}": ' + "; ".join(errors))
     return Volume(
@@ -173,6 +311,13 @@ def merge(existing: Volume, update: Volume) -> Volume:
         secrets=update.secrets,  # always replaced: an update without secrets erases them
         parameters=existing.parameters or update.parameters,
         context=update.context or existing.context,
+        capacity_min=update.capacity_min or existing.capacity_min,
+        capacity_max=update.capacity_max or existing.capacity_max,
+        snapshot_id=existing.snapshot_id or update.snapshot_id,
+        clone_id=existing.clone_id or update.clone_id,
+        requested_topologies=existing.requested_topologies,
+        capacity=existing.capacity,
+        topologies=existing.topologies or update.topologies,
     )
 
 
@@ -191,6 +336,16 @@ def _to_json(volume: Volume) -> str:
             "secrets": dict(volume.secrets),
             "parameters": volume.parameters,
             "context": volume.context,
+            "capacity_min": volume.capacity_min,
+            "capacity_max": volume.capacity_max,
+            "snapshot_id": volume.snapshot_id,
+            "clone_id": volume.clone_id,
+            "topology_request": {
+                "required": list(volume.requested_topologies.required),
+                "preferred": list(volume.requested_topologies.preferred),
+            },
+            "capacity": volume.capacity,
+            "topologies": volume.topologies,
         },
         sort_keys=True,
     )
@@ -210,6 +365,17 @@ def _from_json(text: str) -> Volume:
         secrets=Secrets(d["secrets"]),
         parameters=d["parameters"],
         context=d["context"],
+        # Records written before `volume create` existed lack the keys below.
+        capacity_min=d.get("capacity_min", 0),
+        capacity_max=d.get("capacity_max", 0),
+        snapshot_id=d.get("snapshot_id", ""),
+        clone_id=d.get("clone_id", ""),
+        requested_topologies=TopologyRequest(
+            tuple(d.get("topology_request", {}).get("required", [])),
+            tuple(d.get("topology_request", {}).get("preferred", [])),
+        ),
+        capacity=d.get("capacity", 0),
+        topologies=d.get("topologies", []),
     )
 
 
@@ -231,6 +397,12 @@ def public_view(volume: Volume) -> dict[str, Any]:
         "secrets": {k: REDACTED for k in sorted(volume.secrets)},
         "parameters": volume.parameters,
         "context": volume.context,
+        "capacity_bytes": volume.capacity,
+        "capacity_min": volume.capacity_min,
+        "capacity_max": volume.capacity_max,
+        "topologies": volume.topologies,
+        "snapshot_id": volume.snapshot_id,
+        "clone_id": volume.clone_id,
     }
 
 
@@ -273,23 +445,59 @@ class VolumeStore:
             raise VolumeError(f'volume "{volume_id}" is not registered in namespace "{namespace}"')
         held = self.claims(volume_id, namespace)
         if held:
-            users = ", ".join(sorted({f"{c.alloc_id[:8]} (job {c.job})" for c in held}))
+            users = ", ".join(
+                sorted(
+                    {f"{c.alloc_id[:8]} (job {c.job}{', a past claim being released' if c.past else ''})" for c in held}
+                )
+            )
             raise VolumeError(
-                f'volume "{volume_id}" is in use by allocation(s) {users}; stop them before deregistering it'
+                f'volume "{volume_id}" is in use by allocation(s) {users}; stop them before deregistering it '
+                f"(a past claim is released by the volume watcher, or by `driversdk volume detach {volume_id}`)"
             )
         with self._lock:
             self._db.execute("DELETE FROM volumes WHERE namespace=? AND id=?", (namespace, volume_id))
+
+    def update_record(self, volume: Volume) -> None:
+        """Store facts the plugin reported (capacity, topologies, external id) on a registration."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO volumes VALUES (?, ?, ?)", (volume.namespace, volume.id, _to_json(volume))
+            )
 
     # --- claims ----------------------------------------------------------------------------------
 
     def claims(self, volume_id: str, namespace: str = "default") -> builtins.list[Claim]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT namespace, volume_id, alloc_id, job, mode, access_mode, attachment_mode FROM volume_claims "
-                "WHERE namespace=? AND volume_id=? ORDER BY alloc_id",
+                f"SELECT {_CLAIM_COLUMNS} FROM volume_claims WHERE namespace=? AND volume_id=? ORDER BY alloc_id",
                 (namespace, volume_id),
             ).fetchall()
         return [Claim(*r) for r in rows]
+
+    def all_claims(self) -> builtins.list[Claim]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_CLAIM_COLUMNS} FROM volume_claims ORDER BY namespace, volume_id, alloc_id"
+            ).fetchall()
+        return [Claim(*r) for r in rows]
+
+    def get_claim(self, volume_id: str, namespace: str, alloc_id: str) -> Claim | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_CLAIM_COLUMNS} FROM volume_claims WHERE namespace=? AND volume_id=? AND alloc_id=?",
+                (namespace, volume_id, alloc_id),
+            ).fetchone()
+        return Claim(*row) if row else None
+
+    def alloc_state(self, alloc_id: str) -> tuple[str, int] | None:
+        """The run state's (state, run pid) of an allocation; None when it never was recorded."""
+        with self._lock:
+            row = self._db.execute("SELECT state, run_pid FROM run_allocs WHERE alloc_id=?", (alloc_id,)).fetchone()
+        return (str(row[0]), int(row[1])) if row else None
+
+    def alloc_terminal(self, alloc_id: str) -> bool:
+        found = self.alloc_state(alloc_id)
+        return found is not None and found[0] in TERMINAL_ALLOC_STATES
 
     def claim(self, claim: Claim) -> None:
         """Take a read or write claim, in one transaction so two runs cannot both get the last slot."""
@@ -311,11 +519,22 @@ class VolumeStore:
                 f'volume "{claim.volume_id}" is not registered in namespace "{claim.namespace}"; register it '
                 "with `driversdk volume register <file>`"
             )
+        mine = self._db.execute(
+            "SELECT state FROM volume_claims WHERE namespace=? AND volume_id=? AND alloc_id=?",
+            (claim.namespace, claim.volume_id, claim.alloc_id),
+        ).fetchone()
+        if mine is not None and mine[0] != TAKEN:
+            raise ClaimError(
+                f'volume "{claim.volume_id}": allocation {claim.alloc_id[:8]} released its claim already '
+                f"({mine[0]}); a released claim is not taken again"
+            )
+        # Only live claims count: past ones, and taken ones whose allocation is terminal, are
+        # being released and never block a new claim (Nomad's denormalization).
         others = [
             Claim(*r)
             for r in self._db.execute(
-                "SELECT namespace, volume_id, alloc_id, job, mode, access_mode, attachment_mode FROM volume_claims "
-                "WHERE namespace=? AND volume_id=? AND alloc_id != ?",
+                f"SELECT {_CLAIM_COLUMNS} FROM volume_claims WHERE namespace=? AND volume_id=? AND alloc_id != ? "
+                f"AND {_LIVE}",
                 (claim.namespace, claim.volume_id, claim.alloc_id),
             ).fetchall()
         ]
@@ -334,13 +553,45 @@ class VolumeStore:
                 f'volume "{claim.volume_id}": volume max claims reached: {refusal} and it is claimed by '
                 f"{holders}; stop that job, or use per_alloc or an access mode that allows more claims"
             )
+        if mine is not None:
+            return  # idempotent: this alloc holds it already (its detail is kept)
         self._db.execute(
-            "INSERT OR REPLACE INTO volume_claims VALUES (?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO volume_claims ({_CLAIM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, '', 0, 0, ?)",
             (claim.namespace, claim.volume_id, claim.alloc_id, claim.job, claim.mode, claim.access_mode,
-             claim.attachment_mode),
+             claim.attachment_mode, TAKEN, claim.detail, time.time()),
         )  # fmt: skip
 
+    def set_detail(self, volume_id: str, namespace: str, alloc_id: str, detail: ClaimDetail) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE volume_claims SET detail=?, updated=? WHERE namespace=? AND volume_id=? AND alloc_id=?",
+                (detail.to_json(), time.time(), namespace, volume_id, alloc_id),
+            )
+
+    def set_claim_state(
+        self, volume_id: str, namespace: str, alloc_id: str, state: str, *, only_from: tuple[str, ...] = ()
+    ) -> bool:
+        """Move a claim to ``state`` (only from one of ``only_from`` when given); False if it did not move."""
+        query = "UPDATE volume_claims SET state=?, updated=? WHERE namespace=? AND volume_id=? AND alloc_id=?"
+        params: tuple[object, ...] = (state, time.time(), namespace, volume_id, alloc_id)
+        if only_from:
+            query += f" AND state IN ({', '.join('?' for _ in only_from)})"
+            params += only_from
+        with self._lock:
+            moved = self._db.execute(query, params).rowcount
+        return bool(moved)
+
+    def claim_failed(self, volume_id: str, namespace: str, alloc_id: str, error: str, backoff: float) -> None:
+        """Record why a release step failed and when the watcher tries again."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE volume_claims SET last_error=?, attempts=attempts+1, next_attempt=?, updated=? "
+                "WHERE namespace=? AND volume_id=? AND alloc_id=?",
+                (error, time.time() + backoff, time.time(), namespace, volume_id, alloc_id),
+            )
+
     def release(self, volume_id: str, namespace: str, alloc_id: str) -> None:
+        """Free a claim: the last step of its release (or undoing one that mounted nothing)."""
         with self._lock:
             self._db.execute(
                 "DELETE FROM volume_claims WHERE namespace=? AND volume_id=? AND alloc_id=?",
@@ -349,3 +600,15 @@ class VolumeStore:
 
     def close(self) -> None:
         self._db.close()
+
+
+def claim_state_text(claim: Claim) -> str:
+    """How ``volume status`` names a claim's state: in use, past (waiting to be released), or
+    being released, with the last error."""
+    if claim.state == TAKEN:
+        return "in use"
+    step = "node unpublish" if claim.state == UNPUBLISHING else "controller unpublish"
+    text = f"past, being released (next: {step})"
+    if claim.last_error:
+        text += f"; last error: {claim.last_error}"
+    return text

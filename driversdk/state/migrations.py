@@ -78,7 +78,27 @@ def _v2_one_plugin_per_driver(db: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_unversioned_schema, _v2_one_plugin_per_driver]
+def _v3_claims_that_end(db: sqlite3.Connection) -> None:
+    """Claims get a life: a state (``taken``; past: ``unpublishing``, ``node-detached``), what the
+    volume watcher needs to release them without the allocation (``detail``: plugin, usage, paths,
+    CSI node id), and its progress (``last_error``, ``attempts``, ``next_attempt``). Existing
+    claims stay taken; the watcher finds the terminal ones."""
+    for column in (
+        "state TEXT NOT NULL DEFAULT 'taken'",
+        "detail TEXT NOT NULL DEFAULT '{}'",
+        "last_error TEXT NOT NULL DEFAULT ''",
+        "attempts INTEGER NOT NULL DEFAULT 0",
+        "next_attempt REAL NOT NULL DEFAULT 0",
+        "updated REAL NOT NULL DEFAULT 0",
+    ):
+        db.execute(f"ALTER TABLE volume_claims ADD COLUMN {column}")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _v1_unversioned_schema,
+    _v2_one_plugin_per_driver,
+    _v3_claims_that_end,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

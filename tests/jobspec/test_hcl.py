@@ -347,3 +347,14 @@ job "j" {
 def test_a_dynamic_block_needs_for_each_and_content() -> None:
     found = errors('job "j" {\n  dynamic "group" {\n    labels = ["x"]\n  }\n}\n')
     assert any("needs for_each" in e for e in found), found
+
+
+def test_a_variables_block_declares_variables_by_their_defaults() -> None:
+    prelude = 'variables {\n  region = "eu"\n  replicas = 2\n}'
+    assert value("var.region", prelude) == "eu"
+    assert value("var.replicas + 1", prelude, Inputs(vars=["replicas=4"])) == 5
+
+
+def test_defaults_must_be_literal_values() -> None:
+    found = errors('variable "a" {\n  default = upper("x")\n}\njob "j" {}\n')
+    assert found == ['line 2: functions may not be called here; give a literal value (in upper("x"))']

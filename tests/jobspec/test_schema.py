@@ -126,3 +126,20 @@ def test_a_runtime_destination_is_checked_after_interpolation(tmp_path: Path) ->
     assert report.parsed is not None
     # run gets the job as written: it interpolates with the real allocation.
     assert report.parsed.groups[0].tasks[0].volume_mounts[0].destination == "${NOMAD_ALLOC_DIR}/data"
+
+
+def test_restart_policy_merges_job_type_default_group_and_task(tmp_path: Path) -> None:
+    from driversdk.runner.jobspec import RestartMode, RestartPolicy
+
+    path = write(
+        tmp_path,
+        'job "j" {\n type = "batch"\n group "g" {\n restart {\n attempts = "5"\n mode = "delay"\n }\n'
+        ' task "a" {\n driver = "exec"\n restart {\n delay = "1s"\n render_templates = true\n }\n }\n'
+        ' task "b" {\n driver = "exec"\n }\n }\n}\n',
+    )
+    job, problems = parse_job(path)
+    assert problems == []
+    a, b = job.groups[0].tasks
+    assert b.restart == RestartPolicy(attempts=5, interval="24h", delay="15s", mode=RestartMode.DELAY)
+    assert a.restart == RestartPolicy(5, "24h", "1s", RestartMode.DELAY, render_templates=True)
+    assert RestartPolicy.default("service") == RestartPolicy(2, "30m")

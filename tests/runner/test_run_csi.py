@@ -119,7 +119,10 @@ class Env:
 
 @pytest.fixture
 def env(engine: docker.DockerClient, short_dir: Path) -> Env:
-    work = short_dir
+    return make_env(engine, short_dir)
+
+
+def make_env(engine: docker.DockerClient, work: Path) -> Env:
     (work / "backing" / "volumes").mkdir(parents=True)
     # The demo's own client config (examples/demo.py), plus what the tests need on top.
     demo.client_config(
@@ -150,6 +153,8 @@ def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "") 
       }}
       env {{
         CSI_HOSTPATH_ROOT = "/srv/csi"
+        # The plugin imports this tree (the installed one may be another checkout, outside the chroot).
+        PYTHONPATH = "{ROOT}"
         {env}
       }}
       volume_mount {{

@@ -39,7 +39,11 @@ def shared_dir(tmp_path: Path) -> Iterator[Path]:
 
 def write_client(tmp_path: Path, volumes: dict[str, str], extra: str = "") -> Path:
     blocks = "\n".join(f'  host_volume "{n}" {{\n    path = "{p}"\n  }}' for n, p in volumes.items())
-    text = f'client {{\n{blocks}\n}}\nplugin "hello" {{\n  command = ["{sys.executable}", "{HELLO}"]\n}}\n{extra}'
+    # Its own data dir: the machine's default one may hold another driversdk's state.
+    text = (
+        f'data_dir = "{tmp_path / "data"}"\nclient {{\n{blocks}\n}}\n'
+        f'plugin "hello" {{\n  command = ["{sys.executable}", "{HELLO}"]\n}}\n{extra}'
+    )
     path = tmp_path / "client.hcl"
     path.write_text(text)
     return path

@@ -168,7 +168,7 @@ def test_a_signal_and_duration_are_refused_and_their_good_spellings_accepted(tmp
     # Only the unconfigured driver is left.
     assert [line for line in done.stdout.splitlines() if line.startswith("error")] == [
         f'error {path}, job "shop", driver: no plugin is configured for driver "nosuch"; add plugin "nosuch" '
-        "{ command = [...] } to the client config or use docker or exec"
+        "{ command = [...] } to the client config or use a bundled driver (docker, exec, raw_exec)"
     ]
 
 

@@ -323,6 +323,7 @@ class _Run:
                 var.values.append(("default", value))
         except EvalError as err:
             self.error(err)
+            var.values.append(("default", None))  # reported once: not also as "not set"
         for block in trees(inner):
             if block.data != "block":
                 continue

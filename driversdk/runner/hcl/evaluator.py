@@ -8,9 +8,13 @@ syntax — and walk its raw lark tree (``hcl2.parser.parser()``) with this small
 knows scopes (``var``, ``local``, iterators), functions, templates with ``%{ if }`` and
 ``%{ for }``, for-expressions, splats, conditionals and operators.
 
-As Nomad's jobspec2 does, a traversal whose root is not in scope (``attr.kernel.name``,
-``node.unique.id``, ``meta.rack``, ``env["HOME"]``, ``NOMAD_ALLOC_DIR``) is not an error: it
-evaluates to its own text as ``"${…}"``, for the client to interpolate at run time.
+Which roots stay literal: jobspec2's evaluation context defines only ``var`` and ``local`` (plus
+the names a for-expression or a ``dynamic`` iterator binds), and its ``UnknownVariable`` hook
+turns any other root into the string ``"${" + expression + "}"``. So *every* other root —
+``attr.kernel.name``, ``node.unique.id``, ``meta.rack``, ``env["HOME"]``, ``NOMAD_ALLOC_DIR``,
+``NOMAD_META_x``, ``CSI_ENDPOINT``, ``device.attr.memory`` — evaluates to its own text, the whole
+static traversal (attributes and literal indexes) included, for the client to interpolate at
+run time. ``var.undeclared`` is an error, because ``var`` is known and has no such attribute.
 """
 
 from __future__ import annotations

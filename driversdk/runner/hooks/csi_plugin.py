@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from driversdk.model import FSIsolation
+from driversdk.runner.events import RunEvent
 from driversdk.runner.hooks import AllocHook, TaskHook
 from driversdk.runner.supervisor import PluginSupervisor, csi_dir, release_shared
+from driversdk.runner.volumewatcher import start_background, stop_background
 
 if TYPE_CHECKING:
     from driversdk.runner.allocrunner import AllocRunner
@@ -61,10 +63,27 @@ class CSIPluginSupervisorHook(TaskHook):
 
 class CSIPluginDirHook(AllocHook):
     """A group of plugin tasks made ``<data_dir>/client/csi`` a shared mount (the supervisor did,
-    at prerun); once the group's volumes and tasks are gone, undo it if nothing is below."""
+    at prerun); once the group's volumes and tasks are gone, undo it if nothing is below.
+
+    Every allocation also holds the run's volume watcher (:mod:`driversdk.runner.volumewatcher`):
+    started with the first allocation, it releases past claims in the background (at once when a
+    plugin registers) and stops after the last one."""
 
     name = "csi plugin dir"
+
+    def __init__(self) -> None:
+        self._watching = False
+
+    def prerun(self, alloc: AllocRunner) -> None:
+        def say(volume: str, text: str) -> None:
+            alloc.emit(RunEvent("volume", text, name=volume) if volume else RunEvent("run", text))
+
+        start_background(alloc.client.data_dir, alloc.node.registry, say)
+        self._watching = True
 
     def postrun(self, alloc: AllocRunner) -> None:
         if any(t.csi_plugin is not None for t in alloc.group.tasks):
             release_shared(csi_dir(alloc.client.data_dir))
+        if self._watching:
+            self._watching = False
+            stop_background(alloc.client.data_dir)

@@ -2,7 +2,7 @@
 stage and publish it (:class:`driversdk.runner.csihook.CSIHook` does the work and records a stub
 per volume); on a recovered allocation the stubs are read back instead of claiming again. At
 postrun every volume is unpublished, unstaged and released, retried; what could not be undone
-keeps its claim and marks the allocation failed."""
+stays a past claim (released later by the volume watcher) and marks the allocation failed."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from driversdk.runner.csihook import CSIHook
 from driversdk.runner.hooks import AllocHook
+from driversdk.runner.volumewatcher import VolumeWatcher
 
 if TYPE_CHECKING:
     from driversdk.runner.allocrunner import AllocRunner
@@ -36,6 +37,7 @@ class CSIVolumesHook(AllocHook):
             say=lambda volume, text: alloc.event("volume", text, name=volume),
             persist=lambda text: alloc.state.alloc_update(alloc.alloc_id, csi=text),
             plugin_failure=node.plugin_failure,
+            watcher=VolumeWatcher(alloc.client.data_dir, volumes=node.volumes, csi=node.csi_state),
         )
         if alloc.restoring is not None:
             alloc.csi_sources = self.csi.restore(alloc.restoring.csi)
@@ -46,5 +48,9 @@ class CSIVolumesHook(AllocHook):
         if self.csi is None:
             return
         for failure in self.csi.postrun():
-            alloc.event("group", f"{failure}; the claim is kept until it is unmounted")
+            alloc.event(
+                "group",
+                f"{failure}; the claim is kept as a past claim, released by the volume watcher of every "
+                "`driversdk run` and `driversdk volume` command (see `driversdk volume status`)",
+            )
             alloc.teardown_failed = True
