@@ -78,7 +78,16 @@ def _v2_one_plugin_per_driver(db: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_unversioned_schema, _v2_one_plugin_per_driver]
+def _v3_task_restarts(db: sqlite3.Connection) -> None:
+    """Tasks are restarted by their restart policy: how often, for ``driversdk status``."""
+    db.execute("ALTER TABLE run_tasks ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _v1_unversioned_schema,
+    _v2_one_plugin_per_driver,
+    _v3_task_restarts,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
