@@ -123,6 +123,7 @@ def _validate(paths: list[str], client: ClientConfig, emit: Emit) -> tuple[list[
 def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading.Event | None = None) -> int:
     """Run the jobs' allocations in this process until their tasks finish (or ``stop``); returns
     the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED)."""
+    emit = _one_at_a_time(emit)  # tasks start and exit in threads of their own: one line at a time
     jobs, spare = _validate(paths, client, emit)
     if not jobs:
         return EXIT_REFUSED
@@ -162,6 +163,16 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         node.close()  # the driver manager shuts down what is left (validation's unused plugins)
+
+
+def _one_at_a_time(emit: Emit) -> Emit:
+    lock = threading.Lock()
+
+    def serialized(event: RunEvent) -> None:
+        with lock:
+            emit(event)
+
+    return serialized
 
 
 def run_job(path: str, client: ClientConfig, say: Any = print, stop: threading.Event | None = None) -> int:

@@ -1,0 +1,72 @@
+"""The template subset (driversdk.runner.templates): what it renders, what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from driversdk.runner.templates import TemplateError, cluster_functions, parse_env, render
+
+ENV = {"NOMAD_TASK_NAME": "web", "GREETING": "Hello", "EMPTY": "", "B64": "aGk="}
+
+
+@pytest.mark.parametrize(
+    ("text", "out"),
+    [
+        ("plain text\n", "plain text\n"),
+        ('name={{ env "NOMAD_TASK_NAME" }}', "name=web"),
+        ('{{ env "GREETING" | toUpper }} {{ env "GREETING" | toLower }}', "HELLO hello"),
+        ('{{ env "MISSING" }}|', "|"),
+        ('{{ envOrDefault "MISSING" "dflt" }}', "dflt"),
+        ('{{ if env "EMPTY" }}yes{{ else }}no{{ end }}', "no"),
+        ('{{ if eq (env "NOMAD_TASK_NAME") "web" }}web{{ else if true }}other{{ end }}', "web"),
+        ('{{ if not (env "GREETING") }}x{{ else }}y{{ end }}', "y"),
+        ("a  {{- /* a comment */ -}}  b", "ab"),
+        ('{{ "  pad  " | trimSpace }}', "pad"),
+        ('{{ env "GREETING" | replaceAll "l" "L" }}', "HeLLo"),
+        ('{{ env "B64" | base64Decode }} {{ "hi" | base64Encode }}', "hi aGk="),
+        ("{{ `raw \\n` }}", "raw \\n"),
+        ('{{ "tab\\there" }}', "tab\there"),
+        ('{{ print "a" 1 true }}', "a1true"),
+        ('{{ len "four" }}', "4"),
+    ],
+)
+def test_templates_render_the_subset(text: str, out: str) -> None:
+    assert render(text, ENV) == out
+
+
+def test_templates_custom_delimiters_and_timestamp() -> None:
+    assert render('[[ env "GREETING" ]] {{ kept }}', ENV, "[[", "]]") == "Hello {{ kept }}"
+    assert render("{{ timestamp }}", ENV, now=lambda: 0.0) == "1970-01-01T00:00:00Z"
+    assert render('{{ timestamp "unix" }}', ENV, now=lambda: 86400.0) == "86400"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{{ range $x := split }}", '"range" is not supported'),
+        ('{{ key "a/b" }}', 'function "key" needs a Consul, Vault or Nomad server'),
+        ('{{ sprig_thing "x" }}', 'function "sprig_thing" is not supported'),
+        ("{{ if true }}open", "without {{end}}"),
+        ("{{ end }}", "without {{if}}"),
+        ("{{ env ", "unclosed action"),
+        ("{{ $x }}", "variables ($x) are not supported"),
+        ('{{ env "A" "B" }}', 'wrong number of arguments for "env"'),
+    ],
+)
+def test_templates_refuse_what_is_outside_the_subset(text: str, why: str) -> None:
+    with pytest.raises(TemplateError, match=None) as err:
+        render(text, ENV)
+    assert why in str(err.value)
+
+
+def test_templates_cluster_functions_are_found_even_where_the_subset_cannot_parse() -> None:
+    assert cluster_functions('{{ key "cfg" }}{{ with secret "kv/x" }}{{ .Data }}{{ end }}') == ["key", "secret"]
+    assert cluster_functions('{{ range nomadService "db" }}{{ .Address }}{{ end }}') == ["nomadService"]
+    assert cluster_functions('{{ env "HOME" }} keys are text outside actions') == []
+    assert cluster_functions('<< service "x" >>', "<<", ">>") == ["service"]
+
+
+def test_templates_env_output_is_read_as_variables() -> None:
+    assert parse_env("# comment\nA=1\nexport B=\"two words\"\n\nC='x'\n") == {"A": "1", "B": "two words", "C": "x"}
+    with pytest.raises(TemplateError, match="line 1 is not KEY=value"):
+        parse_env("no equals sign")
