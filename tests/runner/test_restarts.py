@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from driversdk.errors import ConfigError
 from driversdk.model import ExitResult
 from driversdk.runner import restarts
+from driversdk.runner.jobspec import parse_job
 from driversdk.runner.restarts import (
     NOT_RESTARTING,
     RESTARTING,
@@ -135,3 +137,22 @@ def test_restarts_event_messages_are_nomads() -> None:
 )
 def test_restarts_go_duration_prints_as_go(seconds: float, text: str) -> None:
     assert go_duration(seconds) == text
+
+
+def test_restarts_job_file_problems_name_the_block(tmp_path: Path) -> None:
+    job = tmp_path / "job.hcl"
+    job.write_text(
+        'job "j" {\n  group "g" {\n    restart {\n      mode = "sometimes"\n    }\n'
+        '    task "t" {\n      driver = "docker"\n      lifecycle {\n        hook = "later"\n      }\n'
+        '      restart {\n        attempts = 9\n        interval = "1m"\n      }\n    }\n  }\n}\n'
+    )
+    parsed, problems = parse_job(job)
+    said = [(p.task, p.field, p.message) for p in problems]
+    assert ("", "restart", 'restart: Unsupported restart mode: "sometimes"; use "fail" or "delay"') in said
+    assert (
+        "t",
+        "restart",
+        "restart: Nomad can't restart the TaskGroup 9 times in an interval of 1m0s with a delay of 15s",
+    ) in said
+    assert ("t", "lifecycle.hook", 'lifecycle: invalid hook: later; use "prestart", "poststart" or "poststop"') in said
+    assert not any("restart" in note or "lifecycle" in note for note in parsed.notes)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker
 
-from tests.runner.test_run_faults import ROOT, cli, ours
+from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, ours, start_run, wait_for
 
 IMAGE = "driversdk-test/busybox:local"
 CLIENT = 'data_dir = "{data}"\nplugin "docker" {{\n  config {{\n    gc {{\n      image = false\n    }}\n  }}\n}}\n'
@@ -232,3 +232,31 @@ def test_run_template_refuses_a_destination_the_task_replaced_by_a_symlink(
     assert victim.read_text() == "original\n"
     assert os.path.islink(alloc_dir(data) / "web" / "local" / "app.conf")
     assert ours(engine, data) == []
+
+
+def test_run_killed_during_a_restart_delay_restarts_the_task_when_run_again(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    once = (
+        "n=$(cat /alloc/data/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /alloc/data/n; echo run $n; [ $n -ge 2 ]"
+    )
+    slow = 'restart {\n attempts = 2\n delay = "2m"\n interval = "10m"\n }'
+    job, client, data = write(tmp_path, task("flaky", once, slow))
+    proc = start_run(job, client)
+    try:
+        wait_for("the restart delay", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='restarting'"))
+        proc.kill()  # SIGKILL: nothing of the run's own teardown happens
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "restarting exit=1 restarts=1" in status(client)
+    done = run(job, client)  # the same job again: recovered, and the restart happens at once
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert '==> task "flaky" was waiting to restart (restart 1) when the previous run was killed; starting it' in out
+    assert '==> task "flaky" finished with exit code 0' in out
+    logs = alloc_dir(data) / "alloc" / "logs" / "flaky.stdout.0"
+    assert logs.read_text() == "run 1\nrun 2\n"
+    assert "complete exit=0 restarts=1" in status(client)
+    assert leaks(engine, tmp_path) == []

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from driversdk.runner.jobspec import parse_job
 from driversdk.runner.templates import TemplateError, cluster_functions, parse_env, render
 
 ENV = {"NOMAD_TASK_NAME": "web", "GREETING": "Hello", "EMPTY": "", "B64": "aGk="}
@@ -70,3 +73,22 @@ def test_templates_env_output_is_read_as_variables() -> None:
     assert parse_env("# comment\nA=1\nexport B=\"two words\"\n\nC='x'\n") == {"A": "1", "B": "two words", "C": "x"}
     with pytest.raises(TemplateError, match="line 1 is not KEY=value"):
         parse_env("no equals sign")
+
+
+def test_templates_job_file_problems_and_notes(tmp_path: Path) -> None:
+    job = tmp_path / "job.hcl"
+    job.write_text(
+        'job "j" {\n  group "g" {\n    task "t" {\n      driver = "docker"\n'
+        '      template {\n        data = "{{ if true }}open"\n        destination = "local/a"\n      }\n'
+        '      template {\n        destination = "local/b"\n        perms = "rw"\n      }\n'
+        '      template {\n        data = "{{ with secret \\"kv/x\\" }}{{ .Data }}{{ end }}"\n'
+        '        destination = "secrets/c"\n      }\n    }\n  }\n}\n'
+    )
+    parsed, problems = parse_job(job)
+    said = [(p.field, p.message) for p in problems]
+    assert said == [
+        ("template[0]", "template data: {{if}} without {{end}}"),
+        ("template[1]", "Must specify a source path or have an embedded template"),
+        ("template[1]", "Failed to parse 'rw' as octal"),
+    ]
+    assert parsed.notes == ['template (first in task "t", uses secret): not acted on by driversdk run']

@@ -76,7 +76,9 @@ class TemplateHook(TaskHook):
             except templates.TemplateError as err:
                 raise TemplateRenderError(f"{where} ({show(template.destination)}): {err}") from None
             _write(task_dir, dest, out.encode(), template, where)
-        task.event(f"Template: rendered {len([x for x in t.templates if not x.cluster_functions])} template(s)")
+        rendered = len([x for x in t.templates if not x.cluster_functions])
+        if rendered:
+            task.event(f"Template: rendered {rendered} template(s)")
 
 
 def _relative(path: str, task_dir: str, what: str) -> list[str]:
