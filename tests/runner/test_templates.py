@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
 
-from driversdk.runner.jobspec import parse_job
+from driversdk.runner.hooks.template import TemplateRenderError, _read, _relative, _write
+from driversdk.runner.jobspec import Template, parse_job
 from driversdk.runner.templates import TemplateError, cluster_functions, parse_env, render
 
 ENV = {"NOMAD_TASK_NAME": "web", "GREETING": "Hello", "EMPTY": "", "B64": "aGk="}
@@ -57,7 +59,7 @@ def test_templates_custom_delimiters_and_timestamp() -> None:
     ],
 )
 def test_templates_refuse_what_is_outside_the_subset(text: str, why: str) -> None:
-    with pytest.raises(TemplateError, match=None) as err:
+    with pytest.raises(TemplateError) as err:
         render(text, ENV)
     assert why in str(err.value)
 
@@ -92,3 +94,32 @@ def test_templates_job_file_problems_and_notes(tmp_path: Path) -> None:
         ("template[1]", "Failed to parse 'rw' as octal"),
     ]
     assert parsed.notes == ['template (first in task "t", uses secret): not acted on by driversdk run']
+
+
+def test_templates_files_are_walked_from_the_task_dir_without_following_links(tmp_path: Path) -> None:
+    task_dir = tmp_path / "task"
+    (task_dir / "local").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.tpl").write_text("host secret")
+    spec = Template(destination="local/out.conf", perms="0640")
+    # A new file, dirs made on the way, with its perms.
+    _write(str(task_dir), ["local", "new", "out.conf"], b"data", spec, "t")
+    written = task_dir / "local" / "new" / "out.conf"
+    assert written.read_bytes() == b"data" and stat.S_IMODE(written.stat().st_mode) == 0o640
+    # A directory on the way that the task made a link out of the task dir.
+    (task_dir / "local" / "linked").symlink_to(outside)
+    with pytest.raises(TemplateRenderError, match="is a symbolic link or not a directory"):
+        _write(str(task_dir), ["local", "linked", "out.conf"], b"x", spec, "t")
+    assert not (outside / "out.conf").exists()
+    # A source that is a link out of the task dir.
+    (task_dir / "local" / "in.tpl").symlink_to(outside / "secret.tpl")
+    with pytest.raises(TemplateRenderError, match="is a symbolic link"):
+        _read(str(task_dir), ["local", "in.tpl"], "t")
+    (task_dir / "local" / "real.tpl").write_text('{{ env "X" }}')
+    assert _read(str(task_dir), ["local", "real.tpl"], "t") == '{{ env "X" }}'
+    # Destinations: in-task paths and the host path of the task dir mean the same file; ".." never.
+    assert _relative("/local/a.conf", str(task_dir), "d") == ["local", "a.conf"]
+    assert _relative(f"{task_dir}/secrets/b", str(task_dir), "d") == ["secrets", "b"]
+    with pytest.raises(TemplateRenderError, match=r"without '\.\.'"):
+        _relative("local/../../etc/passwd", str(task_dir), "d")
