@@ -3,13 +3,14 @@
 
 1. **prestart** tasks start together; the main tasks wait until every non-sidecar prestart task
    has exited successfully (each after its own restart policy) and every prestart sidecar runs.
-   A non-sidecar prestart task that fails fails the allocation: the main, poststart and poststop
-   tasks never start and the sidecars are stopped (``Sibling Task Failed``).
+   A non-sidecar prestart task that fails fails the allocation: the main and poststart tasks never
+   start and the sidecars are stopped (``Sibling Task Failed``); the poststop tasks still run.
 2. **main** tasks (no ``lifecycle``) start together — a group without lifecycle hooks starts all
    its tasks at once, as Nomad does.
 3. **poststart** tasks start once the main tasks run.
-4. When every main task has exited, the sidecars are stopped (``Main Tasks Dead``), then the
-   **poststop** tasks start; the allocation's run is done when they have exited.
+4. When every task but the sidecars and poststop tasks has exited, the sidecars are stopped
+   (``Main Tasks Dead``); once every other task is gone, the **poststop** tasks start (after a
+   failure too); the allocation's run is done when they have exited.
 
 The first stage is started by the caller's thread, so a task that cannot start (an image that
 cannot be pulled) is the run's error as before; the later stages run in the coordinator's
@@ -105,7 +106,7 @@ class Coordinator:
         a = self.alloc
         ephemeral = [r for r in self.of(PRESTART) if not is_sidecar(r)]
         if not self._wait(ephemeral):
-            return self._skip(self.of(MAIN) + self.of(POSTSTART) + self.of(POSTSTOP), "the allocation was stopped")
+            return self._skip(self._unstarted(), "the allocation was stopped")
         failed = [r for r in ephemeral if r.failure or r.result is None or not r.result.successful]
         if failed:
             name = failed[0].task.name
@@ -115,19 +116,21 @@ class Coordinator:
             )
             a.event("group", f"failed: {self.failure}")
             self._stop_sidecars(restarts.SIBLING_FAILED, name)
-            return self._skip(
-                self.of(MAIN) + self.of(POSTSTART) + self.of(POSTSTOP), f"prestart task {show(name)} failed"
-            )
-        if not self._stage(self.of(MAIN)) or not self._stage(self.of(POSTSTART)):
-            return None
-        if not self._wait(self.of(MAIN)):
-            return self._skip(self.of(POSTSTOP), "the allocation was stopped")
-        self._stop_sidecars(restarts.MAIN_DEAD)
+            self._skip(self.of(MAIN) + self.of(POSTSTART), f"prestart task {show(name)} failed")
+        elif self._stage(self.of(MAIN)) and self._stage(self.of(POSTSTART)):
+            # Sidecars are stopped once no other task but poststop ones runs (Nomad's "Main Tasks Dead").
+            if not self._wait([r for r in a.tasks if stage(r) != POSTSTOP and not is_sidecar(r)]):
+                return self._skip(self._unstarted(), "the allocation was stopped")
+            self._stop_sidecars(restarts.MAIN_DEAD)
+        # Poststop tasks run once every other task is gone, also after a failure, as Nomad's.
+        if not self._wait([r for r in a.tasks if stage(r) != POSTSTOP]):
+            return self._skip(self._unstarted(), "the allocation was stopped")
         self._stage(self.of(POSTSTOP))
         return None
 
     def _stage(self, runners: list[TaskRunner]) -> bool:
-        """Start a stage; a start failure fails the allocation and skips what has not started."""
+        """Start a stage; a start failure fails the allocation: the sidecars are stopped and what
+        has not started is skipped (but the poststop tasks)."""
         if self.stopping.is_set():
             self._skip(self._unstarted(), "the allocation was stopped")
             return False
@@ -138,7 +141,7 @@ class Coordinator:
             self.alloc.event("group", f"failed: {err}")
             failed = next((r.task.name for r in runners if r.failure), "")
             self._stop_sidecars(restarts.SIBLING_FAILED if failed else restarts.MAIN_DEAD, failed)
-            self._skip(self._unstarted(), "a task failed to start")
+            self._skip([r for r in self._unstarted() if stage(r) != POSTSTOP], "a task failed to start")
             return False
         return True
 
