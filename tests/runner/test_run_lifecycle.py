@@ -1,6 +1,6 @@
 """Restart policy, lifecycle order and templates under `driversdk run`: the real CLI, the docker
-driver and a real engine. Markers the tasks write to alloc/data prove what happened when; each
-test ends with nothing of it left on the engine."""
+driver and a real engine (the restart test also under exec). Markers the tasks write to alloc/data
+prove what happened when; each test ends with nothing of it left on the host."""
 
 from __future__ import annotations
 
@@ -10,21 +10,26 @@ import subprocess
 from pathlib import Path
 
 import docker
+import pytest
 
-from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, ours, start_run, wait_for
+from tests.runner.test_run_faults import ROOT, cgroup_parent, cli, db_rows, leaks, ours, start_run, wait_for
 
 IMAGE = "driversdk-test/busybox:local"
-CLIENT = 'data_dir = "{data}"\nplugin "docker" {{\n  config {{\n    gc {{\n      image = false\n    }}\n  }}\n}}\n'
+CLIENT = (
+    'data_dir = "{data}"\nplugin "docker" {{\n  config {{\n    gc {{\n      image = false\n    }}\n  }}\n}}\n'
+    'plugin "exec" {{\n  config {{\n    state_dir = "{state}"\n    cgroup_parent = "{cgroup}"\n  }}\n}}\n'
+)
 
 
-def task(name: str, script: str, extra: str = "") -> str:
+def task(name: str, script: str, extra: str = "", driver: str = "docker") -> str:
     script = script.replace("\\", "\\\\").replace('"', '\\"')
+    image = f'image   = "{IMAGE}"' if driver == "docker" else ""
     return f"""
     task "{name}" {{
-      driver       = "docker"
+      driver       = "{driver}"
       kill_timeout = "5s"
       config {{
-        image   = "{IMAGE}"
+        {image}
         command = "/bin/sh"
         args    = ["-c", "{script}"]
       }}
@@ -37,7 +42,7 @@ def write(tmp_path: Path, body: str, job_type: str = "batch", group_extra: str =
     job = tmp_path / "job.hcl"
     job.write_text(f'job "life" {{\n  type = "{job_type}"\n  group "g" {{\n{group_extra}\n{body}\n  }}\n}}\n')
     client = tmp_path / "client.hcl"
-    client.write_text(CLIENT.format(data=data))
+    client.write_text(CLIENT.format(data=data, state=tmp_path / "exec-state", cgroup=cgroup_parent(tmp_path)))
     return job, client, data
 
 
@@ -69,24 +74,25 @@ RESTART = """
 FLAKY = "n=$(cat /alloc/data/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /alloc/data/n; echo run $n; [ $n -ge 3 ]"
 
 
+@pytest.mark.parametrize("driver", ["docker", "exec"])
 def test_run_restart_policy_restarts_a_failing_task_until_it_succeeds(
-    engine: docker.DockerClient, tmp_path: Path
+    engine: docker.DockerClient, tmp_path: Path, driver: str
 ) -> None:
-    job, client, data = write(tmp_path, task("flaky", FLAKY), group_extra=RESTART.format(attempts=3))
+    job, client, data = write(tmp_path, task("flaky", FLAKY, driver=driver), group_extra=RESTART.format(attempts=3))
     done = run(job, client)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert out.count('==> task "flaky" Terminated: Exit Code: 1') == 2
     assert out.count('==> task "flaky" Restarting: Task restarting in 1') == 2  # 1s plus Nomad's jitter
     assert '==> task "flaky" Terminated: Exit Code: 0' in out
-    assert '==> task "flaky" started (docker' in out and "restart 2" in out
+    assert f'==> task "flaky" started ({driver}' in out and "restart 2" in out
     assert '==> task "flaky" finished with exit code 0' in out
     alloc = alloc_dir(data)
     assert (alloc / "alloc" / "data" / "n").read_text() == "3\n"
     # One log collector across the restarts: every run's output in the same file.
     assert (alloc / "alloc" / "logs" / "flaky.stdout.0").read_text() == "run 1\nrun 2\nrun 3\n"
     assert "complete exit=0 restarts=2" in status(client)
-    assert ours(engine, data) == []
+    assert leaks(engine, tmp_path) == []
 
 
 def test_run_restart_attempts_exhausted_in_mode_fail_fail_the_task(engine: docker.DockerClient, tmp_path: Path) -> None:
