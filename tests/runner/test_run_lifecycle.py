@@ -184,6 +184,10 @@ TEMPLATES = """
         env         = true
       }
       template {
+        data        = "shared by {{ env \\"NOMAD_TASK_NAME\\" }}"
+        destination = "${NOMAD_ALLOC_DIR}/data/shared.txt"
+      }
+      template {
         data        = "{{ key \\"config/app\\" }}"
         destination = "local/consul.conf"
       }
@@ -208,6 +212,7 @@ def test_run_template_is_rendered_with_env_and_perms(engine: docker.DockerClient
     rendered = alloc / "web" / "local" / "app.conf"
     assert rendered.read_text() == "task=web color=BLUE\n"
     assert stat.S_IMODE(rendered.stat().st_mode) == 0o600
+    assert (alloc / "alloc" / "data" / "shared.txt").read_text() == "shared by web"
     assert (alloc / "alloc" / "logs" / "web.stdout.0").read_text() == "task=web color=BLUE\nhello-web\napp.conf\n"
     assert ours(engine, data) == []
 

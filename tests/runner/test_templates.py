@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.hooks.template import TemplateRenderError, _read, _relative, _write
+from driversdk.runner.hooks.template import TemplateRenderError, _read, _write, place
 from driversdk.runner.jobspec import Template, parse_job
 from driversdk.runner.templates import TemplateError, cluster_functions, parse_env, render
 
@@ -118,8 +118,12 @@ def test_templates_files_are_walked_from_the_task_dir_without_following_links(tm
         _read(str(task_dir), ["local", "in.tpl"], "t")
     (task_dir / "local" / "real.tpl").write_text('{{ env "X" }}')
     assert _read(str(task_dir), ["local", "real.tpl"], "t") == '{{ env "X" }}'
-    # Destinations: in-task paths and the host path of the task dir mean the same file; ".." never.
-    assert _relative("/local/a.conf", str(task_dir), "d") == ["local", "a.conf"]
-    assert _relative(f"{task_dir}/secrets/b", str(task_dir), "d") == ["secrets", "b"]
-    with pytest.raises(TemplateRenderError, match=r"without '\.\.'"):
-        _relative("local/../../etc/passwd", str(task_dir), "d")
+    # Destinations: in-task paths and host paths mean the same file; ".." never.
+    alloc = str(tmp_path)
+    assert place("/local/a.conf", alloc, "task", "d") == (str(task_dir), ["local", "a.conf"])
+    assert place(f"{task_dir}/secrets/b", alloc, "task", "d") == (str(task_dir), ["secrets", "b"])
+    assert place("/alloc/data/c", alloc, "task", "d") == (f"{alloc}/alloc", ["data", "c"])
+    assert place(f"{alloc}/alloc/data/c", alloc, "task", "d") == (f"{alloc}/alloc", ["data", "c"])
+    for bad in ("local/../../etc/passwd", "/alloc", ""):
+        with pytest.raises(TemplateRenderError, match=r"without '\.\.'"):
+            place(bad, alloc, "task", "d")

@@ -2,7 +2,8 @@
 
 The data (``data``, or the file ``source`` below the task dir) is evaluated by
 :mod:`driversdk.runner.templates` with the task's environment, and written to ``destination``
-(relative to the task dir; ``${NOMAD_TASK_DIR}/x`` and ``local/x`` land in the same place) with
+(relative to the task dir; ``${NOMAD_TASK_DIR}/x`` and ``local/x`` land in the same place,
+``${NOMAD_ALLOC_DIR}/x`` in the shared alloc dir) with
 ``perms`` (and ``uid``/``gid`` when given). ``env = true`` templates are read as ``KEY=value``
 lines into the task's environment, over its ``env`` as Nomad's. A template calling Consul, Vault
 or Nomad functions is skipped with a task event.
@@ -59,14 +60,15 @@ class TemplateHook(TaskHook):
         t = task.task
         env = TaskEnv(task.env)
         variables = {**task.env, **{k: env.replace(v) for k, v in t.env.items()}}
-        task_dir = os.path.join(task.alloc.alloc_dir, t.name)
+        alloc_dir = task.alloc.alloc_dir
         for i, template in enumerate(t.templates):
             if template.cluster_functions:
                 continue
             where = f'task "{t.name}" template[{i}]'
-            dest = _relative(env.replace(template.destination), task_dir, f"{where} destination")
+            root, dest = place(env.replace(template.destination), alloc_dir, t.name, f"{where} destination")
             if template.source:
-                text = _read(task_dir, _relative(env.replace(template.source), task_dir, f"{where} source"), where)
+                src_root, src = place(env.replace(template.source), alloc_dir, t.name, f"{where} source")
+                text = _read(src_root, src, where)
             else:
                 text = template.data
             try:
@@ -75,23 +77,33 @@ class TemplateHook(TaskHook):
                     task.template_env.update(templates.parse_env(out))
             except templates.TemplateError as err:
                 raise TemplateRenderError(f"{where} ({show(template.destination)}): {err}") from None
-            _write(task_dir, dest, out.encode(), template, where)
+            _write(root, dest, out.encode(), template, where)
         rendered = len([x for x in t.templates if not x.cluster_functions])
         if rendered:
             task.event(f"Template: rendered {rendered} template(s)")
 
 
-def _relative(path: str, task_dir: str, what: str) -> list[str]:
-    """The path's components below the task dir: ``/local/x``, ``local/x`` and a host path under
-    the task dir (raw_exec's ``NOMAD_TASK_DIR``) all mean ``<task dir>/local/x``."""
-    if path.startswith(task_dir.rstrip("/") + "/"):
-        path = path[len(task_dir.rstrip("/")) + 1 :]
+def place(path: str, alloc_dir: str, task: str, what: str) -> tuple[str, list[str]]:
+    """The directory a template path is walked from and its components below it: the task dir
+    (``/local/x``, ``local/x`` and the host path raw_exec's ``NOMAD_TASK_DIR`` gives all mean
+    ``<task dir>/local/x``), or the shared alloc dir for ``alloc/…`` (``${NOMAD_ALLOC_DIR}/x``), as
+    Nomad's task dir holds the shared one at ``alloc/``."""
+    task_dir = os.path.join(alloc_dir, task)
+    shared = os.path.join(alloc_dir, "alloc")
+    for root in (shared, task_dir):
+        if path.startswith(root.rstrip("/") + "/"):
+            path = path[len(root.rstrip("/")) + 1 :]
+            if root == shared:
+                path = "alloc/" + path
+            break
     parts = [p for p in path.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts or any("\x00" in p for p in parts):
+    if not parts or ".." in parts or any("\x00" in p for p in parts) or parts == ["alloc"]:
         raise TemplateRenderError(
             f"{what} {show(path)} must be a file path inside the task dir, without '..' (such as \"local/app.conf\")"
         )
-    return parts
+    if parts[0] == "alloc":
+        return shared, parts[1:]
+    return task_dir, parts
 
 
 def _open_dir(task_dir: str, parts: list[str], where: str, *, create: bool) -> int:
