@@ -148,7 +148,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in records:
         result = "" if r.exit_code is None else f" exit={r.exit_code}" + (f" signal={r.signal}" if r.signal else "")
         oom = " oom-killed" if r.oom else ""
-        print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}")
+        restarted = f" restarts={r.restarts}" if r.restarts else ""
+        print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}{restarted}")
     return 0
 
 

@@ -28,6 +28,7 @@ from driversdk.runner.hooks.csi_plugin import CSIPluginDirHook
 from driversdk.runner.hooks.csi_volumes import CSIVolumesHook
 from driversdk.runner.hooks.network import NetworkHook
 from driversdk.runner.jobspec import Group, Job
+from driversdk.runner.lifecycle import Coordinator
 from driversdk.runner.runstate import AllocRecord, RunState
 from driversdk.runner.supervisor import PluginSupervisor
 from driversdk.runner.taskrunner import TaskRunner
@@ -111,6 +112,13 @@ class AllocRunner:
         self.teardown_failed = False
         self._closed = False
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.lifecycle = Coordinator(self, self._stopping)
+
+    @property
+    def failure(self) -> str:
+        """Why the allocation failed as a whole (a prestart task failed), else ""."""
+        return self.lifecycle.failure
 
     @property
     def provides_plugins(self) -> bool:
@@ -140,14 +148,15 @@ class AllocRunner:
             self._ran.append(hook)
             hook.prerun(self)
         records = {r.task: r for r in self.state.tasks(self.alloc_id)} if self.restoring is not None else {}
-        for task in self.group.tasks:
-            runner = TaskRunner(self, task, records.get(task.name))
-            self.tasks.append(runner)  # before it runs: close() undoes whatever part of it did
-            runner.run()
+        # Every runner exists before any starts: close() undoes whatever part of them ran.
+        self.tasks = [TaskRunner(self, task, records.get(task.name)) for task in self.group.tasks]
+        self.lifecycle.start()  # Nomad's lifecycle order; a group without hooks starts all at once
 
     # --- stop / close --------------------------------------------------------------------------
 
     def stop(self, wait: float = 60.0) -> None:
+        self._stopping.set()
+        self.lifecycle.join(wait)  # a stage being started finishes starting first
         for hook in self.hooks:
             hook.stop(self)
         for runner in self.tasks:

@@ -8,8 +8,6 @@ submit-time rules Nomad applies (drivers-and-mounts reference §3.6).
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +17,7 @@ from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
 from driversdk.paths import PATH_MAX, check_name, show
-from driversdk.runner import jobschema
+from driversdk.runner import jobschema, restarts, templates
 from driversdk.runner.hcl import Body, HCLSyntaxError, Inputs, evaluate
 from driversdk.runner.hclload import is_blocks, labelled, read_text, single, syntax_error
 from driversdk.runner.problems import Problem, ValidationFailed
@@ -75,40 +73,6 @@ class CSIPluginConfig:
     health_timeout: str = "30s"
 
 
-class RestartMode(enum.Enum):
-    FAIL = "fail"
-    DELAY = "delay"
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """A task's restart policy: the job type's default, then the group's, then the task's keys."""
-
-    attempts: int
-    interval: str
-    delay: str = "15s"
-    mode: RestartMode = RestartMode.FAIL
-    render_templates: bool = False
-
-    @classmethod
-    def default(cls, job_type: str) -> RestartPolicy:
-        # Nomad's defaults: service and system jobs 2 attempts in 30m, batch jobs 3 in 24h.
-        if job_type in ("service", "system"):
-            return cls(attempts=2, interval="30m")
-        return cls(attempts=3, interval="24h")
-
-    def merged(self, body: dict[str, Any]) -> RestartPolicy:
-        """This policy with the keys a ``restart {}`` block sets (already converted by the schema)."""
-        changes: dict[str, Any] = {}
-        for key in ("attempts", "interval", "delay", "render_templates"):
-            if body.get(key) is not None:
-                changes[key] = body[key]
-        mode = body.get("mode")
-        if isinstance(mode, str) and mode.lower() in ("fail", "delay"):
-            changes["mode"] = RestartMode(mode.lower())
-        return dataclasses.replace(self, **changes)
-
-
 @dataclass
 class Port:
     """A group network port: ``static`` 0 means dynamic; ``to`` is the port inside the task."""
@@ -120,6 +84,23 @@ class Port:
 
 
 @dataclass
+class Template:
+    """A task's ``template`` block (what ``driversdk run`` renders: :mod:`driversdk.runner.templates`)."""
+
+    destination: str
+    data: str = ""
+    source: str = ""
+    perms: str = "0644"
+    uid: int | None = None
+    gid: int | None = None
+    left_delimiter: str = "{{"
+    right_delimiter: str = "}}"
+    env: bool = False
+    # Consul/Vault/Nomad functions the template calls: not rendered by `run` (noted by validate).
+    cluster_functions: tuple[str, ...] = ()
+
+
+@dataclass
 class Task:
     name: str
     driver: str
@@ -128,7 +109,6 @@ class Task:
     meta: dict[str, str] = field(default_factory=dict)
     lifecycle_hook: str = ""
     lifecycle_sidecar: bool = False
-    restart: RestartPolicy = field(default_factory=lambda: RestartPolicy.default("service"))
     cpu: int = 100
     memory: int = 300
     memory_max: int = 0
@@ -140,6 +120,9 @@ class Task:
     logs_disabled: bool = False
     logs_max_files: int = 10
     logs_max_file_size: int = 10
+    # The task's own ``restart`` block as written (merged with the group's by driversdk.runner.restarts).
+    restart: dict[str, Any] | None = None
+    templates: list[Template] = field(default_factory=list)
 
 
 @dataclass
@@ -153,7 +136,7 @@ class Group:
     meta: dict[str, str] = field(default_factory=dict)
     # A Connect gateway group: Nomad injects its Envoy task; `run` starts none.
     gateway: bool = False
-    restart: RestartPolicy = field(default_factory=lambda: RestartPolicy.default("service"))
+    restart: dict[str, Any] | None = None  # the group's ``restart`` block as written
 
 
 @dataclass
@@ -270,7 +253,6 @@ class _Parser:
         where = {"job": job.name, "group": name}
         self.name(name, "the group name", **where)
         group = Group(name, count=self.number(body.get("count"), 1, "count", **where))
-        group.restart = RestartPolicy.default(job.type).merged(single(body.get("restart")))
         group.meta = {str(k): self.text(v, f"meta.{k}", **where) for k, v in single(body.get("meta")).items()}
         if group.count < 0:
             self.problems.append(Problem(self.file, f"count can't be negative, got {group.count}", **where))
@@ -293,6 +275,9 @@ class _Parser:
                     host_network=self.text(pbody.get("host_network"), "host_network", **where) or "default",
                 )
             )
+        if "restart" in body:
+            group.restart = dict(single(body.get("restart")))
+            self.restart_problems(job.type, group.restart, None, **where)
         for service in body.get("service") or []:
             connect = single(service.get("connect")) if isinstance(service, dict) else {}
             if connect.get("gateway"):
@@ -372,8 +357,16 @@ class _Parser:
             logs_disabled=self.flag(logs.get("disabled"), "logs.disabled", **where),
             logs_max_files=self.number(logs.get("max_files"), 10, "logs.max_files", **where),
             logs_max_file_size=self.number(logs.get("max_file_size"), 10, "logs.max_file_size", **where),
-            restart=group.restart.merged(single(body.get("restart"))),
         )
+        if "lifecycle" in body and task.lifecycle_hook not in ("prestart", "poststart", "poststop"):
+            # Nomad's TaskLifecycleConfig.Validate.
+            said = f"invalid hook: {task.lifecycle_hook}" if task.lifecycle_hook else "no lifecycle hook provided"
+            self.problems.append(Problem(self.file, f'lifecycle: {said}; use "prestart", "poststart" or "poststop"',
+                                         **where, field="lifecycle.hook"))  # fmt: skip
+        if "restart" in body:
+            task.restart = dict(single(body.get("restart")))
+            self.restart_problems(job.type, group.restart, task.restart, **where)
+        task.templates = self.templates(body, **where)
         mounts: list[dict[str, Any]] = body["volume_mount"] if is_blocks(body.get("volume_mount")) else []
         for i, mbody in enumerate(mounts):
             mwhere = {**where, "field": f"volume_mount[{i}]"}
@@ -404,6 +397,80 @@ class _Parser:
                 # The plugin's directories and socket are named after its id.
                 self.name(task.csi_plugin.id, "csi_plugin.id", **cwhere)
         return task
+
+    def restart_problems(
+        self, job_type: str, in_group: dict[str, Any] | None, in_task: dict[str, Any] | None, **where: str
+    ) -> None:
+        """Nomad's RestartPolicy.Validate on the policy this block gives (merged with the defaults)."""
+        try:
+            policy = restarts.policy_for(job_type, in_group, in_task)
+        except (ConfigError, TypeError, ValueError) as err:
+            self.problems.append(Problem(self.file, str(err), **where, field="restart"))
+            return
+        for sentence in restarts.policy_problems(policy):
+            self.problems.append(Problem(self.file, sentence, **where, field="restart"))
+
+    def templates(self, body: dict[str, Any], **where: str) -> list[Template]:
+        out = []
+        blocks: list[dict[str, Any]] = body["template"] if is_blocks(body.get("template")) else []
+        for i, tbody in enumerate(blocks):
+            twhere = {**where, "field": f"template[{i}]"}
+            uid, gid = tbody.get("uid"), tbody.get("gid")
+            t = Template(
+                destination=self.text(tbody.get("destination"), "destination", **twhere),
+                data=self.text(tbody.get("data"), "data", **twhere),
+                source=self.text(tbody.get("source"), "source", **twhere),
+                perms=self.text(tbody.get("perms"), "perms", **twhere) or "0644",
+                uid=None if uid is None else self.number(uid, -1, "uid", **twhere),
+                gid=None if gid is None else self.number(gid, -1, "gid", **twhere),
+                left_delimiter=self.text(tbody.get("left_delimiter"), "left_delimiter", **twhere) or "{{",
+                right_delimiter=self.text(tbody.get("right_delimiter"), "right_delimiter", **twhere) or "}}",
+                env=self.flag(tbody.get("env"), "env", **twhere),
+            )
+            # Nomad's Template.Validate, in its words.
+            if not t.source and not t.data:
+                self.problems.append(Problem(self.file, "Must specify a source path or have an embedded template",
+                                             **twhere))  # fmt: skip
+            if not t.destination:
+                self.problems.append(Problem(self.file, "Must specify a destination for the template", **twhere))
+            if not _is_octal(t.perms):
+                self.problems.append(Problem(self.file, f"Failed to parse {t.perms!r} as octal", **twhere))
+            if t.data:
+                t.cluster_functions = tuple(templates.cluster_functions(t.data, t.left_delimiter, t.right_delimiter))
+                if not t.cluster_functions:
+                    try:
+                        templates.parse(t.data, t.left_delimiter, t.right_delimiter)
+                    except templates.TemplateError as err:
+                        self.problems.append(Problem(self.file, f"template data: {err}", **twhere))
+            out.append(t)
+        return out
+
+
+def _is_octal(text: str) -> bool:
+    try:
+        return 0 <= int(text, 8) <= 0o7777
+    except ValueError:
+        return False
+
+
+# Blocks the job schema calls not acted on that `driversdk run` acts on itself: no note for them.
+ACTED_BY_RUN = ("restart", "lifecycle", "template")
+
+
+def _acted_by_run(path: str) -> bool:
+    parts = path.split(".")
+    return parts[-1] in ACTED_BY_RUN and parts[:-1] in (["group"], ["group", "task"], ["task"])
+
+
+def _template_notes(job: Job) -> list[str]:
+    """One note for the templates `run` does not render (they need a Consul, Vault or Nomad server)."""
+    for group in job.groups:
+        for task in group.tasks:
+            for t in task.templates:
+                if t.cluster_functions:
+                    uses = ", ".join(t.cluster_functions)
+                    return [f"template (first in task {show(task.name)}, uses {uses}): not acted on by driversdk run"]
+    return []
 
 
 def _shown(value: Any) -> str:
@@ -455,7 +522,7 @@ def evaluate_job(path: str | Path, inputs: Inputs | None = None) -> tuple[dict[s
         _wrap_job_tasks(body)
         for finding in result.problems:
             problems.append(Problem.at(finding.line, file, finding.message, **finding.where, field=finding.path))
-        notes += [finding.message for finding in result.notes]
+        notes += [finding.message for finding in result.notes if not _acted_by_run(finding.path)]
     return data, problems, notes
 
 
@@ -466,7 +533,7 @@ def parse_job(path: str | Path, inputs: Inputs | None = None) -> tuple[Job, list
         return Job(str(path), ""), problems
     parser = _Parser(str(path))
     job = parser.job(data)
-    job.notes = notes
+    job.notes = notes + _template_notes(job)
     return job, problems + parser.problems
 
 

@@ -28,6 +28,7 @@ from driversdk.runner.drivermanager import DriverManager
 from driversdk.runner.events import Emit, RunEvent
 from driversdk.runner.hooks.network import NetworkHook
 from driversdk.runner.jobspec import Group, Job
+from driversdk.runner.lifecycle import is_sidecar
 from driversdk.runner.runstate import AllocRecord
 from driversdk.runner.validate import validate_job
 
@@ -122,6 +123,7 @@ def _validate(paths: list[str], client: ClientConfig, emit: Emit) -> tuple[list[
 def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading.Event | None = None) -> int:
     """Run the jobs' allocations in this process until their tasks finish (or ``stop``); returns
     the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED)."""
+    emit = _one_at_a_time(emit)  # tasks start and exit in threads of their own: one line at a time
     jobs, spare = _validate(paths, client, emit)
     if not jobs:
         return EXIT_REFUSED
@@ -142,13 +144,17 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
             if stop.is_set():
                 break
         tasks = [t for a in allocs for t in a.tasks]
-        # CSI plugin tasks serve the others: the run ends when every other task has finished.
+        # CSI plugin tasks serve the others: the run ends when every other task has finished
+        # (poststop tasks too; sidecars are stopped when their main tasks are done).
         main = [t for t in tasks if t.task.csi_plugin is None] or tasks
         while not stop.is_set() and not all(t.done.is_set() for t in main):
             stop.wait(0.2)
         if stop.is_set():
             emit(RunEvent("run", "interrupted: stopping tasks"))
-        ok = all(t.result is not None and t.result.successful for t in main) and not any(t.failure for t in tasks)
+        # A sidecar stopped because its main tasks are done ends killed, and that is success.
+        judged = [t for t in main if not (is_sidecar(t) and t.stopped and not t.failure)]
+        ok = all(t.result is not None and t.result.successful for t in judged) and not any(t.failure for t in tasks)
+        ok = ok and not any(a.failure for a in allocs)
         return EXIT_OK if ok and not stop.is_set() else EXIT_TASK_FAILED
     finally:
         for alloc in reversed(allocs):
@@ -157,6 +163,16 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         node.close()  # the driver manager shuts down what is left (validation's unused plugins)
+
+
+def _one_at_a_time(emit: Emit) -> Emit:
+    lock = threading.Lock()
+
+    def serialized(event: RunEvent) -> None:
+        with lock:
+            emit(event)
+
+    return serialized
 
 
 def run_job(path: str, client: ClientConfig, say: Any = print, stop: threading.Event | None = None) -> int:

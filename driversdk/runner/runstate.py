@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from driversdk.errors import DriverSDKError
 from driversdk.statedb import open_state
 
+_TASK_COLUMNS = (
+    "alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, handle, alloc_dir, updated, logmon_pid, "
+    "restarts"
+)
+
 
 @dataclass(frozen=True)
 class AllocRecord:
@@ -46,6 +51,7 @@ class TaskRecord:
     updated: float
     handle: bytes | None = None
     logmon_pid: int = 0
+    restarts: int = 0  # times the restart policy started the task again
 
 
 class RunState:
@@ -132,13 +138,15 @@ class RunState:
         task_id: str,
         alloc_dir: str,
         logmon_pid: int = 0,
+        restarts: int = 0,
     ) -> None:
         """Recorded before StartTask: a run killed during the call leaves this row, and the next run
         knows which task id the interrupted start used (so it adopts or removes what it made)."""
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO run_tasks VALUES (?, ?, ?, ?, ?, ?, 'starting', NULL, NULL, 0, NULL, ?, ?, ?)",
-                (alloc_id, job, group, task, driver, task_id, alloc_dir, time.time(), logmon_pid),
+                f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'starting', NULL, NULL, 0, NULL, ?, ?, ?, ?)",
+                (alloc_id, job, group, task, driver, task_id, alloc_dir, time.time(), logmon_pid, restarts),
             )
 
     def start_failed(self, alloc_id: str, task: str) -> None:
@@ -159,11 +167,23 @@ class RunState:
         handle: bytes,
         alloc_dir: str,
         logmon_pid: int = 0,
+        restarts: int = 0,
     ) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO run_tasks VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?, ?)",
-                (alloc_id, job, group, task, driver, task_id, handle, alloc_dir, time.time(), logmon_pid),
+                f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?, ?, ?)",
+                (alloc_id, job, group, task, driver, task_id, handle, alloc_dir, time.time(), logmon_pid, restarts),
+            )
+
+    def restarting(self, alloc_id: str, task: str, exit_code: int, signal: int, restarts: int) -> None:
+        """The task exited and its restart policy starts it again after a delay. A run killed
+        meanwhile leaves this row (with the exited task's handle); the next run restarts it."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE run_tasks SET state='restarting', exit_code=?, signal=?, restarts=?, updated=? "
+                "WHERE alloc_id=? AND task=?",
+                (exit_code, signal, restarts, time.time(), alloc_id, task),
             )
 
     def finished(self, alloc_id: str, task: str, exit_code: int, signal: int, oom: bool) -> None:
@@ -185,7 +205,7 @@ class RunState:
     def tasks(self, alloc_id: str | None = None) -> list[TaskRecord]:
         query = (
             "SELECT alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, alloc_dir, updated, "
-            "handle, logmon_pid FROM run_tasks"
+            "handle, logmon_pid, restarts FROM run_tasks"
         )
         with self._lock:
             if alloc_id is None:
@@ -208,6 +228,7 @@ class RunState:
                 updated=r[11],
                 handle=r[12],
                 logmon_pid=r[13],
+                restarts=r[14],
             )
             for r in rows
         ]

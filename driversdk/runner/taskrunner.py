@@ -8,6 +8,7 @@ events. What a task needs (its dir, logs, mounts, CSI plugin supervision) is in 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import threading
@@ -21,13 +22,14 @@ from driversdk.durations import parse_duration
 from driversdk.errors import DriverSDKError, PluginCallError
 from driversdk.model import Capabilities, ExitResult, LinuxResources, Resources, TaskConfig, TaskHandle
 from driversdk.mounts import Mount, MountRequest
-from driversdk.runner import logcollect
+from driversdk.runner import logcollect, restarts
 from driversdk.runner.drivermanager import TaskLost, TrackedTask, WaitFailed
 from driversdk.runner.events import RunEvent
 from driversdk.runner.hooks import TaskHook
 from driversdk.runner.hooks.csi_plugin import CSIPluginSupervisorHook
 from driversdk.runner.hooks.logs import LogCollectionHook
 from driversdk.runner.hooks.task_dir import TaskDirHook
+from driversdk.runner.hooks.template import TemplateHook
 from driversdk.runner.hooks.volume_mounts import VolumeMountsHook
 from driversdk.runner.jobspec import Task
 from driversdk.runner.logcollect import MIB
@@ -42,6 +44,7 @@ TASK_HOOKS: list[Callable[[], TaskHook]] = [
     LogCollectionHook,  # fifos and the detached log collector
     CSIPluginSupervisorHook,  # csi_plugin tasks: socket and staging dirs, probe, register
     VolumeMountsHook,  # host and CSI volume mounts (and the plugin's), checked against the driver
+    TemplateHook,  # templates rendered into the task dir; env = true ones into the environment
 ]
 
 # How long a DestroyTask the driver calls recoverable is tried again, and how often.
@@ -72,6 +75,19 @@ class TaskRunner:
         self.started = False
         self.failure = ""
         self.done = threading.Event()
+        # What the template hook renders with env = true; over the task's env, as Nomad's.
+        self.template_env: dict[str, str] = {}
+        # The restart policy: only when the job writes a restart block (see README "Run a job").
+        self.tracker: restarts.RestartTracker | None = None
+        if alloc.group.restart is not None or task.restart is not None:
+            policy = restarts.policy_for(alloc.job.type, alloc.group.restart, task.restart)
+            count = restoring.restarts if restoring is not None else 0
+            self.tracker = restarts.RestartTracker(policy, alloc.job.type, task.lifecycle_hook,
+                                                   task.lifecycle_sidecar, count=count)  # fmt: skip
+            self.tracker.restarts = count
+        self._stopping = threading.Event()  # stop() was called: no more restarts
+        self._between = False  # the task exited and waits for its restart: nothing to stop
+        self._destroyed: set[str] = set()  # task ids already removed from their driver
 
     # --- events --------------------------------------------------------------------------------
 
@@ -112,6 +128,8 @@ class TaskRunner:
             self.restoring = None
             self._finish_interrupted_start(record)
             self._start(record.task_id)
+        elif record is not None and record.state == "restarting":
+            self._recover_restarting(record)
         elif record is not None:
             self._recover(record)
         else:
@@ -123,6 +141,7 @@ class TaskRunner:
         try:
             self._prerun()
             self.config = self._task_config(task_id)
+            self.config.env.update(self.template_env)
             state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id,
                            a.alloc_dir, self.logmon.pid if self.logmon else 0)  # fmt: skip
             recorded = True
@@ -234,6 +253,11 @@ class TaskRunner:
             result = ExitResult(exit_code=1)
         if self.failure and result.successful:
             result = ExitResult(exit_code=1, signal=result.signal)
+        self.event(f"{restarts.TERMINATED}: {restarts.event_message(restarts.TERMINATED, result=result)}")
+        final = self._restart_after(result)
+        if final is None:
+            return  # started again: a new wait thread follows it
+        result = final
         self.result = result
         self.alloc.state.finished(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
                                   result.oom_killed)  # fmt: skip
@@ -241,6 +265,16 @@ class TaskRunner:
         oom = " (killed: out of memory)" if result.oom_killed else ""
         self.event(f"finished with {how}{oom}")
         self.done.set()
+
+    def skip(self, why: str) -> None:
+        """The task will not start (its allocation failed or stopped before its lifecycle stage)."""
+        self.event(f"not started: {why}")
+        self.done.set()
+
+    @property
+    def stopped(self) -> bool:
+        """stop() was called (a sidecar whose main tasks are done, or the whole run)."""
+        return self._stopping.is_set()
 
     def fail(self, why: str) -> None:
         """A hook found the task failed (a CSI plugin that never became healthy): stop it."""
@@ -251,7 +285,7 @@ class TaskRunner:
     # --- stop ----------------------------------------------------------------------------------
 
     def _stop_task(self) -> None:
-        if self.started and not self.done.is_set() and self.config is not None:
+        if self.started and not self.done.is_set() and self.config is not None and not self._between:
             self.event("stopping")
             try:
                 timeout = parse_duration(self.task.kill_timeout, "kill_timeout")
@@ -260,6 +294,7 @@ class TaskRunner:
                 self.event(f"stop failed: {err}")
 
     def stop(self) -> None:
+        self._stopping.set()
         for hook in self.hooks:
             hook.stop(self)
         self._stop_task()
@@ -270,11 +305,117 @@ class TaskRunner:
             hook.stop(self)
         if self.started and self.config is not None:
             self.alloc.state.stopped(self.alloc.alloc_id, self.task.name)
-            self._destroy_task(self.config.id)
+            if self.config.id not in self._destroyed:
+                self._destroy_task(self.config.id)
             self.alloc.drivers.untrack(self.config.id)
         self._postrun()
         for hook in self.hooks:
             hook.destroy(self)
+
+    # --- restarts (Nomad's restart policy) ------------------------------------------------------
+
+    def _restart_after(self, result: ExitResult) -> ExitResult | None:
+        """Apply the restart policy to an exit: None when the task was started again, else the
+        result it ends with. Runs in the wait thread; a stop() during the delay ends the task
+        with its last exit."""
+        if self.tracker is None or self._stopping.is_set() or self.failure:
+            return result
+        self.tracker.exited(result)
+        while True:
+            kind, delay = self.tracker.state()
+            if kind == restarts.NOT_RESTARTING:
+                self.event(f"{kind}: {restarts.event_message(kind, reason=self.tracker.reason)}")
+                if result.successful:  # a service task that keeps exiting: failed by its policy
+                    self.failure = self.tracker.reason
+                return result
+            if kind != restarts.RESTARTING:
+                return result  # Terminated: done, successfully
+            self.event(f"{kind}: {restarts.event_message(kind, reason=self.tracker.reason, delay=delay)}")
+            if not self._between:
+                self._between = True
+                self.alloc.state.restarting(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
+                                            self.tracker.restarts)  # fmt: skip
+                self._remove_exited()
+            if self._stopping.wait(delay):
+                return result
+            try:
+                self._start_again()
+                return None
+            except DriverSDKError as err:
+                self.event(f"restart failed: {err}")
+                self.tracker.start_failed(getattr(err, "recoverable", False))
+                result = ExitResult(exit_code=1)
+
+    def _remove_exited(self) -> None:
+        """The exited task is removed from its driver before the new one starts (same task dir,
+        same log collector)."""
+        assert self.config is not None
+        old = self.config.id
+        self._destroy_task(old)
+        self._destroyed.add(old)
+        self.alloc.drivers.untrack(old)
+
+    def _start_again(self) -> None:
+        """StartTask under a new task id with the config of the first start (env, mounts, the
+        same fifos), templates rendered again when the policy says render_templates."""
+        assert self.config is not None and self.tracker is not None
+        a, state = self.alloc, self.alloc.state
+        if self.tracker.policy.render_templates:
+            for hook in self.hooks:
+                if isinstance(hook, TemplateHook):
+                    hook.render(self)
+        config = dataclasses.replace(
+            self.config,
+            id=f"{a.alloc_id}/{self.task.name}/{secrets.token_hex(4)}",
+            env={**self.config.env, **self.template_env},
+        )
+        count = self.tracker.restarts
+        logmon = self.logmon.pid if self.logmon else 0
+        state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id,
+                       a.alloc_dir, logmon, count)  # fmt: skip
+        try:
+            handle = a.drivers.dispense(self.task.driver).start_task(config)
+        except BaseException:
+            state.start_failed(a.alloc_id, self.task.name)
+            raise
+        self.config, self.handle, self._between = config, handle, False
+        proto = convert.task_handle_to_proto(handle).SerializeToString()
+        state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id, proto,
+                      a.alloc_dir, logmon, count)  # fmt: skip
+        self.event(f"started ({self.label}), restart {count}")
+        self._track_and_wait()
+        if self._stopping.is_set():
+            self._stop_task()  # stop() came while StartTask ran
+
+    def _track_and_wait(self) -> None:
+        assert self.config is not None and self.handle is not None
+        drivers = self.alloc.drivers
+        drivers.track(
+            self.config.id,
+            TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
+        )
+        threading.Thread(target=self._wait, daemon=True, name=f"wait-{self.task.name}").start()
+
+    def _recover_restarting(self, record: TaskRecord) -> None:
+        """The killed run was waiting to restart the task: the exited task is removed if it is
+        still there, and the task starts again at once (the rest of the delay is not waited)."""
+        handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
+        self.config, self.handle, self.started = handle.config, handle, True
+        self._prerun()
+        self.event(f"was waiting to restart (restart {record.restarts}) when the previous run was killed; starting it")
+        try:
+            self.alloc.drivers.dispense(self.task.driver).destroy_task(record.task_id, force=True)
+        except DriverSDKError:
+            pass  # removed before the run was killed, or gone with its plugin
+        self._destroyed.add(record.task_id)
+        if self.tracker is None:  # the job no longer has a restart block: start it once more all the same
+            self.tracker = restarts.RestartTracker(restarts.policy_for(self.alloc.job.type, None, None),
+                                                   self.alloc.job.type, count=record.restarts)  # fmt: skip
+        self.tracker.restarts = record.restarts
+        self._between = True
+        self._start_again()
+        for hook in self.hooks:
+            hook.poststart(self)
 
     def _destroy_task(self, task_id: str) -> None:
         """DestroyTask, tried again while the driver calls its failure recoverable (a Docker

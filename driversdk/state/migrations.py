@@ -94,10 +94,16 @@ def _v3_claims_that_end(db: sqlite3.Connection) -> None:
         db.execute(f"ALTER TABLE volume_claims ADD COLUMN {column}")
 
 
+def _v4_task_restarts(db: sqlite3.Connection) -> None:
+    """Tasks are restarted by their restart policy: how often, for ``driversdk status``."""
+    db.execute("ALTER TABLE run_tasks ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_unversioned_schema,
     _v2_one_plugin_per_driver,
     _v3_claims_that_end,
+    _v4_task_restarts,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -129,7 +129,7 @@ def test_a_runtime_destination_is_checked_after_interpolation(tmp_path: Path) ->
 
 
 def test_restart_policy_merges_job_type_default_group_and_task(tmp_path: Path) -> None:
-    from driversdk.runner.jobspec import RestartMode, RestartPolicy
+    from driversdk.runner.restarts import RestartPolicy, default_policy, policy_for
 
     path = write(
         tmp_path,
@@ -139,7 +139,9 @@ def test_restart_policy_merges_job_type_default_group_and_task(tmp_path: Path) -
     )
     job, problems = parse_job(path)
     assert problems == []
-    a, b = job.groups[0].tasks
-    assert b.restart == RestartPolicy(attempts=5, interval="24h", delay="15s", mode=RestartMode.DELAY)
-    assert a.restart == RestartPolicy(5, "24h", "1s", RestartMode.DELAY, render_templates=True)
-    assert RestartPolicy.default("service") == RestartPolicy(2, "30m")
+    group = job.groups[0]
+    a, b = group.tasks
+    day = 24 * 3600.0
+    assert policy_for(job.type, group.restart, b.restart) == RestartPolicy(5, day, 15.0, "delay")
+    assert policy_for(job.type, group.restart, a.restart) == RestartPolicy(5, day, 1.0, "delay", render_templates=True)
+    assert default_policy("service") == RestartPolicy(2, 30 * 60.0, 15.0, "fail")

@@ -46,7 +46,8 @@ def test_a_state_db_of_the_previous_code_is_migrated_keeping_every_row(tmp_path:
     db = open_state(str(db_path))
     try:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
-        assert db.execute("SELECT * FROM run_tasks").fetchall() == tasks_before
+        # Migration 3 adds the restart count, 0 for every task that was run before it.
+        assert db.execute("SELECT * FROM run_tasks").fetchall() == [(*row, 0) for row in tasks_before]
         assert db.execute("SELECT alloc_id, driver FROM run_plugins_retired").fetchall() == [
             ("e337aefd-d94c-456c-a3aa-0a52ab276be1", "docker")
         ]

@@ -30,7 +30,7 @@ class CSIPluginSupervisorHook(TaskHook):
 
     def prerun(self, task: TaskRunner) -> None:
         record = task.restoring
-        if task.task.csi_plugin is None or (record is not None and record.state != "running"):
+        if task.task.csi_plugin is None or (record is not None and record.state not in ("running", "restarting")):
             return
         alloc = task.alloc
         self.supervisor = PluginSupervisor(

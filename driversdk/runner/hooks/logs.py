@@ -29,7 +29,11 @@ class LogCollectionHook(TaskHook):
         if record is not None:
             if record.logmon_pid:
                 task.logmon = logcollect.Logmon(record.logmon_pid, *logcollect.fifo_paths(logs, task.task.name))
-            if task.logmon is not None and record.state == "running" and not logcollect.alive(task.logmon):
+            if (
+                task.logmon is not None
+                and record.state in ("running", "restarting")
+                and not logcollect.alive(task.logmon)
+            ):
                 task.logmon = self._spawn(task, logs)
                 task.alloc.state.set_logmon(task.alloc.alloc_id, task.task.name, task.logmon.pid)
             return
