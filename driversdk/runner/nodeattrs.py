@@ -16,12 +16,16 @@ import os
 import platform
 import socket
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from driversdk.client import DriverClient
 from driversdk.errors import DriverSDKError
 from driversdk.model import Attribute, HealthState
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.taskenv import Node
+
+if TYPE_CHECKING:
+    from driversdk.runner.allocrunner import AllocRunner
 
 # Go's names for machine architectures (runtime.GOARCH), which Nomad reports as cpu.arch.
 _GOARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386", "i386": "386", "ppc64le": "ppc64le",
@@ -183,3 +187,12 @@ def _node_id(client: ClientConfig) -> str:
     except OSError:
         machine = socket.gethostname()
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"driversdk-node:{machine}"))
+
+
+def for_alloc(alloc: AllocRunner) -> Node:
+    """The node for an allocation of a run: its drivers fingerprinted once per run."""
+    known = alloc.node.driver_attributes
+    for driver in sorted({t.driver for t in alloc.group.tasks}):
+        if driver not in known:
+            known[driver] = driver_attributes(driver, alloc.drivers.dispense(driver))
+    return node(alloc.client, known)
