@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -141,7 +142,7 @@ def test_docker_args_use_the_task_environment_and_node_attributes(env: Env) -> N
     assert done.returncode == 0, done.stdout + done.stderr
     logs = env.cli("logs", "t", "--client", str(env.client)).stdout.split()
     alloc = next(w.split("=", 1)[1] for w in logs if w.startswith("alloc="))
-    assert len(alloc) == 36 and alloc in done.stdout[: done.stdout.index("started")] or alloc[:8] in done.stdout
+    assert len(alloc) == 36 and f"alloc {alloc[:8]}" in done.stdout
     assert "dir=/local" in logs and f"kernel={os.uname().sysname.lower()}" in logs and "greeting=hi" in logs
     env.assert_clean()
 
@@ -201,7 +202,9 @@ DOCKER_HTTPD = f"""
       config {{
         image   = "{IMAGE}"
         command = "/bin/sh"
-        args    = ["-c", "mkdir -p /www && echo port=$NOMAD_PORT_http host=$NOMAD_HOST_PORT_http > /www/index.html && exec httpd -f -p 80 -h /www"]
+        args    = ["-c", join(" && ", ["mkdir -p /www",
+                                  "echo port=$NOMAD_PORT_http host=$NOMAD_HOST_PORT_http > /www/index.html",
+                                  "exec httpd -f -p 80 -h /www"])]
         ports   = ["http"]
       }}
     }}"""
@@ -229,7 +232,8 @@ EXEC_HTTP = """
       kill_timeout = "1s"
       config {{
         command = "{python}"
-        args    = ["-m", "http.server", "${{NOMAD_PORT_http}}", "--bind", "0.0.0.0", "--directory", "${{NOMAD_TASK_DIR}}"]
+        args    = ["-m", "http.server", "${{NOMAD_PORT_http}}", "--bind", "0.0.0.0",
+                   "--directory", "${{NOMAD_TASK_DIR}}"]
       }}
     }}"""
 
@@ -246,15 +250,15 @@ def test_bridge_group_is_reachable_on_its_static_port_and_leaves_no_rules(env: E
     job = web_job(env, "bridge", network, EXEC_HTTP.format(python=os.path.realpath(sys.executable)))
     proc = env.start(job)
     try:
-        lines_until(proc, '==> task "server" started')
+        before = "".join(lines_until(proc, '==> task "server" started'))
+        assert "ports forwarded from the host to" in before
         (next((env.data / "allocs").iterdir()) / "server" / "local" / "index.html").write_text("from the bridge\n")
         assert get(f"http://127.0.0.1:{static}/index.html") == "from the bridge\n"
         assert get(f"http://{nodeattrs.host_ip()}:{static}/index.html") == "from the bridge\n"
         rules = subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True).stdout
         assert f"--dport {static}" in rules and "driversdk alloc" in rules
     finally:
-        out = stop(proc)
-    assert "ports forwarded from the host to" in out
+        stop(proc)
     env.assert_clean()
     no_forwarding_rules()
 
@@ -282,3 +286,31 @@ def test_static_port_already_taken_is_refused_with_a_sentence_and_nothing_left(e
     env.assert_clean()
     no_forwarding_rules()
     assert not portalloc.rules_of("")
+
+
+def test_killed_run_recovered_keeps_its_ports_and_forwarding_then_removes_them(env: Env) -> None:
+    static = free_port()
+    network = (
+        f'      mode = "bridge"\n      port "http" {{\n        static = {static}\n        to = 8080\n      }}\n'
+        '      port "extra" {}'
+    )
+    job = web_job(env, "again", network, EXEC_HTTP.format(python=os.path.realpath(sys.executable)))
+    first = env.start(job)
+    lines = "".join(lines_until(first, '==> task "server" started'))
+    dynamic = lines.split("ports: ")[1].split("extra ")[1].split()[0].rstrip(",")
+    alloc_dir = next((env.data / "allocs").iterdir())
+    (alloc_dir / "server" / "local" / "index.html").write_text("still here\n")
+    assert get(f"http://127.0.0.1:{static}/index.html") == "still here\n"
+    first.kill()  # SIGKILL: the task, its namespace and the forwarding rules stay
+    first.communicate(timeout=30)
+    assert portalloc.rules_of(alloc_dir.name)
+    second = env.start(job)
+    try:
+        lines_until(second, '==> task "server" recovered')
+        assert get(f"http://127.0.0.1:{static}/index.html") == "still here\n"
+        record = sqlite3.connect(env.db).execute("SELECT network FROM run_allocs").fetchone()[0]
+        assert f'"value": {dynamic}' in record and f'"value": {static}' in record
+    finally:
+        stop(second)
+    env.assert_clean()
+    no_forwarding_rules()
