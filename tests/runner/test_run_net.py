@@ -314,3 +314,18 @@ def test_killed_run_recovered_keeps_its_ports_and_forwarding_then_removes_them(e
         stop(second)
     env.assert_clean()
     no_forwarding_rules()
+
+
+def test_docker_bridge_group_with_ports_is_refused_with_a_sentence_and_nothing_left(env: Env) -> None:
+    network = '      mode = "bridge"\n      port "http" {\n        to = 80\n      }'
+    job = web_job(env, "dockbridge", network, DOCKER_HTTPD)
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        'group "web": its bridge network has no address the host can forward ports to (the driver that made it, '
+        "docker, gives none)" in done.stdout + done.stderr
+    )
+    assert '==> task "httpd" started' not in done.stdout
+    assert [c.name for c in env.engine.containers.list(all=True) if c.name.startswith("nomad_init_")] == []
+    env.assert_clean()
+    no_forwarding_rules()
