@@ -150,6 +150,7 @@ def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "") 
       }}
       env {{
         CSI_HOSTPATH_ROOT = "/srv/csi"
+        PYTHONPATH        = "{ROOT}"
         {env}
       }}
       volume_mount {{

@@ -80,8 +80,7 @@ def stop(proc: subprocess.Popen[str]) -> str:
 
 def test_csi_plugin_job_as_nomads_docs_write_it_runs(env: Env) -> None:
     """`--endpoint=${CSI_ENDPOINT}` and `--node-id=${node.unique.name}` reach the plugin's args."""
-    # PYTHONPATH: the plugin task imports this tree (in its chroot through chroot_env).
-    group = plugin_group(env=f'PYTHONPATH = "{ROOT}"').replace(
+    group = plugin_group().replace(
         'args    = ["-m", "driversdk.csi.hostpath"]',
         'args    = ["-m", "driversdk.csi.hostpath", "--endpoint=${CSI_ENDPOINT}", "--node-id=${node.unique.name}"]',
     )
