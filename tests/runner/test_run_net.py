@@ -20,7 +20,7 @@ import docker
 import pytest
 
 from driversdk.runner import nodeattrs, portalloc
-from tests.runner.test_run_csi import IMAGE, ROOT, Env, demo, plugin_group, write_job
+from tests.runner.test_run_csi import IMAGE, Env, demo, plugin_group, write_job
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runc, iptables and mounts: root only")
 
