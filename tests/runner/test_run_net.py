@@ -315,16 +315,25 @@ def test_killed_run_recovered_keeps_its_ports_and_forwarding_then_removes_them(e
     no_forwarding_rules()
 
 
-def test_docker_bridge_group_with_ports_is_refused_with_a_sentence_and_nothing_left(env: Env) -> None:
-    network = '      mode = "bridge"\n      port "http" {\n        to = 80\n      }'
+def test_docker_bridge_group_is_reachable_on_its_static_port_and_leaves_nothing(env: Env) -> None:
+    """docker's pause container has no network of its own: run gives it an address on its bridge
+    (as Nomad's CNI bridge does) and forwards the static port there."""
+    static = free_port()
+    network = f'      mode = "bridge"\n      port "http" {{\n        static = {static}\n        to = 80\n      }}'
     job = web_job(env, "dockbridge", network, DOCKER_HTTPD)
-    done = env.cli("run", str(job), "--client", str(env.client))
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert (
-        'group "web": its bridge network has no address the host can forward ports to (the driver that made it, '
-        "docker, gives none)" in done.stdout + done.stderr
-    )
-    assert '==> task "httpd" started' not in done.stdout
+    proc = env.start(job)
+    try:
+        before = "".join(lines_until(proc, '==> task "httpd" started'))
+        assert "network namespace given 172.26.64." in before and "ports forwarded from the host to" in before
+        assert get(f"http://127.0.0.1:{static}/").strip() == f"port=80 host={static}"
+        assert get(f"http://{nodeattrs.host_ip()}:{static}/").strip() == f"port=80 host={static}"
+    finally:
+        stop(proc)
     assert [c.name for c in env.engine.containers.list(all=True) if c.name.startswith("nomad_init_")] == []
     env.assert_clean()
     no_forwarding_rules()
+    assert subprocess.run(["ip", "link", "show", "dsdkbr0"], capture_output=True).returncode != 0
+    assert (
+        not os.path.exists("/run/driversdk/bridge")
+        or [n for n in os.listdir("/run/driversdk/bridge") if n.endswith(".json")] == []
+    )
