@@ -337,3 +337,31 @@ def test_docker_bridge_group_is_reachable_on_its_static_port_and_leaves_nothing(
         not os.path.exists("/run/driversdk/bridge")
         or [n for n in os.listdir("/run/driversdk/bridge") if n.endswith(".json")] == []
     )
+
+
+def test_raw_exec_gets_host_paths_in_its_environment_and_args(env: Env) -> None:
+    """A driver without filesystem isolation gets the dirs as host paths, in env and in args."""
+    with env.client.open("a") as fh:
+        fh.write('plugin "raw_exec" {\n  config {\n    enabled = true\n  }\n}\n')
+    job = env.work / "raw.hcl"
+    job.write_text(
+        """job "raw" {
+  type = "batch"
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "echo arg=${NOMAD_TASK_DIR} env=$NOMAD_TASK_DIR alloc=$NOMAD_ALLOC_DIR"]
+      }
+    }
+  }
+}
+"""
+    )
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 0, done.stdout + done.stderr
+    alloc_dir = next((env.data / "allocs").iterdir())
+    words = env.cli("logs", "t", "--client", str(env.client)).stdout.split()
+    assert words == [f"arg={alloc_dir}/t/local", f"env={alloc_dir}/t/local", f"alloc={alloc_dir}/alloc"]
+    env.assert_clean()
