@@ -27,10 +27,13 @@ from driversdk.runner.hooks.alloc_dir import AllocDirHook
 from driversdk.runner.hooks.csi_plugin import CSIPluginDirHook
 from driversdk.runner.hooks.csi_volumes import CSIVolumesHook
 from driversdk.runner.hooks.network import NetworkHook
+from driversdk.runner.hooks.port_forward import PortForwardHook
+from driversdk.runner.hooks.ports import PortsHook
 from driversdk.runner.jobspec import Group, Job
 from driversdk.runner.lifecycle import Coordinator
 from driversdk.runner.runstate import AllocRecord, RunState
 from driversdk.runner.supervisor import PluginSupervisor
+from driversdk.runner.taskenv import PortValue
 from driversdk.runner.taskrunner import TaskRunner
 from driversdk.runner.volumes import VolumeStore
 
@@ -38,7 +41,9 @@ from driversdk.runner.volumes import VolumeStore
 ALLOC_HOOKS: list[Callable[[], AllocHook]] = [
     AllocDirHook,  # alloc/{logs,tmp,data}
     CSIPluginDirHook,  # postrun: release the shared mount plugin tasks needed (after the volumes)
+    PortsHook,  # group network ports: static checked free, dynamic from the client's range
     NetworkHook,  # group network from the first driver that creates one
+    PortForwardHook,  # bridge mode: host ports forwarded into the group namespace (iptables)
     CSIVolumesHook,  # claim, controller publish, stage, publish
 ]
 
@@ -55,6 +60,8 @@ class NodeServices:
     drivers: DriverManager | None = None
     # Supervisors of this run's plugin tasks: a volume waiting for one of them stops waiting when it failed.
     supervisors: list[PluginSupervisor] = field(default_factory=list)
+    # driver.<name>.* attributes of each driver's plugin, fingerprinted once per run (nodeattrs).
+    driver_attributes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def plugin_failure(self, plugin_id: str) -> str | None:
         """Why this run's own instance of a plugin failed, when every one of them did."""
@@ -108,6 +115,7 @@ class AllocRunner:
         self._acquired: list[str] = []
         # What the prerun hooks hand the task runners.
         self.network: NetworkIsolationSpec | None = None
+        self.ports: list[PortValue] = []
         self.csi_sources: dict[str, str] = {}
         self.teardown_failed = False
         self._closed = False

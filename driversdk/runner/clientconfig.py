@@ -32,6 +32,11 @@ BUNDLED = {
 }
 
 
+# Nomad's client defaults (structs.DefaultMinDynamicPort / DefaultMaxDynamicPort).
+DEFAULT_MIN_DYNAMIC_PORT = 20000
+DEFAULT_MAX_DYNAMIC_PORT = 32000
+
+
 @dataclass(frozen=True)
 class HostVolume:
     name: str
@@ -60,6 +65,17 @@ class ClientConfig:
     plugin_dir: str = ""
     host_volumes: dict[str, HostVolume] = field(default_factory=dict)
     plugins: dict[str, PluginBlock] = field(default_factory=dict)
+    # What the node is called and where it is (Nomad's agent ``name``, ``datacenter``, ``region``,
+    # ``client.node_class``, ``client.node_pool``, ``client.meta``): ``${node.*}``, ``${meta.*}``.
+    name: str = ""
+    datacenter: str = "dc1"
+    region: str = "global"
+    node_class: str = ""
+    node_pool: str = "default"
+    meta: dict[str, str] = field(default_factory=dict)
+    # Nomad's ``client.min_dynamic_port`` / ``max_dynamic_port``: where dynamic ports come from.
+    min_dynamic_port: int = DEFAULT_MIN_DYNAMIC_PORT
+    max_dynamic_port: int = DEFAULT_MAX_DYNAMIC_PORT
     # What the file holds that the runner has no use for, said once.
     notes: list[str] = field(default_factory=list)
 
@@ -344,6 +360,59 @@ def _parse(path: str | Path) -> dict[str, Any]:
     return data
 
 
+_NODE_KEYS = ("name", "datacenter", "region")
+_CLIENT_NODE_KEYS = ("node_class", "node_pool", "meta", "min_dynamic_port", "max_dynamic_port")
+
+
+def _node(file: str, data: dict[str, Any], client: dict[str, Any], cfg: ClientConfig, problems: list[Problem]) -> None:
+    """The node's name, place and meta, and the dynamic port range, as Nomad's agent reads them."""
+    for key, where, source in (
+        ("name", "name", data),
+        ("datacenter", "datacenter", data),
+        ("region", "region", data),
+        ("node_class", "client.node_class", client),
+        ("node_pool", "client.node_pool", client),
+    ):
+        value = source.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            problems.append(Problem(file, f"{where} must be a string in quotes, not {_shown(value)}", field=where))
+        elif value or key in ("name", "node_class"):
+            setattr(cfg, key, value)
+    meta = _body(client.get("meta"))
+    if meta is None or not all(isinstance(v, str | int | float | bool) for v in meta.values()):
+        problems.append(
+            Problem(file, 'client.meta must be a block of strings (meta { rack = "r1" })', field="client.meta")
+        )
+    else:
+        cfg.meta = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in meta.items()}
+    ports: dict[str, int] = {}
+    for key in ("min_dynamic_port", "max_dynamic_port"):
+        value = client.get(key)
+        if value is None:
+            continue
+        number = int(value) if isinstance(value, str) and value.isdigit() else value
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 65536:
+            problems.append(
+                Problem(
+                    file, f"client.{key} must be a port number (1-65535), not {_shown(value)}", field=f"client.{key}"
+                )
+            )
+            continue
+        ports[key] = number
+        setattr(cfg, key, number)
+    if cfg.min_dynamic_port > cfg.max_dynamic_port and ports:
+        problems.append(
+            Problem(
+                file,
+                f"client.min_dynamic_port ({cfg.min_dynamic_port}) must not be greater than client.max_dynamic_port "
+                f"({cfg.max_dynamic_port})",
+                field="client.min_dynamic_port",
+            )
+        )
+
+
 def load_client(path: str | Path | None) -> ClientConfig:
     """Read a client config; every value of the wrong type is refused, never coerced or defaulted."""
     if path is None:
@@ -354,7 +423,7 @@ def load_client(path: str | Path | None) -> ClientConfig:
     cfg = ClientConfig(file=file)
     unused = []
     for key in data:
-        if key in ("data_dir", "plugin_dir", "client", "plugin", "host_volume"):
+        if key in ("data_dir", "plugin_dir", "client", "plugin", "host_volume", *_NODE_KEYS):
             continue
         if key in _AGENT_KEYS:
             unused.append(key)
@@ -381,7 +450,7 @@ def load_client(path: str | Path | None) -> ClientConfig:
         )
         client = {}
     for key in client:
-        if key == "host_volume":
+        if key in ("host_volume", *_CLIENT_NODE_KEYS):
             continue
         if key in _CLIENT_KEYS:
             unused.append(f"client.{key}")
@@ -389,6 +458,7 @@ def load_client(path: str | Path | None) -> ClientConfig:
         close = get_close_matches(key, sorted(_CLIENT_KEYS), n=1)
         hint = f'; did you mean "{close[0]}"?' if close else "; remove it or check its spelling"
         problems.append(Problem(file, f"unknown client option {key!r}{hint}", field=f"client.{key}"))
+    _node(file, data, client, cfg, problems)
     volumes: list[tuple[str, dict[str, Any]]] = []
     for key, blocks in (("host_volume", data.get("host_volume")), ("client.host_volume", client.get("host_volume"))):
         found = _labelled(blocks)

@@ -74,9 +74,9 @@ META = Block(labels=0, open=True, as_map=Kind.STRING)
 ENV = Block(labels=0, open=True, as_map=Kind.STRING)
 OPEN = Block(open=True, as_map=Kind.ANY)
 
-CONSTRAINT = blk(NO, attribute=S, value=S, operator=S, distinct_hosts=B, distinct_property=S, regexp=S, version=S,
+CONSTRAINT = blk(attribute=S, value=S, operator=S, distinct_hosts=B, distinct_property=S, regexp=S, version=S,
                  semver=S, set_contains=S, set_contains_all=S, set_contains_any=S, is_set=S, is_not_set=S)  # fmt: skip
-AFFINITY = blk(NO, attribute=S, value=S, operator=S, weight=N, version=S, semver=S, regexp=S, set_contains=S,
+AFFINITY = blk(attribute=S, value=S, operator=S, weight=N, version=S, semver=S, regexp=S, set_contains=S,
                set_contains_all=S, set_contains_any=S)  # fmt: skip
 SPREAD = blk(NO, attribute=S, weight=N, target=blk(NO, 1, percent=N))
 RESTART = blk(NO, interval=D, attempts=N, delay=D, mode=S, render_templates=B)
@@ -97,10 +97,11 @@ LOGS = blk(max_files=N, max_file_size=N, enabled=B, disabled=B)
 DEVICE = blk(NO, 1, count=N, constraint=CONSTRAINT, affinity=AFFINITY)
 NUMA = blk(NO, affinity=S, devices=L)
 PORT = blk(NO, 1, static=N, to=N, host_network=S, ignore_collision=B)
+GROUP_PORT = Block({**attrs(static=N, to=N), **attrs(NO, host_network=S, ignore_collision=B)}, labels=1)
 DNS = blk(NO, servers=L, searches=L, options=L)
 NETWORK = Block({
     "mode": Attr(S), "device": Attr(S, NO), "cidr": Attr(S, NO), "ip": Attr(S, NO), "hostname": Attr(S, NO),
-    "mbits": Attr(N, NO), "dns": DNS, "port": PORT, "reserved_ports": Block(PORT.fields, acted=NO),
+    "mbits": Attr(N, NO), "dns": DNS, "port": GROUP_PORT, "reserved_ports": Block(PORT.fields, acted=NO),
     "cni": Block({"args": Block(open=True, as_map=Kind.STRING, acted=NO)}, acted=NO),
 })  # fmt: skip
 RESOURCES = Block({

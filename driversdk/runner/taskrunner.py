@@ -20,9 +20,9 @@ from driversdk import convert
 from driversdk.client import DriverClient
 from driversdk.durations import parse_duration
 from driversdk.errors import DriverSDKError, PluginCallError
-from driversdk.model import Capabilities, ExitResult, LinuxResources, Resources, TaskConfig, TaskHandle
+from driversdk.model import Capabilities, ExitResult, LinuxResources, PortMapping, Resources, TaskConfig, TaskHandle
 from driversdk.mounts import Mount, MountRequest
-from driversdk.runner import logcollect, restarts
+from driversdk.runner import logcollect, restarts, taskenv
 from driversdk.runner.drivermanager import TaskLost, TrackedTask, WaitFailed
 from driversdk.runner.events import RunEvent
 from driversdk.runner.hooks import TaskHook
@@ -65,7 +65,8 @@ class TaskRunner:
         self._ran: list[TaskHook] = []
         self.caps = Capabilities()
         # What the prerun hooks hand StartTask.
-        self.env: dict[str, str] = {}
+        self.env: dict[str, str] = {}  # the task environment (task_dir hook), then what later hooks add
+        self.node_facts: dict[str, str] = {}  # ${attr.*}, ${node.*}, ${meta.*} of this node
         self.mount_requests: list[MountRequest] = []
         self.mounts: list[Mount] = []
         self.logmon: logcollect.Logmon | None = None
@@ -158,6 +159,10 @@ class TaskRunner:
         self.event(f"started ({self.label})")
         self._follow()
 
+    def interpolate(self, value: Any) -> Any:
+        """``${…}`` in a string (or in the strings of a config) replaced as Nomad's client does."""
+        return taskenv.TaskEnv(self.env, self.node_facts).interpolate(value)
+
     def _task_config(self, task_id: str | None) -> TaskConfig:
         a, t = self.alloc, self.task
         stdout = stderr = os.devnull
@@ -171,19 +176,20 @@ class TaskRunner:
             job_id=a.job.name,
             task_group_name=a.group.name,
             namespace=a.job.namespace,
-            env={**self.env, **t.env},
+            env=dict(self.env),
             resources=Resources(
                 cpu_shares=t.cpu,
                 memory_mb=t.memory,
                 memory_max_mb=t.memory_max,
                 linux=LinuxResources(cpu_shares=t.cpu, memory_limit_bytes=max(t.memory, t.memory_max) * MIB),
+                ports=tuple(PortMapping(p.label, p.value, p.to, p.host_ip) for p in a.ports),
             ),
             mounts=self.mounts,
-            user=t.user,
+            user=self.interpolate(t.user),
             alloc_dir=a.alloc_dir,
             stdout_path=stdout,
             stderr_path=stderr,
-            driver_config=dict(t.config),
+            driver_config=self.interpolate(dict(t.config)),
             network_isolation_spec=a.network,
         )
 

@@ -19,7 +19,7 @@ from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap
 from driversdk.model import Capabilities
 from driversdk.mounts import MountRequest, MountValidationError, check_mounts
 from driversdk.paths import check_name, show
-from driversdk.runner import taskenv
+from driversdk.runner import constraints, nodeattrs, taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
@@ -33,6 +33,8 @@ class DriverFacts:
     task_schema: Spec
     # Plugin options Nomad's driver of that name has and this one does not: left out, noted.
     skipped_options: list[str] = field(default_factory=list)
+    # driver.<name> and driver.<name>.* from the plugin's first fingerprint (node attributes).
+    attributes: dict[str, str] = field(default_factory=dict)
 
 
 def _fields(spec: Spec) -> dict[str, Spec] | None:
@@ -152,7 +154,8 @@ def _driver_facts(
             if shapes:
                 raise ConfigError(f'plugin "{driver}" {"; ".join(shapes)}')
             plugin.set_config(config)
-            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema(), skipped)
+            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema(), skipped,
+                                 nodeattrs.driver_attributes(driver, plugin))  # fmt: skip
         except DriverSDKError as err:
             result = Problem(
                 client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name,
@@ -457,7 +460,30 @@ def _validate(
                         )
             if host or csi:
                 report.checked.append(f'task "{task.name}": {len(host) + len(csi)} mount(s) checked')
+    _placement(path, inputs, job, client, cache, report)
     return report
+
+
+def _placement(
+    path: str, inputs: Inputs | None, job: Job, client: ClientConfig, cache: dict[str, DriverFacts | Problem],
+    report: Report,
+) -> None:  # fmt: skip
+    """Constraints this node does not meet are problems (`run` does not place such a group);
+    an unmet affinity is noted once."""
+    from driversdk.runner.jobspec import evaluate_job
+
+    data, _, _ = evaluate_job(path, inputs)
+    placement = constraints.collect(data)
+    drivers = {k: v.attributes for k, v in cache.items() if isinstance(v, DriverFacts)}
+    node = nodeattrs.node(client, drivers)
+    for group in job.groups:
+        for c, why in constraints.refusals(placement, node, group.name):
+            report.problems.append(Problem(job.file, constraints.sentence(c, why), **c.where, field="constraint"))
+        for a in placement.affinities.get(group.name, []):
+            missed = constraints.unmet(a, node, placement)
+            note = constraints.sentence(a, missed, affinity=True) if missed is not None else ""
+            if note and note not in report.notes:
+                report.notes.append(note)
 
 
 def _task_config_for_driver(task: Task, facts: DriverFacts, report: Report, parsed: Job) -> dict[str, Any]:

@@ -117,10 +117,11 @@ def test_a_whole_agent_file_loads_with_one_note(tmp_path: Path) -> None:
     assert cfg.host_volumes["certs"].read_only
     assert cfg.plugins["docker"].config["gc"]["dangling_containers"]["dry_run"] is False
     assert cfg.plugins["exec"].config["no_pivot_root"] is False
+    assert cfg.datacenter == "dc1" and cfg.meta
     assert len(cfg.notes) == 1
     assert cfg.notes[0] == (
-        f"{path}: not used by driversdk: datacenter, bind_addr, log_level, server, consul, vault, telemetry, acl, "
-        "ports, client.enabled, client.servers, client.options, client.meta"
+        f"{path}: not used by driversdk: bind_addr, log_level, server, consul, vault, telemetry, acl, "
+        "ports, client.enabled, client.servers, client.options"
     )
 
 

@@ -48,7 +48,9 @@ def test_the_hook_lists_are_the_order_of_start(tmp_path: Path) -> None:
     assert [h().name for h in allocrunner.ALLOC_HOOKS] == [
         "alloc dir",
         "csi plugin dir",
+        "ports",
         "group network",
+        "port forward",
         "csi volumes",
     ]
     assert [h().name for h in taskrunner.TASK_HOOKS] == [

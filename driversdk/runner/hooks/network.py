@@ -8,8 +8,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from driversdk.errors import ConfigError, DriverSDKError
-from driversdk.model import NetworkIsolationMode, NetworkIsolationSpec
+from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
 from driversdk.runner.hooks import AllocHook
+from driversdk.runner.hooks.ports import ports_json
 from driversdk.runner.jobspec import Group
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class NetworkHook(AllocHook):
             if caps.must_create_network and NetworkIsolationMode.GROUP in caps.network_isolation_modes:
                 self.spec, _ = plugin.create_network(alloc.alloc_id, f"{alloc.group.name}-{alloc.index}")
                 self.owner = task.driver
-                alloc.state.alloc_update(alloc.alloc_id, network=json.dumps(self._json()))
+                alloc.state.alloc_update(alloc.alloc_id, network=json.dumps(self._json(alloc)))
                 alloc.event("group", f"network created by the {task.driver} driver")
                 return
         drivers = ", ".join(sorted({t.driver for t in alloc.group.tasks}))
@@ -62,16 +63,22 @@ class NetworkHook(AllocHook):
             f'none of {drivers} does; use docker or exec, or mode = "host"'
         )
 
-    def _json(self) -> dict[str, Any]:
+    def _json(self, alloc: AllocRunner) -> dict[str, Any]:
         assert self.spec is not None
-        return {"owner": self.owner, "mode": self.spec.mode.value, "path": self.spec.path, "labels": self.spec.labels}
+        hosts = self.spec.hosts
+        return {"owner": self.owner, "mode": self.spec.mode.value, "path": self.spec.path, "labels": self.spec.labels,
+                "hosts": [hosts.hostname, hosts.address] if hosts is not None else None,
+                "ports": ports_json(alloc.ports)}  # fmt: skip
 
     def _restore(self, alloc: AllocRunner, saved: str | None) -> None:
         if not saved:
             return
         data = json.loads(saved)
+        if "owner" not in data:
+            return  # only the ports hook's record: a host-mode group
         self.owner = data["owner"]
-        self.spec = NetworkIsolationSpec(NetworkIsolationMode(data["mode"]), data["path"], dict(data["labels"]))
+        hosts = HostsConfig(*data["hosts"]) if data.get("hosts") else None
+        self.spec = NetworkIsolationSpec(NetworkIsolationMode(data["mode"]), data["path"], dict(data["labels"]), hosts)
 
     def postrun(self, alloc: AllocRunner) -> None:
         if self.spec is None:

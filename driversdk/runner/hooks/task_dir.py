@@ -1,5 +1,7 @@
 """Task dir hook: ``<alloc>/<task>/{local,private,tmp,secrets}`` (``secrets/`` 0700 and owned by
-the task's user) and the task's environment (``NOMAD_*``, then the job's ``env``)."""
+the task's user) and the task's environment as Nomad's client builds it
+(:func:`driversdk.runner.taskenv.build`: ``NOMAD_*`` with the real allocation, its ports and
+this node, then the job's ``env`` interpolated)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from driversdk.model import FSIsolation
 from driversdk.paths import resolve_under
+from driversdk.runner import nodeattrs, taskenv
 from driversdk.runner.hooks import TaskHook
 
 if TYPE_CHECKING:
@@ -30,29 +33,18 @@ class TaskDirHook(TaskHook):
         for sub in ("local", "private", "tmp"):
             os.makedirs(os.path.join(task_dir, sub), exist_ok=True)
         make_secrets_dir(os.path.join(task_dir, "secrets"), task_owner(task.task.user, task.caps.fs_isolation))
-        task.env.update(
-            {
-                "NOMAD_ALLOC_ID": alloc.alloc_id,
-                "NOMAD_ALLOC_INDEX": str(alloc.index),
-                "NOMAD_JOB_NAME": alloc.job.name,
-                "NOMAD_GROUP_NAME": alloc.group.name,
-                "NOMAD_TASK_NAME": task.task.name,
-                **task_dir_env(alloc.alloc_dir, task_dir, task.caps.fs_isolation),
-            }
+        # Nomad's task environment (client/taskenv): the allocation, its ports, the node; the
+        # dirs inside the task's root, or on the host for a driver without one (raw_exec).
+        built = taskenv.build(
+            alloc.job,
+            alloc.group,
+            task.task,
+            taskenv.Alloc(id=alloc.alloc_id, index=alloc.index, dir=alloc.alloc_dir, ports=tuple(alloc.ports)),
+            node=nodeattrs.for_alloc(alloc),
+            fs_isolation=task.caps.fs_isolation != FSIsolation.NONE,
         )
-
-
-def task_dir_env(alloc_dir: str, task_dir: str, isolation: FSIsolation) -> dict[str, str]:
-    """Where the task finds its dirs, as Nomad's client says it: inside the task's own root for a
-    driver that gives it one (chroot, image), on the host for a driver that runs it in the host's
-    file system (raw_exec), where ``/local`` would be a host directory nobody made for it."""
-    if isolation == FSIsolation.NONE:
-        return {
-            "NOMAD_ALLOC_DIR": os.path.join(alloc_dir, "alloc"),
-            "NOMAD_TASK_DIR": os.path.join(task_dir, "local"),
-            "NOMAD_SECRETS_DIR": os.path.join(task_dir, "secrets"),
-        }
-    return {"NOMAD_ALLOC_DIR": "/alloc", "NOMAD_TASK_DIR": "/local", "NOMAD_SECRETS_DIR": "/secrets"}
+        task.node_facts = built.node
+        task.env.update(built.env)
 
 
 def task_owner(user: str, isolation: FSIsolation) -> tuple[int, int] | None:

@@ -41,7 +41,7 @@ def volume_requests(task: TaskRunner) -> list[MountRequest]:
         requests.append(
             MountRequest(
                 volume=req.name,
-                destination=mount.destination,
+                destination=task.interpolate(mount.destination),
                 host_path=host_path,
                 kind=kind,
                 propagation=mount.propagation_mode,
