@@ -36,6 +36,9 @@ PLUGIN_OPTIONS: dict[str, Options] = {
         "disable_log_collection": None,
         "windows_allow_insecure_container_admin": None,
         "image_pull_timeout": None,
+        "oom_score_adj": None,
+        "container_exists_attempts": None,
+        "allowed_modes": {"network": None, "ipc": None, "pid": None, "uts": None, "userns": None},
     },
     "exec": {
         "default_pid_mode": None,
@@ -54,7 +57,17 @@ PLUGIN_OPTIONS: dict[str, Options] = {
         "cgroup_parent": None,
         "reconcile": {"enabled": None, "period": None, "creation_grace": None},
     },
-    "raw_exec": {"enabled": None, "no_cgroups": None, "denied_host_uids": None, "denied_host_gids": None},
+    "raw_exec": {
+        "enabled": None,
+        "no_cgroups": None,
+        "denied_host_uids": None,
+        "denied_host_gids": None,
+        "denied_envvars": None,
+        # driversdk's raw_exec additions
+        "state_dir": None,
+        "cgroup_parent": None,
+        "reconcile": {"enabled": None, "period": None, "creation_grace": None},
+    },
 }
 
 TASK_CONFIG: dict[str, frozenset[str]] = {
