@@ -7,28 +7,49 @@ runner) knows whether its restart policy may retry.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import status_pb2
-from grpc_status import rpc_status
 
-from driversdk import convert
-from driversdk.driver import DriverPlugin, ExecSession, TerminalSize
+from driversdk.driver import ExecSession, TerminalSize
 from driversdk.errors import (
     ConfigError,
     DriverError,
     NotSupportedError,
     TaskNotFoundError,
 )
-from driversdk.hclspec import Spec, decode
-from driversdk.model import DRIVER_API_VERSION, AgentConfig, ExitResult, TaskConfig
-from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
+from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc
+
+
+class _OnFirstUse:
+    """A module imported when one of its names is first read, not when this module loads.
+
+    What PluginInfo needs is loaded before the first RPC; the data model conversions, the config
+    decoder and the error-status messages are loaded by the first call that uses them.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        # import_module returns only a fully executed module, even when gRPC threads race here.
+        value = getattr(importlib.import_module(self._name), attr)
+        setattr(self, attr, value)  # later reads skip __getattr__
+        return value
+
+
+if TYPE_CHECKING:
+    from driversdk import convert
+    from driversdk.driver import DriverPlugin
+    from driversdk.hclspec import Spec
+    from driversdk.model import ExitResult, TaskConfig
+else:
+    convert = _OnFirstUse("driversdk.convert")
 
 log = logging.getLogger("driversdk.service")
 
@@ -56,6 +77,12 @@ def abort_with(context: grpc.ServicerContext, err: BaseException, call: str) -> 
     message = str(err) if isinstance(err, (DriverError, ValueError)) else f"{call} failed: {err}"
     if not isinstance(err, (DriverError, ValueError)):
         log.error("unexpected error in driver call", exc_info=err, extra={"call": call})
+    from google.protobuf import any_pb2
+    from google.rpc import status_pb2
+    from grpc_status import rpc_status
+
+    from driversdk.pb import recoverable_error_pb2
+
     detail = any_pb2.Any()
     detail.Pack(recoverable_error_pb2.RecoverableError(recoverable=recoverable))
     status = status_pb2.Status(code=_code_number(code), message=message, details=[detail])
@@ -82,6 +109,8 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
     def PluginInfo(
         self, request: base_pb2.PluginInfoRequest, context: grpc.ServicerContext
     ) -> base_pb2.PluginInfoResponse:
+        from driversdk.model import DRIVER_API_VERSION
+
         return base_pb2.PluginInfoResponse(
             type=base_pb2.DRIVER,
             plugin_api_versions=[DRIVER_API_VERSION],
@@ -101,6 +130,9 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
         self, request: base_pb2.SetConfigRequest, context: grpc.ServicerContext
     ) -> base_pb2.SetConfigResponse:
         def apply() -> None:
+            from driversdk.hclspec import decode
+            from driversdk.model import AgentConfig
+
             spec = self._driver.config_schema()
             config: dict[str, Any] = {}
             if spec is not None:
@@ -203,6 +235,8 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         return self._task_spec
 
     def _decode_task(self, pb: driver_pb2.TaskConfig) -> TaskConfig:
+        from driversdk.hclspec import decode
+
         task = convert.task_config_from_proto(pb)
         if task.msgpack_driver_config:
             task.driver_config = decode(
@@ -253,6 +287,8 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         self, request: driver_pb2.RecoverTaskRequest, context: grpc.ServicerContext
     ) -> driver_pb2.RecoverTaskResponse:
         def recover() -> None:
+            from driversdk.hclspec import decode
+
             handle = convert.task_handle_from_proto(request.handle)
             if handle.config.msgpack_driver_config:
                 handle.config.driver_config = decode(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import grpc
-
-from driversdk.driver import DriverPlugin
 from driversdk.plugin.server import serve_plugin
+
+if TYPE_CHECKING:
+    import grpc
+
+    from driversdk.driver import DriverPlugin
 
 log = logging.getLogger("driversdk.serve")
 
