@@ -41,13 +41,9 @@ def time_floor() -> float:
 
 def time_launch(cmd: list[str], name: str) -> float:
     start = time.perf_counter()
-    client = launch(cmd, name=name)
-    try:
-        info = client.plugin_info()
-        elapsed = time.perf_counter() - start
-        assert info.name, info
-    finally:
-        client.kill()
+    client = launch(cmd, name=name)  # returns once PluginInfo has answered (and said "driver")
+    elapsed = time.perf_counter() - start
+    client.kill()
     return elapsed
 
 

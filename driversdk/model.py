@@ -13,9 +13,7 @@ from enum import IntEnum
 from typing import Any
 
 from driversdk.mounts import Mount
-
-# Nomad's plugin API version for drivers; PluginInfo must list it.
-DRIVER_API_VERSION = "v0.1.0"
+from driversdk.plugin.handshake import DRIVER_API_VERSION as DRIVER_API_VERSION  # kept importable from here
 
 # Go's zero time, which Nomad's client expects for "not completed yet".
 GO_ZERO_TIME_SECONDS = -62135596800

@@ -7,12 +7,13 @@ runner) knows whether its restart policy may retry.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
 
@@ -24,6 +25,7 @@ from driversdk.errors import (
     TaskNotFoundError,
 )
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc
+from driversdk.plugin.handshake import DRIVER_API_VERSION
 
 
 class _OnFirstUse:
@@ -54,6 +56,82 @@ else:
 log = logging.getLogger("driversdk.service")
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DriverSource:
+    """The driver behind the servicers: given, or built by a factory on the first call needing it.
+
+    A factory lets a plugin answer the handshake and PluginInfo (name and version are declared
+    up front) before it imports a heavy module such as the docker SDK. The driver is built once;
+    a failure is kept and answers every later call with the same sentence.
+    """
+
+    def __init__(
+        self, driver: DriverPlugin | Callable[[], DriverPlugin], *, name: str | None = None, version: str | None = None
+    ) -> None:
+        from driversdk.driver import DriverPlugin
+
+        self._lock = threading.Lock()
+        self._failure: Exception | None = None
+        if isinstance(driver, DriverPlugin):
+            self._driver: DriverPlugin | None = driver
+            self._factory: Callable[[], DriverPlugin] | None = None
+            self.name: str = driver.name
+            self.version: str = driver.version
+        else:
+            if not name or not version:
+                raise TypeError("serve(factory) needs the driver's name= and version= for PluginInfo")
+            self._driver, self._factory = None, driver
+            self.name, self.version = name, version
+
+    @property
+    def built(self) -> DriverPlugin | None:
+        """The driver if it exists yet; never builds it."""
+        return self._driver
+
+    def get(self) -> DriverPlugin:
+        driver = self._driver
+        if driver is not None:
+            return driver
+        with self._lock:
+            if self._driver is None:
+                if self._failure is None:
+                    self._failure = self._build()
+                if self._failure is not None:
+                    raise DriverError(f"the {self.name} driver could not be loaded: {self._failure}")
+            assert self._driver is not None
+            return self._driver
+
+    def _build(self) -> Exception | None:
+        assert self._factory is not None
+        try:
+            driver = self._factory()
+        except Exception as err:
+            log.error("building the driver failed", exc_info=err)
+            return err
+        if (driver.name, driver.version) != (self.name, self.version):
+            return DriverError(
+                f"it calls itself {driver.name} {driver.version}, but serve() declared {self.name} {self.version} "
+                "in PluginInfo; make them agree"
+            )
+        self._driver = driver
+        return None
+
+
+def _loads_driver(method: F) -> F:
+    """Build a deferred driver before ``method`` runs, or end the call with why it cannot be."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            self._source.get()
+        except DriverError as err:
+            abort_with(context, err, method.__name__)
+        return method(self, request, context)
+
+    return cast(F, wrapper)
+
 
 _CODE_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (TaskNotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -103,19 +181,21 @@ def _call(context: grpc.ServicerContext, call: str, fn: Callable[[], T]) -> T:
 
 
 class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
-    def __init__(self, driver: DriverPlugin) -> None:
-        self._driver = driver
+    def __init__(self, driver: DriverPlugin | DriverSource) -> None:
+        self._source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
+
+    @property
+    def _driver(self) -> DriverPlugin:
+        return self._source.get()
 
     def PluginInfo(
         self, request: base_pb2.PluginInfoRequest, context: grpc.ServicerContext
     ) -> base_pb2.PluginInfoResponse:
-        from driversdk.model import DRIVER_API_VERSION
-
         return base_pb2.PluginInfoResponse(
             type=base_pb2.DRIVER,
             plugin_api_versions=[DRIVER_API_VERSION],
-            plugin_version=self._driver.version,
-            name=self._driver.name,
+            plugin_version=self._source.version,
+            name=self._source.name,
         )
 
     def ConfigSchema(
@@ -223,9 +303,13 @@ class _GrpcExecSession(ExecSession):
 
 
 class DriverServicer(driver_pb2_grpc.DriverServicer):
-    def __init__(self, driver: DriverPlugin) -> None:
-        self._driver = driver
+    def __init__(self, driver: DriverPlugin | DriverSource) -> None:
+        self._source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
         self._task_spec: Spec | None = None
+
+    @property
+    def _driver(self) -> DriverPlugin:
+        return self._source.get()
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -454,9 +538,18 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         yield driver_pb2.ExecTaskStreamingResponse(exited=True, result=convert.exit_result_to_proto(result))
 
 
-def register_driver(server: grpc.Server, driver: DriverPlugin) -> None:
-    base_pb2_grpc.add_BasePluginServicer_to_server(BasePluginServicer(driver), server)
-    driver_pb2_grpc.add_DriverServicer_to_server(DriverServicer(driver), server)
+# Every call but PluginInfo needs the driver itself: a deferred one is built (or its failure
+# reported as a status) before the servicer method runs.
+for _servicer, _answered_without in ((BasePluginServicer, {"PluginInfo"}), (DriverServicer, set())):
+    for _name, _method in list(vars(_servicer).items()):
+        if _name[:1].isupper() and callable(_method) and _name not in _answered_without:
+            setattr(_servicer, _name, _loads_driver(_method))
 
 
-__all__ = ["BasePluginServicer", "DriverServicer", "abort_with", "register_driver"]
+def register_driver(server: grpc.Server, driver: DriverPlugin | DriverSource) -> None:
+    source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
+    base_pb2_grpc.add_BasePluginServicer_to_server(BasePluginServicer(source), server)
+    driver_pb2_grpc.add_DriverServicer_to_server(DriverServicer(source), server)
+
+
+__all__ = ["BasePluginServicer", "DriverServicer", "DriverSource", "abort_with", "register_driver"]
