@@ -31,8 +31,9 @@ from driversdk.plugin.handshake import DRIVER_API_VERSION
 class _OnFirstUse:
     """A module imported when one of its names is first read, not when this module loads.
 
-    What PluginInfo needs is loaded before the first RPC; the data model conversions, the config
-    decoder and the error-status messages are loaded by the first call that uses them.
+    Only what PluginInfo needs is loaded before the first RPC: the model <-> protobuf conversions
+    come through this; the config decoder and the error-status messages are imported inside the
+    functions that use them.
     """
 
     def __init__(self, name: str) -> None:
