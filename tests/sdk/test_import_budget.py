@@ -168,3 +168,12 @@ def test_a_deferred_driver_that_cannot_be_built_fails_every_call_with_why(tmp_pa
         assert client.plugin_info().name == "hello"
     finally:
         client.kill()
+
+
+def test_the_docker_plugin_declares_the_name_and_version_its_driver_has() -> None:
+    # PluginInfo answers with what main.py declares; the SDK refuses a driver that disagrees.
+    pytest.importorskip("docker")
+    from drivers.docker import main
+    from drivers.docker.driver import DockerDriver
+
+    assert (DockerDriver.name, DockerDriver.version) == (main.NAME, main.VERSION)
