@@ -15,22 +15,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from driversdk.errors import NotSupportedError
-from driversdk.model import (
-    AgentConfig,
-    Capabilities,
-    ExecResult,
-    ExitResult,
-    Fingerprint,
-    NetworkIsolationSpec,
-    TaskConfig,
-    TaskEvent,
-    TaskHandle,
-    TaskStats,
-    TaskStatus,
-)
 
 if TYPE_CHECKING:
+    # Types only: the data model is loaded when a driver first builds or receives a value.
     from driversdk.hclspec import Spec
+    from driversdk.model import (
+        AgentConfig,
+        Capabilities,
+        ExecResult,
+        ExitResult,
+        Fingerprint,
+        NetworkIsolationSpec,
+        TaskConfig,
+        TaskEvent,
+        TaskHandle,
+        TaskStats,
+        TaskStatus,
+    )
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from driversdk.mounts import Mount
+from driversdk.plugin.handshake import DRIVER_API_VERSION as DRIVER_API_VERSION  # kept importable from here
 
-# Nomad's plugin API version for drivers; PluginInfo must list it.
-DRIVER_API_VERSION = "v0.1.0"
+if TYPE_CHECKING:
+    # An annotation here; the mount rules (and /proc/self/mountinfo parsing) load with their first use.
+    from driversdk.mounts import Mount
 
 # Go's zero time, which Nomad's client expects for "not completed yet".
 GO_ZERO_TIME_SECONDS = -62135596800
@@ -75,6 +76,8 @@ class MemoryField(IntEnum):
 
 @dataclass(frozen=True)
 class Capabilities:
+    """What the driver can do; the host checks a job against it before starting a task."""
+
     send_signals: bool = False
     exec: bool = False
     fs_isolation: FSIsolation = FSIsolation.NONE
@@ -99,6 +102,8 @@ class Attribute:
 
 @dataclass(frozen=True)
 class Fingerprint:
+    """One reading of the driver's health and the node attributes it contributes."""
+
     health: HealthState
     health_description: str
     attributes: dict[str, Attribute | AttributeValue] = field(default_factory=dict)
@@ -115,6 +120,8 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class Device:
+    """A host device made available inside the task."""
+
     task_path: str
     host_path: str
     cgroup_permissions: str = "rwm"
@@ -122,6 +129,8 @@ class Device:
 
 @dataclass(frozen=True)
 class PortMapping:
+    """A reserved port: its label, the host port, and the port inside the task."""
+
     label: str
     value: int
     to: int = 0
@@ -130,6 +139,8 @@ class PortMapping:
 
 @dataclass(frozen=True)
 class LinuxResources:
+    """The Linux view of a task's limits (cgroup values computed by the host)."""
+
     cpu_period: int = 0
     cpu_quota: int = 0
     cpu_shares: int = 0
@@ -142,6 +153,8 @@ class LinuxResources:
 
 @dataclass(frozen=True)
 class Resources:
+    """What the scheduler reserved for the task."""
+
     cpu_shares: int = 0
     """Allocated CPU in MHz."""
     memory_mb: int = 0
@@ -152,12 +165,16 @@ class Resources:
 
 @dataclass(frozen=True)
 class HostsConfig:
+    """The hostname and address the task's /etc/hosts should name."""
+
     hostname: str = ""
     address: str = ""
 
 
 @dataclass(frozen=True)
 class NetworkIsolationSpec:
+    """The network namespace a task joins (group mode) or the host network."""
+
     mode: NetworkIsolationMode = NetworkIsolationMode.HOST
     path: str = ""
     labels: dict[str, str] = field(default_factory=dict)
@@ -166,6 +183,8 @@ class NetworkIsolationSpec:
 
 @dataclass(frozen=True)
 class DNSConfig:
+    """The task's resolv.conf: nameservers, search domains, options."""
+
     servers: tuple[str, ...] = ()
     searches: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
@@ -225,6 +244,8 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class NetworkOverride:
+    """The address and port map a driver-created network gives the task."""
+
     port_map: dict[str, int] = field(default_factory=dict)
     addr: str = ""
     auto_advertise: bool = False
@@ -247,6 +268,8 @@ class TaskHandle:
 
 @dataclass(frozen=True)
 class ExitResult:
+    """How a task ended: exit code, killing signal, OOM kill."""
+
     exit_code: int = 0
     signal: int = 0
     oom_killed: bool = False
@@ -258,6 +281,8 @@ class ExitResult:
 
 @dataclass(frozen=True)
 class TaskStatus:
+    """What InspectTask reports about one task."""
+
     id: str
     name: str
     state: TaskState
@@ -270,6 +295,8 @@ class TaskStatus:
 
 @dataclass(frozen=True)
 class CpuUsage:
+    """CPU usage of a task; ``measured_fields`` says which values are real."""
+
     system_mode: float = 0.0
     user_mode: float = 0.0
     total_ticks: float = 0.0
@@ -281,6 +308,8 @@ class CpuUsage:
 
 @dataclass(frozen=True)
 class MemoryUsage:
+    """Memory usage of a task, in bytes; ``measured_fields`` says which values are real."""
+
     rss: int = 0
     cache: int = 0
     max_usage: int = 0
@@ -293,12 +322,16 @@ class MemoryUsage:
 
 @dataclass(frozen=True)
 class ResourceUsage:
+    """CPU and memory usage, for a task or one of its processes."""
+
     cpu: CpuUsage = field(default_factory=CpuUsage)
     memory: MemoryUsage = field(default_factory=MemoryUsage)
 
 
 @dataclass(frozen=True)
 class TaskStats:
+    """One resource-usage sample of a task (TaskStats stream)."""
+
     timestamp: datetime
     usage: ResourceUsage
     by_pid: dict[str, ResourceUsage] = field(default_factory=dict)
@@ -307,6 +340,8 @@ class TaskStats:
 
 @dataclass(frozen=True)
 class TaskEvent:
+    """A message about a task for the host's event log (TaskEvents stream)."""
+
     task_id: str
     alloc_id: str
     task_name: str
@@ -317,6 +352,16 @@ class TaskEvent:
 
 @dataclass(frozen=True)
 class ExecResult:
+    """The output and exit of a command run in a task (ExecTask)."""
+
     stdout: bytes
     stderr: bytes
     result: ExitResult
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Mount":  # still importable from here, as it always was
+        from driversdk.mounts import Mount
+
+        return Mount
+    raise AttributeError(f"module 'driversdk.model' has no attribute {name!r}")

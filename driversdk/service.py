@@ -7,32 +7,132 @@ runner) knows whether its restart policy may retry.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
-from google.protobuf import any_pb2
-from google.rpc import status_pb2
-from grpc_status import rpc_status
 
-from driversdk import convert
-from driversdk.driver import DriverPlugin, ExecSession, TerminalSize
+from driversdk.driver import ExecSession, TerminalSize
 from driversdk.errors import (
     ConfigError,
     DriverError,
     NotSupportedError,
     TaskNotFoundError,
 )
-from driversdk.hclspec import Spec, decode
-from driversdk.model import DRIVER_API_VERSION, AgentConfig, ExitResult, TaskConfig
-from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
+from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc
+from driversdk.plugin.handshake import DRIVER_API_VERSION
+
+
+class _OnFirstUse:
+    """A module imported when one of its names is first read, not when this module loads.
+
+    Only what PluginInfo needs is loaded before the first RPC: the model <-> protobuf conversions
+    come through this; the config decoder and the error-status messages are imported inside the
+    functions that use them.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        # import_module returns only a fully executed module, even when gRPC threads race here.
+        value = getattr(importlib.import_module(self._name), attr)
+        setattr(self, attr, value)  # later reads skip __getattr__
+        return value
+
+
+if TYPE_CHECKING:
+    from driversdk import convert
+    from driversdk.driver import DriverPlugin
+    from driversdk.hclspec import Spec
+    from driversdk.model import ExitResult, TaskConfig
+else:
+    convert = _OnFirstUse("driversdk.convert")
 
 log = logging.getLogger("driversdk.service")
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DriverSource:
+    """The driver behind the servicers: given, or built by a factory on the first call needing it.
+
+    A factory lets a plugin answer the handshake and PluginInfo (name and version are declared
+    up front) before it imports a heavy module such as the docker SDK. The driver is built once;
+    a failure is kept and answers every later call with the same sentence.
+    """
+
+    def __init__(
+        self, driver: DriverPlugin | Callable[[], DriverPlugin], *, name: str | None = None, version: str | None = None
+    ) -> None:
+        from driversdk.driver import DriverPlugin
+
+        self._lock = threading.Lock()
+        self._failure: Exception | None = None
+        if isinstance(driver, DriverPlugin):
+            self._driver: DriverPlugin | None = driver
+            self._factory: Callable[[], DriverPlugin] | None = None
+            self.name: str = driver.name
+            self.version: str = driver.version
+        else:
+            if not name or not version:
+                raise TypeError("serve(factory) needs the driver's name= and version= for PluginInfo")
+            self._driver, self._factory = None, driver
+            self.name, self.version = name, version
+
+    @property
+    def built(self) -> DriverPlugin | None:
+        """The driver if it exists yet; never builds it."""
+        return self._driver
+
+    def get(self) -> DriverPlugin:
+        driver = self._driver
+        if driver is not None:
+            return driver
+        with self._lock:
+            if self._driver is None:
+                if self._failure is None:
+                    self._failure = self._build()
+                if self._failure is not None:
+                    raise DriverError(f"the {self.name} driver could not be loaded: {self._failure}")
+            assert self._driver is not None
+            return self._driver
+
+    def _build(self) -> Exception | None:
+        assert self._factory is not None
+        try:
+            driver = self._factory()
+        except Exception as err:
+            log.error("building the driver failed", exc_info=err)
+            return err
+        if (driver.name, driver.version) != (self.name, self.version):
+            return DriverError(
+                f"it calls itself {driver.name} {driver.version}, but serve() declared {self.name} {self.version} "
+                "in PluginInfo; make them agree"
+            )
+        self._driver = driver
+        return None
+
+
+def _loads_driver(method: F) -> F:
+    """Build a deferred driver before ``method`` runs, or end the call with why it cannot be."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            self._source.get()
+        except DriverError as err:
+            abort_with(context, err, method.__name__)
+        return method(self, request, context)
+
+    return cast(F, wrapper)
+
 
 _CODE_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (TaskNotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -56,6 +156,12 @@ def abort_with(context: grpc.ServicerContext, err: BaseException, call: str) -> 
     message = str(err) if isinstance(err, (DriverError, ValueError)) else f"{call} failed: {err}"
     if not isinstance(err, (DriverError, ValueError)):
         log.error("unexpected error in driver call", exc_info=err, extra={"call": call})
+    from google.protobuf import any_pb2
+    from google.rpc import status_pb2
+    from grpc_status import rpc_status
+
+    from driversdk.pb import recoverable_error_pb2
+
     detail = any_pb2.Any()
     detail.Pack(recoverable_error_pb2.RecoverableError(recoverable=recoverable))
     status = status_pb2.Status(code=_code_number(code), message=message, details=[detail])
@@ -76,8 +182,12 @@ def _call(context: grpc.ServicerContext, call: str, fn: Callable[[], T]) -> T:
 
 
 class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
-    def __init__(self, driver: DriverPlugin) -> None:
-        self._driver = driver
+    def __init__(self, driver: DriverPlugin | DriverSource) -> None:
+        self._source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
+
+    @property
+    def _driver(self) -> DriverPlugin:
+        return self._source.get()
 
     def PluginInfo(
         self, request: base_pb2.PluginInfoRequest, context: grpc.ServicerContext
@@ -85,8 +195,8 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
         return base_pb2.PluginInfoResponse(
             type=base_pb2.DRIVER,
             plugin_api_versions=[DRIVER_API_VERSION],
-            plugin_version=self._driver.version,
-            name=self._driver.name,
+            plugin_version=self._source.version,
+            name=self._source.name,
         )
 
     def ConfigSchema(
@@ -101,6 +211,9 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
         self, request: base_pb2.SetConfigRequest, context: grpc.ServicerContext
     ) -> base_pb2.SetConfigResponse:
         def apply() -> None:
+            from driversdk.hclspec import decode
+            from driversdk.model import AgentConfig
+
             spec = self._driver.config_schema()
             config: dict[str, Any] = {}
             if spec is not None:
@@ -191,9 +304,13 @@ class _GrpcExecSession(ExecSession):
 
 
 class DriverServicer(driver_pb2_grpc.DriverServicer):
-    def __init__(self, driver: DriverPlugin) -> None:
-        self._driver = driver
+    def __init__(self, driver: DriverPlugin | DriverSource) -> None:
+        self._source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
         self._task_spec: Spec | None = None
+
+    @property
+    def _driver(self) -> DriverPlugin:
+        return self._source.get()
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -203,6 +320,8 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         return self._task_spec
 
     def _decode_task(self, pb: driver_pb2.TaskConfig) -> TaskConfig:
+        from driversdk.hclspec import decode
+
         task = convert.task_config_from_proto(pb)
         if task.msgpack_driver_config:
             task.driver_config = decode(
@@ -253,6 +372,8 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         self, request: driver_pb2.RecoverTaskRequest, context: grpc.ServicerContext
     ) -> driver_pb2.RecoverTaskResponse:
         def recover() -> None:
+            from driversdk.hclspec import decode
+
             handle = convert.task_handle_from_proto(request.handle)
             if handle.config.msgpack_driver_config:
                 handle.config.driver_config = decode(
@@ -418,9 +539,18 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
         yield driver_pb2.ExecTaskStreamingResponse(exited=True, result=convert.exit_result_to_proto(result))
 
 
-def register_driver(server: grpc.Server, driver: DriverPlugin) -> None:
-    base_pb2_grpc.add_BasePluginServicer_to_server(BasePluginServicer(driver), server)
-    driver_pb2_grpc.add_DriverServicer_to_server(DriverServicer(driver), server)
+# Every call but PluginInfo needs the driver itself: a deferred one is built (or its failure
+# reported as a status) before the servicer method runs.
+for _servicer, _answered_without in ((BasePluginServicer, {"PluginInfo"}), (DriverServicer, set())):
+    for _name, _method in list(vars(_servicer).items()):
+        if _name[:1].isupper() and callable(_method) and _name not in _answered_without:
+            setattr(_servicer, _name, _loads_driver(_method))
 
 
-__all__ = ["BasePluginServicer", "DriverServicer", "abort_with", "register_driver"]
+def register_driver(server: grpc.Server, driver: DriverPlugin | DriverSource) -> None:
+    source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
+    base_pb2_grpc.add_BasePluginServicer_to_server(BasePluginServicer(source), server)
+    driver_pb2_grpc.add_DriverServicer_to_server(DriverServicer(source), server)
+
+
+__all__ = ["BasePluginServicer", "DriverServicer", "DriverSource", "abort_with", "register_driver"]

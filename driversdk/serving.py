@@ -3,32 +3,57 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import grpc
-
-from driversdk.driver import DriverPlugin
 from driversdk.plugin.server import serve_plugin
+
+if TYPE_CHECKING:
+    import grpc
+
+    from driversdk.driver import DriverPlugin
+    from driversdk.service import DriverSource
 
 log = logging.getLogger("driversdk.serve")
 
 
-def serve(driver: DriverPlugin) -> None:
+def serve(
+    driver: DriverPlugin | Callable[[], DriverPlugin], *, name: str | None = None, version: str | None = None
+) -> None:
     """Serve ``driver`` over the go-plugin handshake until the host shuts it down.
 
     Call it from the plugin's ``main()``. It never returns normally: the process exits when
     the host calls Shutdown, or on SIGTERM. Run by hand, it explains that it is a plugin.
+
+    ``driver`` may instead be a function that builds the driver, with its ``name`` and
+    ``version``: the plugin then handshakes and answers PluginInfo at once, and builds the driver
+    (importing whatever heavy module it needs) on the first call that needs it.
     """
+    from driversdk.driver import DriverPlugin
+
+    if isinstance(driver, DriverPlugin):
+        label = driver.name
+    elif name and version:
+        label = name
+    else:
+        raise TypeError("serve(factory) needs the driver's name= and version=, which PluginInfo answers with")
+    source: DriverSource | None = None
 
     def register(server: grpc.Server) -> None:
+        nonlocal source
         # Imported here so a plugin run by hand (no cookie) exits before paying for protobuf.
-        from driversdk.service import register_driver
+        from driversdk.service import DriverSource, register_driver
 
-        register_driver(server, driver)
+        source = DriverSource(driver, name=name, version=version)
+        register_driver(server, source)
 
     def on_shutdown() -> None:
+        built = source.built if source is not None else None
+        if built is None:
+            return  # never built: nothing of it to shut down
         try:
-            driver.shutdown()
+            built.shutdown()
         except Exception:
             log.exception("driver shutdown hook failed")
 
-    serve_plugin(register, name=driver.name, on_shutdown=on_shutdown)
+    serve_plugin(register, name=label, on_shutdown=on_shutdown)

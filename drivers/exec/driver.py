@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivers.exec import owner, reconcile, supervisor
 from drivers.exec import rootfs as task_root
@@ -32,7 +32,6 @@ from drivers.exec.store import DriverState, ExecTask, TaskStore
 from drivers.exec.taskdirs import grant_task_dirs
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
-from driversdk.hclspec import Spec
 from driversdk.model import (
     AgentConfig,
     Capabilities,
@@ -53,6 +52,9 @@ from driversdk.model import (
 )
 from driversdk.mounts import ensure_mounts_usable
 from driversdk.signals import signal_name
+
+if TYPE_CHECKING:
+    from driversdk.hclspec import Spec  # the schema classes load when the host first asks for one
 
 log = logging.getLogger("driversdk.exec")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from driversdk import serve
@@ -12,6 +13,10 @@ _EXTRA_MODULES = ("pyroute2",)
 
 def main() -> None:
     try:
+        # pyroute2 itself is imported with the first network; check now that it is installed.
+        for module in _EXTRA_MODULES:
+            if importlib.util.find_spec(module) is None:
+                raise ModuleNotFoundError(f"No module named {module!r}", name=module)
         from drivers.exec.driver import ExecDriver
     except ModuleNotFoundError as err:
         if (err.name or "").partition(".")[0] not in _EXTRA_MODULES:

@@ -26,13 +26,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-from pyroute2 import IPRoute, NetlinkError
+from typing import TYPE_CHECKING, Any
 
 from drivers.exec.owner import ProcessIdentity
 from driversdk.errors import DriverError
 from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
+
+if TYPE_CHECKING:
+    # pyroute2 loads with the first network a task asks for, not with the plugin.
+    from pyroute2 import IPRoute
 
 NETNS_DIR = "/var/run/netns"
 LABEL_ALLOC = "driversdk.exec.alloc_id"
@@ -101,6 +103,7 @@ def remove_netns(name: str) -> None:
 
 def in_netns(name: str, fn: Callable[[IPRoute], Any]) -> Any:
     """Run ``fn`` with an IPRoute bound to the named namespace."""
+    from pyroute2 import IPRoute
 
     def enter() -> Any:
         fd = os.open(netns_path(name), os.O_RDONLY)
@@ -283,6 +286,8 @@ class NetworkManager:
     # --- kernel objects -----------------------------------------------------------------------
 
     def _ensure_bridge(self) -> None:
+        from pyroute2 import IPRoute
+
         with IPRoute() as ipr:
             found = ipr.link_lookup(ifname=self.bridge)
             if not found:
@@ -309,6 +314,8 @@ class NetworkManager:
                 subprocess.run(["iptables", "-I", *rule], capture_output=True, check=True)
 
     def _build(self, net: AllocNetwork) -> None:
+        from pyroute2 import IPRoute
+
         create_netns(net.netns)
         peer_tmp = "dsp" + net.veth[3:]
         ns_fd = os.open(netns_path(net.netns), os.O_RDONLY)
@@ -335,6 +342,8 @@ class NetworkManager:
         in_netns(net.netns, configure)
 
     def _teardown(self, net: AllocNetwork) -> None:
+        from pyroute2 import IPRoute, NetlinkError
+
         with IPRoute() as ipr:
             for idx in ipr.link_lookup(ifname=net.veth):
                 with contextlib.suppress(NetlinkError):
@@ -345,6 +354,8 @@ class NetworkManager:
         remove_netns(net.netns)
 
     def _remove_bridge_if_unused(self, *, exclude: str) -> None:
+        from pyroute2 import IPRoute, NetlinkError
+
         if any(r.alloc_id != exclude for r in self.records()):
             return
         with IPRoute() as ipr:

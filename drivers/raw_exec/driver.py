@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivers.exec.cgroups import unified_only
 from drivers.exec.ids import check_user_allowed, lookup_user
@@ -28,7 +28,6 @@ from drivers.raw_exec.config import PluginConfig, TaskRawConfig, plugin_spec, ta
 from drivers.raw_exec.store import RawState, RawTask, TaskStore
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
-from driversdk.hclspec import Spec
 from driversdk.model import (
     AgentConfig,
     Capabilities,
@@ -47,6 +46,9 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.signals import signal_name, signal_number
+
+if TYPE_CHECKING:
+    from driversdk.hclspec import Spec  # the schema classes load when the host first asks for one
 
 log = logging.getLogger("driversdk.raw_exec")
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from driversdk.errors import DriverSDKError
-from driversdk.hclspec.literal import evaluate_literal
+from driversdk.hclspec.literals import evaluate_literal
 from driversdk.hclspec.types import HclType, parse_type
-from driversdk.pb import hcl_spec_pb2
+
+if TYPE_CHECKING:
+    # The descriptors are loaded by to_proto, when a host first asks for a schema.
+    from driversdk.pb import hcl_spec_pb2
 
 
 class SpecError(DriverSDKError, ValueError):
@@ -49,6 +52,8 @@ class Attr(Spec):
             raise SpecError(str(err)) from None
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(Attr=hcl_spec_pb2.Attr(name=self.name, type=self.type, required=self.required))
 
 
@@ -59,6 +64,8 @@ class Block(Spec):
     name: str = ""
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(
             block_value=hcl_spec_pb2.Block(name=self.name, required=self.required, nested=self.nested.to_proto())
         )
@@ -78,6 +85,8 @@ class BlockAttrs(Spec):
             raise SpecError(str(err)) from None
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(
             block_attrs=hcl_spec_pb2.BlockAttrs(name=self.name, type=self.type, required=self.required)
         )
@@ -94,6 +103,8 @@ class BlockList(Spec):
         _check_items("block list", self.name, self.min_items, self.max_items)
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(
             block_list=hcl_spec_pb2.BlockList(
                 name=self.name,
@@ -115,6 +126,8 @@ class BlockSet(Spec):
         _check_items("block set", self.name, self.min_items, self.max_items)
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(
             block_set=hcl_spec_pb2.BlockSet(
                 name=self.name,
@@ -136,6 +149,8 @@ class BlockMap(Spec):
             raise SpecError(f"block map {self.name!r} needs at least one label name")
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(
             block_map=hcl_spec_pb2.BlockMap(name=self.name, labels=list(self.labels), nested=self.nested.to_proto())
         )
@@ -153,6 +168,8 @@ class Literal(Spec):
             raise SpecError(str(err)) from None
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(literal=hcl_spec_pb2.Literal(value=self.value))
 
 
@@ -162,6 +179,8 @@ class Default(Spec):
     default: Spec
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(
             default=hcl_spec_pb2.Default(primary=self.primary.to_proto(), default=self.default.to_proto())
         )
@@ -176,6 +195,8 @@ class Object(Spec):
             _check_array_names(child, key)
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         out = hcl_spec_pb2.Object()
         for key, child in self.attributes.items():
             out.attributes[key].CopyFrom(_with_implied_name(child, key).to_proto())
@@ -187,6 +208,8 @@ class Array(Spec):
     values: tuple[Spec, ...]
 
     def to_proto(self) -> hcl_spec_pb2.Spec:
+        from driversdk.pb import hcl_spec_pb2
+
         return hcl_spec_pb2.Spec(array=hcl_spec_pb2.Array(values=[v.to_proto() for v in self.values]))
 
 

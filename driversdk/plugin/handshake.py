@@ -15,6 +15,8 @@ MAGIC_COOKIE_VALUE = "e4327c2e01eabfd75a8a67adb114fb34a757d57eee7728d857a8cec6e9
 CORE_PROTOCOL_VERSION = 1
 # Nomad's driver protocol version (1 was the pre-0.9 net/rpc executor).
 APP_PROTOCOL_VERSION = 2
+# Nomad's plugin API version for drivers; PluginInfo must list it.
+DRIVER_API_VERSION = "v0.1.0"
 PROTOCOL_GRPC = "grpc"
 
 ENV_PROTOCOL_VERSIONS = "PLUGIN_PROTOCOL_VERSIONS"
