@@ -484,6 +484,35 @@ def _placement(
             note = constraints.sentence(a, missed, affinity=True) if missed is not None else ""
             if note and note not in report.notes:
                 report.notes.append(note)
+    report.problems.extend(_static_port_collisions(job))
+
+
+def _static_port_collisions(job: Job) -> list[Problem]:
+    """A static port is one host port: on this one node it fits one allocation, as Nomad's
+    scheduler finds when it has a single node (a reserved port collision)."""
+    out: list[Problem] = []
+    owner: dict[int, str] = {}
+    for group in job.groups:
+        for port in group.ports:
+            if not port.static:
+                continue
+            where = {"job": job.name, "group": group.name, "field": f"network.port {port.label}.static"}
+            if group.count > 1:
+                out.append(
+                    Problem(
+                        job.file,
+                        f"static port {port.static} (port {port.label!r}) cannot be given to {group.count} "
+                        "allocations on one node; use a dynamic port (port without static) or count = 1",
+                        **where,
+                    )
+                )
+            earlier = owner.get(port.static)
+            if earlier is not None:
+                out.append(
+                    Problem(job.file, f"static port {port.static} (port {port.label!r}) is also {earlier}", **where)
+                )
+            owner[port.static] = f'port {port.label!r} of group "{group.name}"'
+    return out
 
 
 def _task_config_for_driver(task: Task, facts: DriverFacts, report: Report, parsed: Job) -> dict[str, Any]:

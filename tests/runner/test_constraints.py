@@ -135,3 +135,26 @@ def test_client_config_node_fields_and_dynamic_ports(tmp_path: Path) -> None:
     with pytest.raises(ValidationFailed) as err:
         load_client(path)
     assert "client.max_dynamic_port must be a port number (1-65535), not 70000" in str(err.value)
+
+
+def test_a_static_port_fits_one_allocation_on_this_node(tmp_path: Path) -> None:
+    from driversdk.runner.validate import check_files
+
+    job = tmp_path / "ports.hcl"
+    job.write_text(
+        'job "p" {\n  group "a" {\n    count = 2\n    network {\n      port "http" {\n        static = 18080\n'
+        '      }\n    }\n    task "t" {\n      driver = "exec"\n      config {\n        command = "/bin/true"\n'
+        '      }\n    }\n  }\n  group "b" {\n    network {\n      port "web" {\n        static = 18080\n'
+        '      }\n    }\n    task "t" {\n      driver = "exec"\n      config {\n        command = "/bin/true"\n'
+        "      }\n    }\n  }\n}\n"
+    )
+    client = tmp_path / "client.hcl"
+    client.write_text(f'data_dir = "{tmp_path / "data"}"\n')
+    report = check_files(str(job), str(client))
+    said = [(p.field, p.message) for p in report.problems]
+    assert (
+        "network.port http.static",
+        "static port 18080 (port 'http') cannot be given to 2 allocations on one node; use a dynamic port "
+        "(port without static) or count = 1",
+    ) in said, said
+    assert ("network.port web.static", "static port 18080 (port 'web') is also port 'http' of group \"a\"") in said
