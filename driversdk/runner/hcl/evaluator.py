@@ -29,6 +29,7 @@ from typing import Any
 from lark import Token, Tree
 from lark.exceptions import LarkError
 
+from driversdk.errors import DriverSDKError
 from driversdk.runner.hcl.functions import LAZY, FunctionError
 from driversdk.runner.hcl.values import (
     ANY,
@@ -46,7 +47,7 @@ from driversdk.runner.hcl.values import (
 )
 
 
-class EvalError(Exception):
+class EvalError(DriverSDKError):
     """An expression that cannot be evaluated: where (line), which expression, and why."""
 
     def __init__(self, line: int, expr: str, reason: str) -> None:
@@ -76,7 +77,7 @@ class Source:
     line_offset: int = 0
 
 
-class HCLSyntaxError(Exception):
+class HCLSyntaxError(DriverSDKError):
     """Text that is not HCL: lark's error with its line and column."""
 
     def __init__(self, err: LarkError) -> None:

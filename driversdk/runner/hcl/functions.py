@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from driversdk.errors import DriverSDKError
 from driversdk.runner.hcl.values import (
     ConvertError,
     convert,
@@ -34,7 +35,7 @@ from driversdk.runner.hcl.values import (
 )
 
 
-class FunctionError(ValueError):
+class FunctionError(DriverSDKError, ValueError):
     """A call that cannot be evaluated (a bad argument, a function driversdk cannot run)."""
 
 

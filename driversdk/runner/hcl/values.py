@@ -12,6 +12,8 @@ import math
 import re
 from typing import Any
 
+from driversdk.errors import DriverSDKError
+
 Type = tuple[Any, ...]
 
 STRING: Type = ("string",)
@@ -22,7 +24,7 @@ ANY: Type = ("any",)
 _NUMBER_TEXT = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 
 
-class ConvertError(ValueError):
+class ConvertError(DriverSDKError, ValueError):
     """A value that cannot become the wanted type; the message says why, in a few words."""
 
 
