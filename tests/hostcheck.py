@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 def processes(needle: str) -> list[str]:
@@ -16,4 +17,19 @@ def processes(needle: str) -> list[str]:
             continue
         if needle in cmdline and int(pid) != os.getpid():
             found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def labelled_containers(engine: Any, label: str) -> list[dict[str, Any]]:
+    """``docker inspect`` of every container carrying ``label`` (a key, or key=value), read one by
+    one: a container another test or plugin removes meanwhile is skipped, not an error (the
+    docker SDK's ``containers.list`` inspects each and fails on the first one gone)."""
+    import docker.errors
+
+    found = []
+    for summary in engine.api.containers(all=True, filters={"label": label}):
+        try:
+            found.append(engine.api.inspect_container(summary["Id"]))
+        except docker.errors.NotFound:
+            continue
     return found

@@ -14,6 +14,7 @@ import pytest
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.mountinfo import read_mountinfo
 from driversdk.testing import AllocDir, DriverHarness
+from tests.hostcheck import labelled_containers
 
 IMAGE = "driversdk-test/busybox:local"
 PAUSE = "driversdk-test/pause:local"
@@ -45,10 +46,10 @@ def engine() -> docker.DockerClient:
 def our_containers(engine: docker.DockerClient, under: Path | None = None) -> list[str]:
     """Containers our driver made; with ``under``, only those whose alloc dir is below it."""
     names = []
-    for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID}):
-        binds = c.attrs.get("HostConfig", {}).get("Binds") or []
+    for attrs in labelled_containers(engine, LABEL_TASK_ID):
+        binds = attrs.get("HostConfig", {}).get("Binds") or []
         if under is None or any(b.startswith(str(under)) for b in binds):
-            names.append(c.name)
+            names.append(str(attrs["Name"]).lstrip("/"))
     return names
 
 

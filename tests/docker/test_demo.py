@@ -10,6 +10,7 @@ import docker
 
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.mountinfo import read_mountinfo
+from tests.hostcheck import labelled_containers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +35,9 @@ def test_readme_demo(engine: docker.DockerClient) -> None:
     assert "left behind: 0 mount(s)" in out
     assert "no CSI plugins are registered on this client" in out
     left = [
-        c.name
-        for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
-        if any("driversdk-demo-" in b for b in c.attrs["HostConfig"].get("Binds") or [])
+        str(c["Name"]).lstrip("/")
+        for c in labelled_containers(engine, LABEL_TASK_ID)
+        if any("driversdk-demo-" in b for b in c["HostConfig"].get("Binds") or [])
     ]
     assert not left, f"the demo left containers behind: {left}"
     assert not [e for e in read_mountinfo() if "driversdk-demo-" in e.mount_point], "the demo left mounts behind"

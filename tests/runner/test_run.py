@@ -13,6 +13,7 @@ import docker
 
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.runner.logcollect import RotatingFile
+from tests.hostcheck import labelled_containers
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -20,9 +21,9 @@ IMAGE = "driversdk-test/busybox:local"
 
 def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
     return [
-        c.name
-        for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
-        if any(str(data_dir) in b for b in c.attrs["HostConfig"].get("Binds") or [])
+        str(c["Name"]).lstrip("/")
+        for c in labelled_containers(engine, LABEL_TASK_ID)
+        if any(str(data_dir) in b for b in c["HostConfig"].get("Binds") or [])
     ]
 
 

@@ -25,7 +25,7 @@ from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.mountinfo import read_mountinfo
 from driversdk.runner.volumes import VolumeStore
-from tests.hostcheck import processes
+from tests.hostcheck import labelled_containers, processes
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -103,9 +103,9 @@ class Env:
 
     def containers(self) -> list[str]:
         return [
-            c.name
-            for c in self.engine.containers.list(all=True, filters={"label": LABEL_TASK_ID})
-            if any(str(self.work) in b for b in c.attrs["HostConfig"].get("Binds") or [])
+            str(c["Name"]).lstrip("/")
+            for c in labelled_containers(self.engine, LABEL_TASK_ID)
+            if any(str(self.work) in b for b in c["HostConfig"].get("Binds") or [])
         ]
 
     def assert_clean(self) -> None:

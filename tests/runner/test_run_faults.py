@@ -20,7 +20,7 @@ from drivers.docker.container import LABEL_TASK_ID
 from driversdk.client import reattach
 from driversdk.errors import DriverSDKError
 from driversdk.plugin.host import ReattachConfig
-from tests.hostcheck import processes
+from tests.hostcheck import labelled_containers, processes
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -31,17 +31,12 @@ def cli(*args: str) -> list[str]:
 
 
 def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
-    """Containers whose binds come from this test's data dir. Read one by one and skipped when
-    gone meanwhile: other tests create and remove labelled containers on the same engine."""
-    names = []
-    for summary in engine.api.containers(all=True, filters={"label": LABEL_TASK_ID}):
-        try:
-            binds = engine.api.inspect_container(summary["Id"])["HostConfig"].get("Binds") or []
-        except docker.errors.NotFound:
-            continue
-        if any(str(data_dir) in b for b in binds):
-            names.append(summary["Names"][0].lstrip("/"))
-    return names
+    """Containers whose binds come from this test's data dir."""
+    return [
+        str(c["Name"]).lstrip("/")
+        for c in labelled_containers(engine, LABEL_TASK_ID)
+        if any(str(data_dir) in b for b in c["HostConfig"].get("Binds") or [])
+    ]
 
 
 def cgroup_parent(tmp_path: Path) -> str:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.mountinfo import read_mountinfo
+from tests.hostcheck import labelled_containers
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -68,9 +69,9 @@ def jobs(draw: st.DrawFn) -> str:
 
 def _leftovers(work: Path, engine: docker.DockerClient) -> list[str]:
     left = [f"mount {e.mount_point}" for e in read_mountinfo() if e.mount_point.startswith(str(work))]
-    for c in engine.containers.list(all=True, filters={"label": LABEL_TASK_ID}):
-        if any(str(work) in b for b in c.attrs["HostConfig"].get("Binds") or []):
-            left.append(f"container {c.name}")
+    for c in labelled_containers(engine, LABEL_TASK_ID):
+        if any(str(work) in b for b in c["HostConfig"].get("Binds") or []):
+            left.append(f"container {str(c['Name']).lstrip('/')}")
     tasks = work / "exec" / "tasks"
     if tasks.exists():
         left += [f"exec state {p.name}" for p in tasks.iterdir()]
