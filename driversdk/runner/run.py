@@ -36,6 +36,8 @@ from driversdk.runner.validate import validate_job
 # Allocations of one count started side by side at most (each start is mostly waiting on its
 # driver plugin: StartTask, runc or dockerd), see _side_by_side.
 ALLOC_START_CONCURRENCY = 8
+# ... and stopped: mostly waiting for kill_timeout, so more at a time.
+ALLOC_STOP_CONCURRENCY = 32
 
 # Exit codes of `driversdk run` (README "Run a job on one machine").
 EXIT_OK = 0
@@ -176,12 +178,16 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
     node = NodeServices.open(client.data_dir)
     drivers = node.drivers = DriverManager(client, node.state, emit, spare)
     allocs: list[AllocRunner] = []
+    bounds: list[int] = []  # where each batch's allocations end in ``allocs``
     try:
         plan = _plan(jobs, node)  # RunRefused: the CLI says so and exits EXIT_REFUSED
         for batch in _batches(plan):
             if stop.is_set():
                 break
-            _start_batch(batch, client, emit, node, drivers, allocs, stop)
+            try:
+                _start_batch(batch, client, emit, node, drivers, allocs, stop)
+            finally:
+                bounds.append(len(allocs))
         tasks = [t for a in allocs for t in a.tasks]
         # CSI plugin tasks serve the others: the run ends when every other task has finished
         # (poststop tasks too; sidecars are stopped when their main tasks are done).
@@ -199,9 +205,7 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
         ok = ok and not any(a.failure for a in allocs)
         return EXIT_OK if ok and not stop.is_set() else EXIT_TASK_FAILED
     finally:
-        for alloc in reversed(allocs):
-            alloc.stop()
-            alloc.close()
+        _tear_down(allocs, bounds)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         node.close()  # the driver manager shuts down what is left (validation's unused plugins)
@@ -246,6 +250,37 @@ def _start_batch(
         max_workers=min(ALLOC_START_CONCURRENCY, len(batch)), thread_name_prefix="alloc-start"
     ) as pool:
         list(pool.map(start, batch))
+    if errors:
+        raise errors[0]
+
+
+def _tear_down(allocs: list[AllocRunner], bounds: list[int]) -> None:
+    """Stop and close every allocation, batches in reverse order of start (CSI plugin groups,
+    started first, go last). The allocations of one batch were started side by side and are
+    stopped the same way: each waits for its tasks' kill_timeout, so they wait together. The
+    first failure is raised once every allocation has been stopped and closed."""
+    errors: list[BaseException] = []
+    ends = [*bounds, len(allocs)]
+    slices = [allocs[a:b] for a, b in zip([0, *ends], ends, strict=False) if b > a]
+
+    def one(alloc: AllocRunner) -> None:
+        try:
+            alloc.stop()
+        except BaseException as err:  # the others are still torn down
+            errors.append(err)
+        try:
+            alloc.close()
+        except BaseException as err:
+            errors.append(err)
+
+    for batch in reversed(slices):
+        if len(batch) == 1:
+            one(batch[0])
+            continue
+        with ThreadPoolExecutor(
+            max_workers=min(ALLOC_STOP_CONCURRENCY, len(batch)), thread_name_prefix="alloc-stop"
+        ) as pool:
+            list(pool.map(one, reversed(batch)))
     if errors:
         raise errors[0]
 
