@@ -63,15 +63,17 @@ def ours(tasks: int) -> tuple[float, float]:
     """Seconds until every task ran, and the teardown after SIGINT."""
     work = Path(tempfile.mkdtemp(prefix="dsx-group-", dir="/tmp"))
     job, client = write_files(work, tasks)
+    log = (work / "run.log").open("w")
     begin = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
-        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         while running_tasks(work / "data") < tasks:
             if proc.poll() is not None:
-                raise SystemExit(f"driversdk run ended (exit {proc.returncode}) before all {tasks} tasks ran")
+                tail = "".join((work / "run.log").read_text().splitlines(keepends=True)[-15:])
+                raise SystemExit(f"driversdk run ended (exit {proc.returncode}) before all {tasks} tasks ran:\n{tail}")
             time.sleep(0.05)
         up = time.monotonic() - begin
         proc.send_signal(signal.SIGINT)
@@ -82,6 +84,7 @@ def ours(tasks: int) -> tuple[float, float]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        log.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
