@@ -88,6 +88,8 @@ def main() -> None:
             print(f"stage+publish+unpublish+unstage, median of {args.runs}:")
             print(f"  raw    four RPCs on the stub        {r * 1000:8.1f} ms")
             print(f"  ours   NodeVolumeManager            {o * 1000:8.1f} ms   ratio {o / r:.2f}")
+            per_round = statistics.median(x / y for x, y in zip(ours, raw, strict=True))
+            print(f"  median of the per-round ratios (ours / raw, interleaved)  {per_round:.2f}")
         finally:
             plugin.terminate()
             plugin.wait(10)

@@ -13,17 +13,20 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
 from driversdk.csi.state import StateStore, UsageRow
-from driversdk.mountinfo import is_mount_point, read_mountinfo
+from driversdk.mountinfo import is_mount_point, mount_points, read_mountinfo
 from driversdk.paths import resolve_under
 from driversdk.pb import csi_pb2
 
+_T = TypeVar("_T")
 _PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
 
 
@@ -43,6 +46,16 @@ class UsageOptions:
     def capability(self, volume: Volume) -> VolumeCapability:
         base = volume.mount_options or MountOptions()
         return VolumeCapability(self.access_mode, self.attachment_mode, base.merged(self.mount_options))
+
+
+@dataclass(frozen=True)
+class _Paths:
+    """One operation's four paths, resolved once at its start (each resolution walks the tree)."""
+
+    host_stage: str
+    plugin_stage: str
+    host_target: str
+    plugin_target: str
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,16 @@ class NodeVolumeManager:
         self.requires_staging = requires_staging
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
+        self._dir_pool: ThreadPoolExecutor | None = None
+
+    def _beside_rpc(self, fn: Callable[[], _T]) -> Future[_T]:
+        """Run directory work on the other side of the tree while an RPC is in flight: on a disk,
+        mkdir and rmdir wait for the journal, and the plugin's own work takes milliseconds.
+        Callers wait for the result before they return, so no operation leaves work behind."""
+        with self._guard:
+            if self._dir_pool is None:
+                self._dir_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"csi-dirs-{self.plugin_id}")
+            return self._dir_pool.submit(fn)
 
     def _lock(self, volume: Volume) -> threading.Lock:
         # One operation at a time per (namespace, volume), as the spec asks of a CO.
@@ -98,12 +121,24 @@ class NodeVolumeManager:
     def publish_paths(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> tuple[str, str]:
         return self._paths(f'the publish path of volume "{volume.id}"', "per-alloc", alloc_id, volume.id, usage.key)
 
-    def _paths(self, what: str, *parts: str) -> tuple[str, str]:
+    def _paths(self, what: str, *parts: str, real_root: str | None = None) -> tuple[str, str]:
         """The host path and the plugin's view of it. Names come from volume files and the plugin's
         tree is writable by the plugin, so the host side is resolved and must stay under the root."""
         host = resolve_under(self.host_root, *parts, what=what)
-        rel = os.path.relpath(host, os.path.realpath(self.host_root))
+        rel = os.path.relpath(host, real_root or os.path.realpath(self.host_root))
         return host, os.path.join(self.plugin_root, rel)
+
+    def _op_paths(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> _Paths:
+        real_root = os.path.realpath(self.host_root)
+        host_stage, plugin_stage = self._paths(
+            f'the staging path of volume "{volume.id}"', "staging", volume.namespace, volume.id, usage.key,
+            real_root=real_root,
+        )  # fmt: skip
+        host_target, plugin_target = self._paths(
+            f'the publish path of volume "{volume.id}"', "per-alloc", alloc_id, volume.id, usage.key,
+            real_root=real_root,
+        )  # fmt: skip
+        return _Paths(host_stage, plugin_stage, host_target, plugin_target)
 
     def _usage_row(self, volume: Volume, alloc_id: str, usage: UsageOptions, phase: str) -> UsageRow:
         return UsageRow(
@@ -125,18 +160,33 @@ class NodeVolumeManager:
             row = self._usage_row(volume, alloc_id, usage, "mounting")
             self.store.set_usage(row)
             staged_here = False
-            host_stage, plugin_stage = self.staging_paths(volume, usage)
+            paths = self._op_paths(volume, alloc_id, usage)
+            host_stage, plugin_stage = paths.host_stage, paths.plugin_stage
+            host_target, plugin_target = paths.host_target, paths.plugin_target
+
+            def prepare_target() -> bool:
+                """Make the target's parent; whether the target is published already (host_target
+                is resolved, as mountinfo reports mount points; staging does not touch it)."""
+                os.makedirs(os.path.dirname(host_target), mode=0o700, exist_ok=True)
+                return host_target in mount_points()
+
             try:
                 if self.requires_staging and not self.store.staged(
                     self.plugin_id, volume.namespace, volume.id, usage.key
                 ):
                     os.makedirs(host_stage, mode=0o700, exist_ok=True)
-                    self.client.node_stage(volume, plugin_stage, capability, context)
+                    # The publish side is prepared while NodeStageVolume runs.
+                    prepared = self._beside_rpc(prepare_target)
+                    try:
+                        self.client.node_stage(volume, plugin_stage, capability, context)
+                    finally:
+                        wait([prepared])  # never let the cleanup below race a mkdir
                     self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, True)
                     staged_here = True
-                host_target, plugin_target = self.publish_paths(volume, alloc_id, usage)
-                os.makedirs(os.path.dirname(host_target), mode=0o700, exist_ok=True)
-                if not is_mount_point(host_target):
+                    published = prepared.result()
+                else:
+                    published = prepare_target()
+                if not published:
                     self.client.node_publish(
                         volume,
                         plugin_stage if self.requires_staging else "",
@@ -150,10 +200,10 @@ class NodeVolumeManager:
                 left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
                 if staged_here and left == 0:
                     try:
-                        self._unstage(volume, usage)
+                        self._unstage(volume, usage, paths)
                     except CSIError:
                         pass  # still recorded as staged: the next mount reuses it, teardown retries it
-                self._remove_empty_dirs(volume, alloc_id, usage)
+                self._remove_empty_dirs(paths, mount_points())
                 raise
             self.store.set_usage(replace(row, phase="mounted"))
             return MountInfo(source=host_target)
@@ -161,19 +211,25 @@ class NodeVolumeManager:
     # --- unmount -------------------------------------------------------------------------------
 
     def unmount(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
-        """Unpublish (and unstage when last); succeeds when the mounts are already gone."""
+        """Unpublish (and unstage when last); succeeds when the mounts are already gone.
+
+        Mountinfo is read once after each RPC that changes it (its verdict serves every check
+        until the next such RPC: the volume's lock keeps other operations off these paths)."""
         with self._lock(volume):
             row = self._usage_row(volume, alloc_id, usage, "unmounting")
             # Persist the intent first: a restart in the middle finishes it (resume_teardowns).
             self.store.set_usage(row)
-            host_target, plugin_target = self.publish_paths(volume, alloc_id, usage)
-            if os.path.exists(host_target) or is_mount_point(host_target):
+            paths = self._op_paths(volume, alloc_id, usage)
+            host_target, plugin_target = paths.host_target, paths.plugin_target
+            points = frozenset[str]()
+            if os.path.exists(host_target) or host_target in (points := mount_points()):
                 try:
                     self.client.node_unpublish(volume, plugin_target)
                 except CSIError:
-                    if is_mount_point(host_target):
+                    if host_target in mount_points():
                         raise
-                if is_mount_point(host_target):
+                points = mount_points()
+                if host_target in points:
                     # OK or NotFound ("no longer known") only counts once the target is no mount.
                     raise CSIError(
                         f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnpublishVolume but '
@@ -184,17 +240,29 @@ class NodeVolumeManager:
                         volume=volume.id,
                     )
                 # Some plugins leave the target behind; the CO owns cleaning the tree.
-                if os.path.isdir(host_target) and not is_mount_point(host_target):
+                if os.path.isdir(host_target):
                     os.rmdir(host_target)
+            # From here on ``points`` (read after the unpublish, or finding no target) holds for
+            # the publish side: nothing mounts under this alloc's target any more.
             left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
-            if self.requires_staging and left == 0:
-                self._unstage(volume, usage)
-            self._remove_empty_dirs(volume, alloc_id, usage)
+            if not (self.requires_staging and left == 0):
+                self._remove_empty_dirs(paths, points)
+                return
+            # The publish side's empty directories go while NodeUnstageVolume runs.
+            target_side = self._beside_rpc(lambda: self._remove_empty_from(paths.host_target, points))
+            try:
+                stage_points = self._unstage(volume, usage, paths)
+            finally:
+                wait([target_side])
+            target_side.result()
+            self._remove_empty_from(paths.host_stage, stage_points)
 
-    def _unstage(self, volume: Volume, usage: UsageOptions) -> None:
-        host_stage, plugin_stage = self.staging_paths(volume, usage)
-        self.client.node_unstage(volume, plugin_stage)
-        if is_mount_point(host_stage):
+    def _unstage(self, volume: Volume, usage: UsageOptions, paths: _Paths) -> frozenset[str]:
+        """NodeUnstageVolume, checked against mountinfo; returns the mount points read after it."""
+        host_stage = paths.host_stage
+        self.client.node_unstage(volume, paths.plugin_stage)
+        points = mount_points()
+        if host_stage in points:
             raise CSIError(
                 f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnstageVolume but {host_stage} is '
                 f"still mounted; check the plugin's logs, or unmount it by hand (umount {host_stage})",
@@ -203,23 +271,25 @@ class NodeVolumeManager:
                 volume=volume.id,
             )
         self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, False)
-        if os.path.isdir(host_stage) and not is_mount_point(host_stage):
+        if os.path.isdir(host_stage):
             os.rmdir(host_stage)
+        return points
 
-    def _remove_empty_dirs(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
-        host_target, _ = self.publish_paths(volume, alloc_id, usage)
-        host_stage, _ = self.staging_paths(volume, usage)
-        # One read of mountinfo for the whole walk up.
-        entries = read_mountinfo()
-        for leaf in (host_target, host_stage):
-            path = leaf
-            while path.startswith(self.host_root.rstrip("/") + "/"):
-                try:
-                    if os.path.isdir(path) and not is_mount_point(path, entries):
-                        os.rmdir(path)
-                except OSError:
-                    break  # not empty: something else still lives there
-                path = os.path.dirname(path)
+    def _remove_empty_dirs(self, paths: _Paths, points: frozenset[str]) -> None:
+        """Remove the operation's empty directories up to the root, skipping mount points
+        (``points``: one read of mountinfo for the whole walk up)."""
+        self._remove_empty_from(paths.host_target, points)
+        self._remove_empty_from(paths.host_stage, points)
+
+    def _remove_empty_from(self, leaf: str, points: frozenset[str]) -> None:
+        path = leaf
+        while path.startswith(self.host_root.rstrip("/") + "/"):
+            try:
+                if os.path.isdir(path) and os.path.realpath(path) not in points:
+                    os.rmdir(path)
+            except OSError:
+                break  # not empty: something else still lives there
+            path = os.path.dirname(path)
 
     def resume_teardowns(self) -> list[str]:
         """Finish every unmount a previous process started; returns the allocs finished."""

@@ -46,17 +46,23 @@ class StateStore:
                 raise
             self._db.execute("COMMIT")
 
+    def _write(self, sql: str, params: tuple[str, ...]) -> None:
+        """One statement, committed on its own: SQLite makes a lone statement its own atomic
+        transaction (the connection is in autocommit mode), which saves BEGIN and COMMIT round
+        trips on the hot path of every mount; several statements go through :meth:`_tx`."""
+        with self._lock:
+            self._db.execute(sql, params)
+
     def close(self) -> None:
         self._db.close()
 
     # --- usage ---------------------------------------------------------------------------------
 
     def set_usage(self, row: UsageRow) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO csi_usage VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (row.plugin_id, row.namespace, row.volume_id, row.usage, row.alloc_id, row.phase, row.volume_json),
-            )
+        self._write(
+            "INSERT OR REPLACE INTO csi_usage VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (row.plugin_id, row.namespace, row.volume_id, row.usage, row.alloc_id, row.phase, row.volume_json),
+        )
 
     def drop_usage(self, plugin_id: str, namespace: str, volume_id: str, usage: str, alloc_id: str) -> int:
         """Remove one alloc's use; returns how many allocs still use (volume, usage)."""
@@ -88,16 +94,15 @@ class StateStore:
         return row is not None
 
     def set_staged(self, plugin_id: str, namespace: str, volume_id: str, usage: str, staged: bool) -> None:
-        with self._tx() as db:
-            if staged:
-                db.execute(
-                    "INSERT OR REPLACE INTO csi_staged VALUES (?, ?, ?, ?)", (plugin_id, namespace, volume_id, usage)
-                )
-            else:
-                db.execute(
-                    "DELETE FROM csi_staged WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=?",
-                    (plugin_id, namespace, volume_id, usage),
-                )
+        if staged:
+            self._write(
+                "INSERT OR REPLACE INTO csi_staged VALUES (?, ?, ?, ?)", (plugin_id, namespace, volume_id, usage)
+            )
+        else:
+            self._write(
+                "DELETE FROM csi_staged WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=?",
+                (plugin_id, namespace, volume_id, usage),
+            )
 
     # --- plugin registry -----------------------------------------------------------------------
 

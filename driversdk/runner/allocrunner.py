@@ -30,7 +30,7 @@ from driversdk.runner.hooks.network import NetworkHook
 from driversdk.runner.hooks.port_forward import PortForwardHook
 from driversdk.runner.hooks.ports import PortsHook
 from driversdk.runner.jobspec import Group, Job
-from driversdk.runner.lifecycle import Coordinator
+from driversdk.runner.lifecycle import Coordinator, has_hooks
 from driversdk.runner.runstate import AllocRecord, RunState
 from driversdk.runner.supervisor import PluginSupervisor
 from driversdk.runner.taskenv import PortValue
@@ -167,8 +167,16 @@ class AllocRunner:
         self.lifecycle.join(wait)  # a stage being started finishes starting first
         for hook in self.hooks:
             hook.stop(self)
-        for runner in self.tasks:
-            runner.stop()
+        if len(self.tasks) > 1 and not has_hooks(self.tasks):
+            # Tasks that started together stop together: each stop waits up to its kill_timeout.
+            stoppers = [threading.Thread(target=r.stop, name=f"stop-{r.task.name}") for r in self.tasks]
+            for thread in stoppers:
+                thread.start()
+            for thread in stoppers:
+                thread.join()
+        else:
+            for runner in self.tasks:
+                runner.stop()
         for runner in self.tasks:
             if runner.started:
                 runner.done.wait(wait)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from driversdk.client import DriverClient
@@ -31,6 +32,12 @@ from driversdk.runner.jobspec import Group, Job
 from driversdk.runner.lifecycle import is_sidecar
 from driversdk.runner.runstate import AllocRecord
 from driversdk.runner.validate import validate_job
+
+# Allocations of one count started side by side at most (each start is mostly waiting on its
+# driver plugin: StartTask, runc or dockerd), see _side_by_side.
+ALLOC_START_CONCURRENCY = 8
+# ... and stopped: mostly waiting for kill_timeout, so more at a time.
+ALLOC_STOP_CONCURRENCY = 32
 
 # Exit codes of `driversdk run` (README "Run a job on one machine").
 EXIT_OK = 0
@@ -86,6 +93,42 @@ def _plan(jobs: list[Job], node: NodeServices) -> list[tuple[Job, Group, int, Al
     return [(job, g, i, previous.get((job.name, g.name, i))) for job, g, i in _order(jobs)]
 
 
+def _side_by_side(group: Group, record: AllocRecord | None) -> bool:
+    """Whether allocations of this group may start concurrently with each other: fresh ones of a
+    group that neither provides CSI plugins nor claims CSI volumes (plugin registration and
+    claims are ordered on purpose) and shares the host network (a bridge creates a namespace and
+    forwards through the driver and iptables). What they do share is locked: the run state, the
+    port allocator, the driver manager."""
+    return (
+        record is None
+        and (group.network_mode or "host") == "host"
+        and not any(t.csi_plugin is not None for t in group.tasks)
+        and not any(v.type == "csi" for v in group.volumes.values())
+    )
+
+
+def _batches(
+    plan: list[tuple[Job, Group, int, AllocRecord | None]],
+) -> list[list[tuple[Job, Group, int, AllocRecord | None]]]:
+    """The plan in order, cut into runs of allocations that may start together (see
+    _side_by_side; one allocation per batch otherwise)."""
+    out: list[list[tuple[Job, Group, int, AllocRecord | None]]] = []
+    for item in plan:
+        job, group, _, record = item
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last[0][0] is job
+            and last[0][1] is group
+            and _side_by_side(group, record)
+            and _side_by_side(last[0][1], last[0][3])
+        ):
+            last.append(item)
+        else:
+            out.append([item])
+    return out
+
+
 def _validate(paths: list[str], client: ClientConfig, emit: Emit) -> tuple[list[Job], dict[str, DriverClient]]:
     """Every job checked before anything starts; the driver plugins validation launched are kept
     (one per driver) for the driver manager."""
@@ -135,20 +178,25 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
     node = NodeServices.open(client.data_dir)
     drivers = node.drivers = DriverManager(client, node.state, emit, spare)
     allocs: list[AllocRunner] = []
+    bounds: list[int] = []  # where each batch's allocations end in ``allocs``
     try:
         plan = _plan(jobs, node)  # RunRefused: the CLI says so and exits EXIT_REFUSED
-        for job, group, index, record in plan:
-            alloc = AllocRunner(job, group, index, client, emit, node, drivers, record)
-            allocs.append(alloc)
-            alloc.run()
+        for batch in _batches(plan):
             if stop.is_set():
                 break
+            try:
+                _start_batch(batch, client, emit, node, drivers, allocs, stop)
+            finally:
+                bounds.append(len(allocs))
         tasks = [t for a in allocs for t in a.tasks]
         # CSI plugin tasks serve the others: the run ends when every other task has finished
         # (poststop tasks too; sidecars are stopped when their main tasks are done).
         main = [t for t in tasks if t.task.csi_plugin is None] or tasks
-        while not stop.is_set() and not all(t.done.is_set() for t in main):
-            stop.wait(0.2)
+        # Each task's own event ends the wait the moment it finishes (no polling interval added
+        # to every run); ``stop`` (a signal) is looked at every 0.2 s.
+        for t in main:
+            while not stop.is_set() and not t.done.wait(0.2):
+                pass
         if stop.is_set():
             emit(RunEvent("run", "interrupted: stopping tasks"))
         # A sidecar stopped because its main tasks are done ends killed, and that is success.
@@ -157,12 +205,84 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
         ok = ok and not any(a.failure for a in allocs)
         return EXIT_OK if ok and not stop.is_set() else EXIT_TASK_FAILED
     finally:
-        for alloc in reversed(allocs):
-            alloc.stop()
-            alloc.close()
+        _tear_down(allocs, bounds)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         node.close()  # the driver manager shuts down what is left (validation's unused plugins)
+
+
+def _start_batch(
+    batch: list[tuple[Job, Group, int, AllocRecord | None]],
+    client: ClientConfig,
+    emit: Emit,
+    node: NodeServices,
+    drivers: DriverManager,
+    allocs: list[AllocRunner],
+    stop: threading.Event,
+) -> None:
+    """Run one batch's allocations, concurrently when there are several (at most
+    ALLOC_START_CONCURRENCY at a time). Each is in ``allocs`` before it starts, so teardown
+    undoes whatever part of it ran; the first failure is raised once every started one has
+    returned; after ``stop`` no further one starts."""
+    if len(batch) == 1:
+        job, group, index, record = batch[0]
+        alloc = AllocRunner(job, group, index, client, emit, node, drivers, record)
+        allocs.append(alloc)
+        alloc.run()
+        return
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def start(item: tuple[Job, Group, int, AllocRecord | None]) -> None:
+        job, group, index, record = item
+        with lock:
+            if stop.is_set() or errors:
+                return
+            alloc = AllocRunner(job, group, index, client, emit, node, drivers, record)
+            allocs.append(alloc)
+        try:
+            alloc.run()
+        except BaseException as err:  # raised below, once the others have returned
+            with lock:
+                errors.append(err)
+
+    with ThreadPoolExecutor(
+        max_workers=min(ALLOC_START_CONCURRENCY, len(batch)), thread_name_prefix="alloc-start"
+    ) as pool:
+        list(pool.map(start, batch))
+    if errors:
+        raise errors[0]
+
+
+def _tear_down(allocs: list[AllocRunner], bounds: list[int]) -> None:
+    """Stop and close every allocation, batches in reverse order of start (CSI plugin groups,
+    started first, go last). The allocations of one batch were started side by side and are
+    stopped the same way: each waits for its tasks' kill_timeout, so they wait together. The
+    first failure is raised once every allocation has been stopped and closed."""
+    errors: list[BaseException] = []
+    ends = [*bounds, len(allocs)]
+    slices = [allocs[a:b] for a, b in zip([0, *ends], ends, strict=False) if b > a]
+
+    def one(alloc: AllocRunner) -> None:
+        try:
+            alloc.stop()
+        except BaseException as err:  # the others are still torn down
+            errors.append(err)
+        try:
+            alloc.close()
+        except BaseException as err:
+            errors.append(err)
+
+    for batch in reversed(slices):
+        if len(batch) == 1:
+            one(batch[0])
+            continue
+        with ThreadPoolExecutor(
+            max_workers=min(ALLOC_STOP_CONCURRENCY, len(batch)), thread_name_prefix="alloc-stop"
+        ) as pool:
+            list(pool.map(one, reversed(batch)))
+    if errors:
+        raise errors[0]
 
 
 def _one_at_a_time(emit: Emit) -> Emit:

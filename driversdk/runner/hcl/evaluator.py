@@ -19,6 +19,7 @@ run time. ``var.undeclared`` is an error, because ``var`` is known and has no su
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -87,13 +88,22 @@ class HCLSyntaxError(DriverSDKError):
 
 
 def parse(text: str) -> Tree[Any]:
-    """python-hcl2's parse tree of ``text``; HCLSyntaxError when it is not HCL."""
-    from hcl2.parser import parser
+    """python-hcl2's parse tree of ``text``; HCLSyntaxError when it is not HCL.
 
+    One process parses the same text more than once (``validate`` evaluates a job for its checks
+    and again for placement; ``run`` validates, then starts): trees are kept by their text, which
+    is the whole key (the parser is python-hcl2's one per process). Trees are only ever read."""
     try:
-        tree: Tree[Any] = parser().parse(text + "\n")
+        return _parse_text(text)
     except LarkError as err:
         raise HCLSyntaxError(err) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_text(text: str) -> Tree[Any]:
+    from hcl2.parser import parser  # built once per process (python-hcl2 caches it, and its tables on disk)
+
+    tree: Tree[Any] = parser().parse(text + "\n")
     return tree
 
 
