@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -159,6 +159,17 @@ class DriverPlugin(abc.ABC):
     @abc.abstractmethod
     def wait_task(self, task_id: str) -> ExitResult:
         """Block until the task exits; return at once if it already has."""
+
+    def watch_exit(self, task_id: str, callback: Callable[[ExitResult], None]) -> bool:
+        """Call ``callback(result)`` once when the task exits (at once if it already has).
+
+        The callback may run on any thread and must return quickly. Return True when the driver
+        will call it; False (the default) when it cannot, and the SDK then serves WaitTask by
+        running :meth:`wait_task` on a thread of its own for as long as the task runs. A driver
+        expecting many tasks per plugin implements this so a waiting host costs no thread.
+        Raise :class:`~driversdk.errors.TaskNotFoundError` for an unknown task.
+        """
+        return False
 
     @abc.abstractmethod
     def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
