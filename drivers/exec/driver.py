@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from drivers.exec.runc import Runc
 from drivers.exec.stats import task_stats
 from drivers.exec.store import DriverState, ExecTask, TaskStore
 from drivers.exec.taskdirs import grant_task_dirs
+from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
 from driversdk.model import (
@@ -237,19 +239,34 @@ class ExecDriver(DriverPlugin):
                     os.close(fd)
 
         state = dataclasses.replace(state, supervisor_pid=pid)
-        tracked = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(started, UTC), own_child=True)
+        tracked = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(started, UTC))
         self._tasks.put(tracked)
-        self._watch(tracked)
+        self._watch(tracked, own_child=True)
         log.info("started task %s as runc container %s (supervisor pid %d)", task.id, cid, pid)
         return TaskHandle(config=task, driver_state=state.encode(), state=TaskState.RUNNING)
 
-    def _watch(self, record: ExecTask) -> None:
-        thread = threading.Thread(target=self._wait_exit, args=(record,), daemon=True, name=f"wait-{record.task.id}")
-        thread.start()
+    def _watch(self, record: ExecTask, *, own_child: bool) -> None:
+        """Have the process-wide watcher report the supervisor's exit: no thread per task.
 
-    def _wait_exit(self, record: ExecTask) -> None:
+        A supervisor we spawned is our child, reaped once it exits. One a predecessor spawned is
+        not: its pid may have been reused by the time we look, so the watcher checks it is still
+        this container's supervisor before and after pinning it with a pidfd."""
         state = record.state
-        supervisor.wait_exit(state.supervisor_pid, state.container_id, own_child=record.own_child)
+        pid = state.supervisor_pid
+
+        def exited(_returncode: int | None) -> None:
+            # The shell's own status says nothing: runc's exit code is in the status file.
+            self._exited(record)
+
+        if own_child:
+            procwatch.watch(pid, exited, reap=True)
+        else:
+            procwatch.watch(pid, exited, reap=False, identity=lambda: supervisor.is_supervisor(pid, state.container_id))
+
+    def _exited(self, record: ExecTask) -> None:
+        """The supervisor is gone: record the task's exit. Runs on the watcher thread, which
+        serves every task of this plugin, so it only reads two small files."""
+        state = record.state
         status = supervisor.read_status(state.status_file)
         if status is None:
             log.error("supervisor of task %s went away without recording an exit status", record.task.id)
@@ -293,33 +310,34 @@ class ExecDriver(DriverPlugin):
                 "without recording an exit status; the task will be restarted",
                 recoverable=True,
             )
-        record = ExecTask(
-            task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC), own_child=False
-        )
+        record = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC))
         self._tasks.put(record)
-        self._watch(record)
+        self._watch(record, own_child=False)
         log.info("recovered task %s (runc container %s)", task.id, state.container_id)
 
     # --- wait / stop / destroy -------------------------------------------------------------
 
     def wait_task(self, task_id: str) -> ExitResult:
-        record = self._tasks.get(task_id)
-        record.done.wait()
-        assert record.result is not None
-        return record.result
+        result = self._tasks.get(task_id).exit.wait()
+        assert result is not None  # no timeout: wait returns only once the exit is set
+        return result
+
+    def watch_exit(self, task_id: str, callback: Callable[[ExitResult], None]) -> bool:
+        self._tasks.get(task_id).exit.add_callback(callback)
+        return True
 
     def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
         record = self._tasks.get(task_id)
-        if record.done.is_set():
+        if record.exit.done:
             return
         sig = signal_name(signal or DEFAULT_STOP_SIGNAL)
         cid = record.state.container_id
         self.runc.kill(cid, sig, all_processes=record.state.host_pid_mode)
-        if record.done.wait(timeout):
+        if record.exit.wait(timeout) is not None:
             return
         log.info("task %s did not stop within %.1fs after %s; killing it", task_id, timeout, sig)
         self.runc.kill(cid, "SIGKILL", all_processes=True)
-        if not record.done.wait(KILL_WAIT):
+        if record.exit.wait(KILL_WAIT) is None:
             raise DriverError(
                 f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry stopping it",
                 recoverable=True,
@@ -327,13 +345,13 @@ class ExecDriver(DriverPlugin):
 
     def destroy_task(self, task_id: str, force: bool) -> None:
         record = self._tasks.get(task_id)
-        if not record.done.is_set():
+        if not record.exit.done:
             if not force:
                 raise TaskStillRunningError(
                     f"task {record.task.name!r} is still running; stop it first or destroy it with force"
                 )
             self.runc.kill(record.state.container_id, "SIGKILL", all_processes=True)
-            if not record.done.wait(KILL_WAIT):
+            if record.exit.wait(KILL_WAIT) is None:
                 raise DriverError(
                     f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry destroying it",
                     recoverable=True,
@@ -358,20 +376,20 @@ class ExecDriver(DriverPlugin):
 
     def inspect_task(self, task_id: str) -> TaskStatus:
         record = self._tasks.get(task_id)
-        done = record.done.is_set()
+        done = record.exit.done
         return TaskStatus(
             id=record.task.id,
             name=record.task.name,
             state=TaskState.EXITED if done else TaskState.RUNNING,
             started_at=record.started_at,
             completed_at=record.completed_at if done else None,
-            result=record.result if done else ExitResult(),
+            result=record.exit.result or ExitResult(),
             driver_attributes={"container_id": record.state.container_id},
         )
 
     def signal_task(self, task_id: str, signal: str) -> None:
         record = self._tasks.get(task_id)
-        if record.done.is_set():
+        if record.exit.done:
             raise DriverError(f"task {record.task.name!r} has already exited; it cannot be signalled")
         sig = signal_name(signal)
         if not self.runc.kill(record.state.container_id, sig, all_processes=record.state.host_pid_mode):
@@ -381,7 +399,7 @@ class ExecDriver(DriverPlugin):
         record = self._tasks.get(task_id)
         if not command:
             raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
-        if record.done.is_set():
+        if record.exit.done:
             raise DriverError(f"exec in task {record.task.name!r}: the task has exited")
         pid_file = os.path.join(record.state.task_dir, f"exec-{uuid.uuid4().hex}.pid")
         argv = self.runc.exec_command(record.state.container_id, command, pid_file=pid_file)
@@ -452,7 +470,7 @@ class ExecDriver(DriverPlugin):
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self._tasks.get(task_id)
-        if record.done.is_set():
+        if record.exit.done:
             return None
         stats, record.last_sample = task_stats(record.cgroup, record.last_sample)
         return stats

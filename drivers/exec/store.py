@@ -9,6 +9,7 @@ from datetime import datetime
 
 from drivers.exec.cgroups import CGROUP_PARENT, CgroupSample, TaskCgroup
 from driversdk.errors import ConfigError, TaskNotFoundError
+from driversdk.exits import ExitSlot
 from driversdk.model import ExitResult, TaskConfig
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
@@ -63,10 +64,8 @@ class ExecTask:
     task: TaskConfig
     state: DriverState
     started_at: datetime
-    own_child: bool
-    """True when this plugin process spawned the supervisor (and so must reap it)."""
-    done: threading.Event = field(default_factory=threading.Event)
-    result: ExitResult | None = None
+    exit: ExitSlot = field(default_factory=ExitSlot)
+    """Set once by the process watcher when the supervisor is gone; wait_task and watch_exit wait on it."""
     completed_at: datetime | None = None
     last_sample: CgroupSample | None = None
 
@@ -75,9 +74,9 @@ class ExecTask:
         return TaskCgroup(self.state.container_id, self.state.cgroup_v2, self.state.cgroup_parent)
 
     def finish(self, result: ExitResult, completed_at: datetime) -> None:
-        self.result = result
+        # completed_at first: whoever sees the slot set may read it at once.
         self.completed_at = completed_at
-        self.done.set()
+        self.exit.set(result)
 
 
 class TaskStore:

@@ -12,9 +12,7 @@ A shell rather than Python keeps the supervisor's start-up at about a millisecon
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -105,26 +103,3 @@ def is_supervisor(pid: int, container_id: str) -> bool:
     except OSError:
         return False
     return len(argv) > 1 and argv[0] == SHELL.encode() and container_id.encode() in argv
-
-
-def wait_exit(pid: int, container_id: str, *, own_child: bool) -> None:
-    """Block until the supervisor process is gone (reaping it when it is our child)."""
-    if own_child:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-        return
-    if not is_supervisor(pid, container_id):
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        # A pidfd becomes readable when the process exits; works for processes that are not our children.
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        while not poller.poll(1000):
-            if not is_supervisor(pid, container_id):
-                return
-    finally:
-        os.close(fd)

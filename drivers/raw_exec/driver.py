@@ -14,6 +14,7 @@ import signal as signals
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from drivers.raw_exec import reconcile, supervisor
 from drivers.raw_exec.cgroups import RawCgroup
 from drivers.raw_exec.config import PluginConfig, TaskRawConfig, plugin_spec, task_env, task_spec
 from drivers.raw_exec.store import RawState, RawTask, TaskStore
+from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
 from driversdk.model import (
@@ -234,21 +236,34 @@ class RawExecDriver(DriverPlugin):
                 for fd in fds:
                     os.close(fd)
         state = dataclasses.replace(state, supervisor_pid=sup_pid, task_pid=task_pid)
-        record = RawTask(
-            task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC), own_child=True
-        )
+        record = RawTask(task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC))
         self._tasks.put(record)
-        self._watch(record)
+        self._watch(record, own_child=True)
         log.info("started task %s as pid %d (supervisor pid %d, cgroup %s)", task.id, task_pid, sup_pid, key)
         return TaskHandle(config=task, driver_state=state.encode(), state=TaskState.RUNNING)
 
-    def _watch(self, record: RawTask) -> None:
-        thread = threading.Thread(target=self._wait_exit, args=(record,), daemon=True, name=f"wait-{record.task.id}")
-        thread.start()
+    def _watch(self, record: RawTask, *, own_child: bool) -> None:
+        """Have the process-wide watcher report the supervisor's exit: no thread per task.
 
-    def _wait_exit(self, record: RawTask) -> None:
+        A supervisor we spawned is our child, reaped once it exits. One a predecessor spawned is
+        not: its pid may have been reused by the time we look, so the watcher checks it is still
+        this task's supervisor before and after pinning it with a pidfd."""
         state = record.state
-        supervisor.wait_exit(state.supervisor_pid, state.spec_file, own_child=record.own_child)
+        pid = state.supervisor_pid
+
+        def exited(_returncode: int | None) -> None:
+            # The task's exit is in the status file the supervisor wrote, not in its own status.
+            self._exited(record)
+
+        if own_child:
+            procwatch.watch(pid, exited, reap=True)
+        else:
+            procwatch.watch(pid, exited, reap=False, identity=lambda: supervisor.is_supervisor(pid, state.spec_file))
+
+    def _exited(self, record: RawTask) -> None:
+        """The supervisor is gone: record the task's exit. Runs on the watcher thread, which
+        serves every task of this plugin, so it only reads two small files."""
+        state = record.state
         status = supervisor.read_status(state.status_file)
         if status is None:
             log.error("supervisor of task %s went away without recording an exit status", record.task.id)
@@ -292,30 +307,31 @@ class RawExecDriver(DriverPlugin):
                 "without recording an exit status; the task will be restarted",
                 recoverable=True,
             )
-        record = RawTask(
-            task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC), own_child=False
-        )
+        record = RawTask(task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC))
         self._tasks.put(record)
-        self._watch(record)
+        self._watch(record, own_child=False)
         log.info("recovered task %s (pid %d, supervisor pid %d)", task.id, state.task_pid, state.supervisor_pid)
 
     # --- wait / stop / destroy -------------------------------------------------------------
 
     def wait_task(self, task_id: str) -> ExitResult:
-        record = self._tasks.get(task_id)
-        record.done.wait()
-        assert record.result is not None
-        return record.result
+        result = self._tasks.get(task_id).exit.wait()
+        assert result is not None  # no timeout: wait returns only once the exit is set
+        return result
+
+    def watch_exit(self, task_id: str, callback: Callable[[ExitResult], None]) -> bool:
+        self._tasks.get(task_id).exit.add_callback(callback)
+        return True
 
     def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
         record = self._tasks.get(task_id)
-        if record.done.is_set():
+        if record.exit.done:
             return
         sig = signal_number(signal or DEFAULT_STOP_SIGNAL)
         # The whole process group: a shell and the program it runs in the foreground both hear it.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(record.state.task_pid, sig)
-        if record.done.wait(timeout):
+        if record.exit.wait(timeout) is not None:
             return
         log.info(
             "task %s did not stop within %.1fs after %s; killing it",
@@ -324,7 +340,7 @@ class RawExecDriver(DriverPlugin):
             signal_name(signal or DEFAULT_STOP_SIGNAL),
         )
         self._kill_all(record.state)
-        if not record.done.wait(KILL_WAIT):
+        if record.exit.wait(KILL_WAIT) is None:
             raise DriverError(
                 f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry stopping it",
                 recoverable=True,
@@ -339,13 +355,13 @@ class RawExecDriver(DriverPlugin):
 
     def destroy_task(self, task_id: str, force: bool) -> None:
         record = self._tasks.get(task_id)
-        if not record.done.is_set():
+        if not record.exit.done:
             if not force:
                 raise TaskStillRunningError(
                     f"task {record.task.name!r} is still running; stop it first or destroy it with force"
                 )
             self._kill_all(record.state)
-            if not record.done.wait(KILL_WAIT):
+            if record.exit.wait(KILL_WAIT) is None:
                 raise DriverError(
                     f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry destroying it",
                     recoverable=True,
@@ -370,20 +386,20 @@ class RawExecDriver(DriverPlugin):
 
     def inspect_task(self, task_id: str) -> TaskStatus:
         record = self._tasks.get(task_id)
-        done = record.done.is_set()
+        done = record.exit.done
         return TaskStatus(
             id=record.task.id,
             name=record.task.name,
             state=TaskState.EXITED if done else TaskState.RUNNING,
             started_at=record.started_at,
             completed_at=record.completed_at if done else None,
-            result=record.result if done else ExitResult(),
+            result=record.exit.result or ExitResult(),
             driver_attributes={"pid": str(record.state.task_pid)},
         )
 
     def signal_task(self, task_id: str, signal: str) -> None:
         record = self._tasks.get(task_id)
-        if record.done.is_set():
+        if record.exit.done:
             raise DriverError(f"task {record.task.name!r} has already exited; it cannot be signalled")
         sig = signal_number(signal)
         try:
@@ -396,7 +412,7 @@ class RawExecDriver(DriverPlugin):
     def _exec_argv(self, record: RawTask, command: list[str]) -> list[str]:
         if not command:
             raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
-        if record.done.is_set():
+        if record.exit.done:
             raise DriverError(f"exec in task {record.task.name!r}: the task has exited")
         return supervisor.launcher("exec", record.state.spec_file, *command)
 
@@ -474,7 +490,7 @@ class RawExecDriver(DriverPlugin):
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self._tasks.get(task_id)
-        if record.done.is_set():
+        if record.exit.done:
             return None
         stats, record.last_sample = task_stats(record.state.cgroup, record.last_sample)
         return stats

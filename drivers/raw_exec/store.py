@@ -11,6 +11,7 @@ from datetime import datetime
 from drivers.exec.cgroups import CgroupSample
 from drivers.raw_exec.cgroups import RawCgroup
 from driversdk.errors import ConfigError, TaskNotFoundError
+from driversdk.exits import ExitSlot
 from driversdk.model import ExitResult, TaskConfig
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
@@ -77,17 +78,15 @@ class RawTask:
     task: TaskConfig
     state: RawState
     started_at: datetime
-    own_child: bool
-    """True when this plugin process spawned the supervisor (and so must reap it)."""
-    done: threading.Event = field(default_factory=threading.Event)
-    result: ExitResult | None = None
+    exit: ExitSlot = field(default_factory=ExitSlot)
+    """Set once by the process watcher when the supervisor is gone; wait_task and watch_exit wait on it."""
     completed_at: datetime | None = None
     last_sample: CgroupSample | None = None
 
     def finish(self, result: ExitResult, completed_at: datetime) -> None:
-        self.result = result
+        # completed_at first: whoever sees the slot set may read it at once.
         self.completed_at = completed_at
-        self.done.set()
+        self.exit.set(result)
 
 
 class TaskStore:

@@ -81,6 +81,9 @@ def spawn(spec_file: str, stdout_fd: int, stderr_fd: int, *, task: str) -> tuple
 def _read_ready(fd: int, pid: int) -> str:
     data = b""
     deadline = time.monotonic() + READY_TIMEOUT
+    # poll, not select: with a pidfd per watched task, fd numbers pass select's limit of 1024.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     while b"\n" not in data:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -91,8 +94,7 @@ def _read_ready(fd: int, pid: int) -> str:
             raise DriverError(
                 f"the task supervisor (pid {pid}) did not report within {READY_TIMEOUT:.0f}s", recoverable=True
             )
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
+        if not poller.poll(remaining * 1000):
             continue
         chunk = os.read(fd, 4096)
         if not chunk:
@@ -129,25 +131,3 @@ def is_supervisor(pid: int, spec_file: str) -> bool:
     except OSError:
         return False
     return b"supervise" in argv and spec_file.encode() in argv
-
-
-def wait_exit(pid: int, spec_file: str, *, own_child: bool) -> None:
-    """Block until the supervisor is gone (reaping it when it is our child)."""
-    if own_child:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-        return
-    if not is_supervisor(pid, spec_file):
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        while not poller.poll(1000):
-            if not is_supervisor(pid, spec_file):
-                return
-    finally:
-        os.close(fd)
