@@ -51,9 +51,11 @@ class FifoReader:
         self._thread.start()
 
     def _run(self) -> None:
+        # poll, not select: a test driving hundreds of tasks holds fds past select's 1024 limit.
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
         while not self._stop.is_set():
-            ready, _, _ = select.select([self._fd], [], [], 0.1)
-            if not ready:
+            if not poller.poll(100):
                 continue
             try:
                 chunk = os.read(self._fd, 65536)
