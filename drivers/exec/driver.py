@@ -9,7 +9,6 @@ import logging
 import os
 import signal as signals
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from drivers.exec.owner import ProcessIdentity, TaskRecord
 from drivers.exec.reconcile import Reconciler, ReconcileSettings, claim
 from drivers.exec.runc import Runc
 from drivers.exec.stats import task_stats
-from drivers.exec.store import DriverState, ExecTask, TaskStore
+from drivers.exec.store import DriverState, ExecTask
 from drivers.exec.taskdirs import grant_task_dirs
 from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
@@ -54,6 +53,8 @@ from driversdk.model import (
 )
 from driversdk.mounts import ensure_mounts_usable
 from driversdk.signals import signal_name
+from driversdk.taskkit.streaming import run_session
+from driversdk.taskkit.taskmap import TaskMap
 
 if TYPE_CHECKING:
     from driversdk.hclspec import Spec  # the schema classes load when the host first asks for one
@@ -76,11 +77,15 @@ class ExecDriver(DriverPlugin):
     def __init__(self) -> None:
         super().__init__()
         self.config = PluginConfig()
-        self._tasks = TaskStore()
+        self._tasks: TaskMap[ExecTask] = TaskMap()
         self._detected = False
-        self._reconciler = Reconciler(self._reconcile_settings, self._tasks.container_ids)
+        self._reconciler = Reconciler(self._reconcile_settings, self._tracked_keys)
 
     # --- configuration ---------------------------------------------------------------------
+
+    def _tracked_keys(self) -> set[str]:
+        """What the reconciler must leave alone: every task this plugin tracks."""
+        return {t.state.container_id for t in self._tasks.records()}
 
     def config_schema(self) -> Spec:
         return plugin_spec()
@@ -431,42 +436,7 @@ class ExecDriver(DriverPlugin):
             raise DriverError(f"exec in task {record.task.name!r}: tty sessions are not supported; run without -t")
         if not session.command:
             raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
-        proc = subprocess.Popen(
-            self.runc.exec_command(record.state.container_id, session.command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-
-        def pump(stream: Any, send: Any) -> None:
-            for chunk in iter(lambda: stream.read1(65536), b""):
-                send(chunk)
-
-        readers = [
-            threading.Thread(target=pump, args=(proc.stdout, session.send_stdout), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, session.send_stderr), daemon=True),
-        ]
-        for t in readers:
-            t.start()
-        # The SDK reports the end of the client's request stream both as stdin EOF and as
-        # "cancelled", so a normal half-close looks like a cancel: once stdin ended the command
-        # runs to completion (its output still streams back).
-        while proc.poll() is None:
-            data = session.read_stdin(timeout=0.1)
-            if data is None:
-                break
-            if data:
-                with contextlib.suppress(OSError):
-                    proc.stdin.write(data)
-                    proc.stdin.flush()
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        code = proc.wait()
-        for t in readers:
-            t.join(timeout=5)
-        return ExitResult(exit_code=code if code >= 0 else 128 - code, signal=-code if code < 0 else 0)
+        return run_session(self.runc.exec_command(record.state.container_id, session.command), session)
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self._tasks.get(task_id)

@@ -19,13 +19,11 @@ Networks follow the same rule with their "creating" phase (network.py).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from drivers.exec import owner
@@ -36,6 +34,7 @@ from drivers.exec.network import NetworkManager
 from drivers.exec.owner import TaskRecord
 from drivers.exec.runc import Runc
 from driversdk.errors import DriverError
+from driversdk.taskkit import owner as kit
 
 log = logging.getLogger("driversdk.exec.reconcile")
 
@@ -110,63 +109,21 @@ def release_orphan(record: TaskRecord) -> list[str]:
     return removed
 
 
-def is_orphan(record: TaskRecord, *, tracked: set[str], grace: float, now: float) -> bool:
-    if record.phase == "started" or record.container_id in tracked:
-        return False
-    return now - record.since >= grace and not record.owner.alive()
-
-
-@contextlib.contextmanager
-def _exclusive(state_dir: str, *, wait: bool = False) -> Iterator[bool]:
-    """One reconciler pass at a time per state dir; a plugin that finds the lock taken skips.
-
-    RecoverTask takes the same lock (waiting) to claim a task, so a pass never removes a task
-    between deciding it is an orphan and a RecoverTask making it owned."""
-    os.makedirs(state_dir, exist_ok=True)
-    fd = os.open(os.path.join(state_dir, "reconcile.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
 def claim(record: TaskRecord, state_dir: str) -> TaskRecord:
     """Make this plugin the owner of a task the host is recovering (phase "started")."""
-    with _exclusive(state_dir, wait=True):
-        current = owner.load(record.path) or record
-        claimed = current.moved_to("started", owner.ProcessIdentity.current())
-        owner.save(claimed)
-        return claimed
+    return kit.claim(record, state_dir, TaskRecord.decode)
 
 
 def replace_abandoned(record: TaskRecord, state_dir: str) -> bool:
-    """Take a task id whose earlier start died with its plugin: the host starts the same id again
-    when its own run was killed inside StartTask and never got the handle. What the dead start
-    left (in any phase: without the handle nobody can recover it) is removed, then ``record`` is
-    created. False when a live plugin still owns the id."""
-    with _exclusive(state_dir, wait=True):
-        existing = owner.load(record.path)
-        if existing is not None:
-            if existing.owner.alive():
-                return False
-            log.info(
-                "replacing task container %s left by a start whose plugin died",
-                existing.container_id,
-                extra={"container_id": existing.container_id, "phase": existing.phase},
-            )
-            release_orphan(existing)
-        return owner.create(record)
+    """Create ``record``, first releasing what an earlier start of the same task id left when its
+    plugin died (kit.replace_abandoned); False when a live plugin still owns the id."""
+    return kit.replace_abandoned(record, state_dir, TaskRecord.decode, release_orphan)
 
 
 def reconcile_once(settings: ReconcileSettings, tracked: set[str]) -> list[str]:
     """One pass; returns the container ids (and "netns:<name>") removed."""
     removed: list[str] = []
-    with _exclusive(settings.state_dir) as mine:
+    with kit.exclusive(settings.state_dir) as mine:
         if not mine:
             return removed
         tasks_dir = os.path.join(settings.state_dir, "tasks")
@@ -177,7 +134,7 @@ def reconcile_once(settings: ReconcileSettings, tracked: set[str]) -> list[str]:
             except (ValueError, KeyError, TypeError, OSError) as err:
                 log.warning("reconciler: skipping unreadable task record %s: %s", path, err)
                 continue
-            if record is None or not is_orphan(record, tracked=tracked, grace=settings.creation_grace, now=now):
+            if record is None or not kit.is_orphan(record, tracked=tracked, grace=settings.creation_grace, now=now):
                 continue
             try:
                 release_orphan(record)
@@ -185,7 +142,7 @@ def reconcile_once(settings: ReconcileSettings, tracked: set[str]) -> list[str]:
             except (DriverError, OSError) as err:
                 message = err.message if isinstance(err, DriverError) else str(err)
                 log.warning("reconciler: failed to remove abandoned task %s: %s", record.container_id, message)
-        _remove_stale_temp_files(tasks_dir, settings.creation_grace, now)
+        kit.remove_stale_temp_files(tasks_dir, settings.creation_grace, now)
         removed += _remove_bundleless_containers(settings, tasks_dir)
         nets = NetworkManager(settings.state_dir, settings.bridge_name, settings.bridge_subnet)
         for net in nets.reap_abandoned(settings.creation_grace, now=now):
@@ -200,16 +157,6 @@ def reconcile_once(settings: ReconcileSettings, tracked: set[str]) -> list[str]:
                 extra={"alloc_id": net.alloc_id},
             )
     return removed
-
-
-def _remove_stale_temp_files(tasks_dir: str, grace: float, now: float) -> None:
-    """Temp files of a record write the writer did not live to rename."""
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(tasks_dir):
-            if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False):
-                with contextlib.suppress(FileNotFoundError):
-                    if now - entry.stat(follow_symlinks=False).st_mtime >= grace:
-                        os.remove(entry.path)
 
 
 def _remove_bundleless_containers(settings: ReconcileSettings, tasks_dir: str) -> list[str]:
@@ -234,29 +181,8 @@ def _remove_bundleless_containers(settings: ReconcileSettings, tasks_dir: str) -
     return removed
 
 
-class Reconciler:
+class Reconciler(kit.PeriodicPass):
     """The background thread: a pass at start, then one every ``period``."""
 
     def __init__(self, settings: Callable[[], ReconcileSettings], tracked: Callable[[], set[str]]) -> None:
-        self._settings = settings
-        self._tracked = tracked
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="exec-reconciler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            settings = self._settings()
-            try:
-                reconcile_once(settings, self._tracked())
-            except Exception:  # the thread must outlive one bad pass
-                log.exception("reconciler: pass over %s failed", settings.state_dir)
-            self._stop.wait(settings.period)
+        super().__init__("exec-reconciler", lambda: reconcile_once(settings(), tracked()), lambda: settings().period)

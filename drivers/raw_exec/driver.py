@@ -12,7 +12,6 @@ import os
 import shutil
 import signal as signals
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ from drivers.exec.taskdirs import grant_task_dirs
 from drivers.raw_exec import reconcile, supervisor
 from drivers.raw_exec.cgroups import RawCgroup
 from drivers.raw_exec.config import PluginConfig, TaskRawConfig, plugin_spec, task_env, task_spec
-from drivers.raw_exec.store import RawState, RawTask, TaskStore
+from drivers.raw_exec.store import RawState, RawTask
 from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
@@ -48,6 +47,9 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.signals import signal_name, signal_number
+from driversdk.taskkit import owner as kit
+from driversdk.taskkit.streaming import exit_result, run_session
+from driversdk.taskkit.taskmap import TaskMap
 
 if TYPE_CHECKING:
     from driversdk.hclspec import Spec  # the schema classes load when the host first asks for one
@@ -96,13 +98,17 @@ class RawExecDriver(DriverPlugin):
     def __init__(self) -> None:
         super().__init__()
         self.config = PluginConfig()
-        self._tasks = TaskStore()
+        self._tasks: TaskMap[RawTask] = TaskMap()
         self._reconciler = reconcile.Reconciler(
             lambda: (self.config.state_dir, self.config.reconcile_period, self.config.reconcile_creation_grace),
-            self._tasks.task_keys,
+            self._tracked_keys,
         )
 
     # --- configuration ---------------------------------------------------------------------
+
+    def _tracked_keys(self) -> set[str]:
+        """What the reconciler must leave alone: every task this plugin tracks."""
+        return {t.state.task_key for t in self._tasks.records()}
 
     def config_schema(self) -> Spec:
         return plugin_spec()
@@ -175,7 +181,7 @@ class RawExecDriver(DriverPlugin):
         owner_record = reconcile.TaskRecord(key, state_dir, "starting", 0, 0, 0.0, cgroup.v2, cgroup.parent).moved_to(
             "starting"
         )
-        if not reconcile.create(owner_record) and not reconcile.replace_abandoned(owner_record, self.config.state_dir):
+        if not kit.create(owner_record) and not reconcile.replace_abandoned(owner_record, self.config.state_dir):
             raise DriverError(
                 f"task {task.name!r}: state of task id {task.id!r} already exists at {owner_record.path!r}; "
                 "destroy the earlier task with this id first"
@@ -183,7 +189,7 @@ class RawExecDriver(DriverPlugin):
         try:
             os.mkdir(state_dir, 0o700)
         except FileExistsError:
-            reconcile.remove(state_dir)
+            kit.remove(state_dir)
             raise DriverError(
                 f"task {task.name!r}: state dir {state_dir!r} of task id {task.id!r} already exists; "
                 "destroy the earlier task with this id first"
@@ -223,7 +229,7 @@ class RawExecDriver(DriverPlugin):
             fds = open_logs(task.stdout_path, task.stderr_path, task=task.name, disabled=False)
             sup_pid, task_pid = supervisor.spawn(state.spec_file, fds[0], fds[1], task=task.name)
             # From here the host gets the handle, and with it the duty to recover or destroy the task.
-            reconcile.save(owner_record.moved_to("started"))
+            kit.save(owner_record.moved_to("started"))
         except BaseException:
             for pid in reconcile.supervisor_processes(state.state_dir):
                 with contextlib.suppress(ProcessLookupError):
@@ -373,14 +379,14 @@ class RawExecDriver(DriverPlugin):
 
     def _release(self, state: RawState) -> None:
         """Remove the task's own cgroups, its state dir and its record; safe to repeat."""
-        record = reconcile.load(reconcile.record_path(state.state_dir))
+        record = reconcile.load(kit.record_path(state.state_dir))
         if record is not None:
             # Should this plugin die half-way, the next one's reconciler finishes the removal.
-            reconcile.save(record.moved_to("destroying"))
+            kit.save(record.moved_to("destroying"))
         state.cgroup.plain.remove()
         if os.path.isdir(state.state_dir):
             shutil.rmtree(state.state_dir)
-        reconcile.remove(state.state_dir)
+        kit.remove(state.state_dir)
 
     # --- inspect / signal / exec / stats ----------------------------------------------------
 
@@ -442,51 +448,13 @@ class RawExecDriver(DriverPlugin):
                         stream.close()
                 proc.wait()
                 stdout, stderr = b"", b""
-        code = proc.returncode
-        sig = -code if code < 0 else 0
-        return ExecResult(
-            stdout=stdout, stderr=stderr, result=ExitResult(exit_code=128 + sig if sig else code, signal=sig)
-        )
+        return ExecResult(stdout=stdout, stderr=stderr, result=exit_result(proc.returncode))
 
     def exec_task_streaming(self, session: ExecSession) -> ExitResult:
         record = self._tasks.get(session.task_id)
         if session.tty:
             raise DriverError(f"exec in task {record.task.name!r}: tty sessions are not supported; run without -t")
-        proc = subprocess.Popen(
-            self._exec_argv(record, session.command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=supervisor.SUPERVISOR_ENV,
-        )
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-
-        def pump(stream: Any, send: Any) -> None:
-            for chunk in iter(lambda: stream.read1(65536), b""):
-                send(chunk)
-
-        readers = [
-            threading.Thread(target=pump, args=(proc.stdout, session.send_stdout), daemon=True),
-            threading.Thread(target=pump, args=(proc.stderr, session.send_stderr), daemon=True),
-        ]
-        for t in readers:
-            t.start()
-        # End of the client's request stream reads as stdin EOF: the command then runs to completion.
-        while proc.poll() is None:
-            data = session.read_stdin(timeout=0.1)
-            if data is None:
-                break
-            if data:
-                with contextlib.suppress(OSError):
-                    proc.stdin.write(data)
-                    proc.stdin.flush()
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-        code = proc.wait()
-        for t in readers:
-            t.join(timeout=5)
-        return ExitResult(exit_code=code if code >= 0 else 128 - code, signal=-code if code < 0 else 0)
+        return run_session(self._exec_argv(record, session.command), session, env=supervisor.SUPERVISOR_ENV)
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self._tasks.get(task_id)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from drivers.exec.cgroups import CgroupSample
 from drivers.raw_exec.cgroups import RawCgroup
-from driversdk.errors import ConfigError, TaskNotFoundError
+from driversdk.errors import ConfigError
 from driversdk.exits import ExitSlot
 from driversdk.model import ExitResult, TaskConfig
 
@@ -87,34 +86,3 @@ class RawTask:
         # completed_at first: whoever sees the slot set may read it at once.
         self.completed_at = completed_at
         self.exit.set(result)
-
-
-class TaskStore:
-    """Thread-safe map of task id -> RawTask."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, RawTask] = {}
-        self._lock = threading.Lock()
-
-    def get(self, task_id: str) -> RawTask:
-        with self._lock:
-            task = self._tasks.get(task_id)
-        if task is None:
-            raise TaskNotFoundError(task_id)
-        return task
-
-    def has(self, task_id: str) -> bool:
-        with self._lock:
-            return task_id in self._tasks
-
-    def put(self, task: RawTask) -> None:
-        with self._lock:
-            self._tasks[task.task.id] = task
-
-    def remove(self, task_id: str) -> None:
-        with self._lock:
-            self._tasks.pop(task_id, None)
-
-    def task_keys(self) -> set[str]:
-        with self._lock:
-            return {t.state.task_key for t in self._tasks.values()}

@@ -23,10 +23,10 @@ from drivers.exec.config import PluginConfig
 from drivers.exec.driver import container_id_for
 from drivers.exec.network import netns_name, netns_path
 from drivers.exec.owner import ProcessIdentity, TaskRecord
-from drivers.exec.reconcile import is_orphan
 from drivers.exec.store import DriverState
 from driversdk.errors import ConfigError, PluginCallError
 from driversdk.model import TaskState
+from driversdk.taskkit.owner import is_orphan
 from driversdk.testing import AllocDir, DriverHarness
 from tests.exec.conftest import PLUGIN, Tracker, sh
 

@@ -16,6 +16,7 @@ import pytest
 from drivers.raw_exec import reconcile
 from drivers.raw_exec.driver import task_key_for
 from drivers.raw_exec.store import RawState
+from driversdk.taskkit import owner as kit
 from driversdk.testing import AllocDir, DriverHarness
 from tests.raw_exec.conftest import PLUGIN, Tracker, sh
 
@@ -53,11 +54,11 @@ def quick_harness(quick_config: dict[str, Any], no_leaks: None) -> Iterator[Driv
 
 def _pretend_start_never_returned(track: Tracker, task_id: str) -> reconcile.TaskRecord:
     """Rewrite a task's record as a start whose plugin died before handing back the handle."""
-    path = reconcile.record_path(str(track.state_dir / "tasks" / task_key_for(task_id)))
+    path = kit.record_path(str(track.state_dir / "tasks" / task_key_for(task_id)))
     record = reconcile.load(path)
     assert record is not None and record.phase == "started"
     starting = dataclasses.replace(record, phase="starting", since=record.since - 3600)
-    reconcile.save(starting)
+    kit.save(starting)
     return starting
 
 
