@@ -263,10 +263,8 @@ class ExecDriver(DriverPlugin):
             # The shell's own status says nothing: runc's exit code is in the status file.
             self._exited(record)
 
-        if own_child:
-            procwatch.watch(pid, exited, reap=True)
-        else:
-            procwatch.watch(pid, exited, reap=False, identity=lambda: supervisor.is_supervisor(pid, state.container_id))
+        identity = None if own_child else lambda: supervisor.is_supervisor(pid, state.container_id)
+        procwatch.watch(pid, exited, reap=own_child, identity=identity)
 
     def _exited(self, record: ExecTask) -> None:
         """The supervisor is gone: record the task's exit. Runs on the watcher thread, which

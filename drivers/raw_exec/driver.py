@@ -261,10 +261,8 @@ class RawExecDriver(DriverPlugin):
             # The task's exit is in the status file the supervisor wrote, not in its own status.
             self._exited(record)
 
-        if own_child:
-            procwatch.watch(pid, exited, reap=True)
-        else:
-            procwatch.watch(pid, exited, reap=False, identity=lambda: supervisor.is_supervisor(pid, state.spec_file))
+        identity = None if own_child else lambda: supervisor.is_supervisor(pid, state.spec_file)
+        procwatch.watch(pid, exited, reap=own_child, identity=identity)
 
     def _exited(self, record: RawTask) -> None:
         """The supervisor is gone: record the task's exit. Runs on the watcher thread, which
