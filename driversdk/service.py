@@ -409,8 +409,10 @@ class _GrpcExecSession(ExecSession):
                         except Exception:
                             log.exception("exec resize callback failed", extra={"task_id": self.task_id})
                 # anything else is a heartbeat
-        except grpc.RpcError:
-            # The stream broke under us: the client is gone. Closing its input is not a cancel.
+        except Exception as err:
+            # Reading failed: the stream broke or ended under us, so the client is gone (its
+            # closing its input is not a cancel). Kept here: nobody awaits this task's result.
+            log.debug("exec stream input ended", extra={"task_id": self.task_id, "error": str(err)})
             self._cancelled.set()
         finally:
             self._stdin.put(None)
