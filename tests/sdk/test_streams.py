@@ -268,3 +268,29 @@ def test_streaming_exec_ends_the_drivers_session_when_the_client_leaves(tmp_path
             assert h.client.inspect_task(task.id).state.name == "RUNNING"
     finally:
         alloc.remove()
+
+
+def test_queue_subscribers_and_listeners_hear_the_same_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In process: subscribe_events (the queue API drivers and tests used before listeners) still works.
+    import importlib
+    from datetime import UTC, datetime
+
+    from driversdk.model import TaskEvent
+
+    monkeypatch.syspath_prepend(str(Path(WATCHING[1]).parent))
+    driver = importlib.import_module("streams_driver").StreamsDriver(watch=True)
+    heard: list[TaskEvent] = []
+    subscriber = driver.subscribe_events()
+    driver.add_event_listener(heard.append)
+    event = TaskEvent("t1", "a1", "web", "started", datetime.now(UTC))
+    driver.emit_event(event)
+    assert subscriber.get_nowait() == event and heard == [event]
+    driver.unsubscribe_events(subscriber)
+    driver.remove_event_listener(heard.append)
+    driver.emit_event(event)
+    assert subscriber.empty() and heard == [event]
+    changes: list[str] = []
+    driver.add_fingerprint_listener(lambda: changes.append("changed"))
+    generation = driver.wait_fingerprint_change(-1, 0)
+    driver.notify_fingerprint_changed()
+    assert changes == ["changed"] and driver.wait_fingerprint_change(generation, 0) == generation + 1
