@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """N running tasks on one plugin with their streams open: plugin RSS, threads, unary latency.
 
-Run as root for exec: python3 bench/bench_streams.py [--tasks 100] [--driver exec|hello]
+Run as root for exec: python3 bench/bench_streams.py [--tasks 100] [--driver exec|hello|streams]
 
 What a host keeps open, as Nomad's client does: per task a WaitTask call and a TaskStats stream
 (1 s interval); per plugin one TaskEvents and one Fingerprint stream. The streams are opened and
@@ -10,6 +10,9 @@ left unread (the plugin still serves them). Figures, from the same run:
 - plugin RSS and thread count (``/proc/<pid>/status``) with one task and no stream ("idle"),
   then with N tasks and their streams;
 - unary latency: the median of InspectTask round trips, idle vs under that load (ratio printed).
+
+``streams`` is the make-believe driver of tests/sdk/plugins (tasks without a process or a thread,
+WaitTask through watch_exit): its figures are the SDK's own cost, with no driver's cost beside it.
 
 Issue 15's goal for 1000 exec tasks: RSS <= 100 MiB, <= 64 threads, latency <= 2x idle.
 """
@@ -36,6 +39,7 @@ from driversdk.testing import AllocDir, DriverHarness  # noqa: E402
 PLUGINS = {
     "exec": [sys.executable, "-m", "drivers.exec"],
     "hello": [sys.executable, str(ROOT / "examples" / "hello_driver.py")],
+    "streams": [sys.executable, str(ROOT / "tests" / "sdk" / "plugins" / "streams_driver.py")],
 }
 SLEEP = {"command": "/bin/sleep", "args": ["3600"]}
 
@@ -75,7 +79,7 @@ def main() -> None:
             def start(i: int) -> str:
                 name = f"t{i}"
                 alloc.add_task(name, log_collection=False)  # no fifo readers: output goes to /dev/null
-                task = alloc.task_config(name, driver_config=SLEEP)
+                task = alloc.task_config(name, driver_config={} if args.driver == "streams" else SLEEP)
                 task.stdout_path = task.stderr_path = "/dev/null"
                 h.start(task)
                 return task.id

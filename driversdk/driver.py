@@ -85,10 +85,12 @@ class DriverPlugin(abc.ABC):
     """Seconds between fingerprint re-sends (Nomad's built-in drivers use 30 s)."""
 
     def __init__(self) -> None:
-        self._event_subscribers: list[queue.Queue[TaskEvent]] = []
+        # Who hears emit_event: the SDK's TaskEvents streams and any queue from subscribe_events.
+        self._event_listeners: list[Callable[[TaskEvent], None]] = []
         self._event_lock = threading.Lock()
         self._fingerprint_changed = threading.Condition()
         self._fingerprint_generation = 0
+        self._fingerprint_listeners: list[Callable[[], None]] = []
 
     # --- configuration -------------------------------------------------------------------
 
@@ -131,6 +133,23 @@ class DriverPlugin(abc.ABC):
         with self._fingerprint_changed:
             self._fingerprint_generation += 1
             self._fingerprint_changed.notify_all()
+            listeners = list(self._fingerprint_listeners)
+        for listener in listeners:
+            listener()
+
+    def add_fingerprint_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` on every later :meth:`notify_fingerprint_changed`.
+
+        It runs on the notifying thread and must return quickly; the SDK's Fingerprint stream
+        uses it to wake up without holding a thread while it waits.
+        """
+        with self._fingerprint_changed:
+            self._fingerprint_listeners.append(listener)
+
+    def remove_fingerprint_listener(self, listener: Callable[[], None]) -> None:
+        with self._fingerprint_changed:
+            if listener in self._fingerprint_listeners:
+                self._fingerprint_listeners.remove(listener)
 
     def wait_fingerprint_change(self, generation: int, timeout: float) -> int:
         """Block until notify_fingerprint_changed or timeout; returns the current generation."""
@@ -209,20 +228,33 @@ class DriverPlugin(abc.ABC):
     def emit_event(self, event: TaskEvent) -> None:
         """Publish a task event to every open TaskEvents stream."""
         with self._event_lock:
-            subscribers = list(self._event_subscribers)
-        for subscriber in subscribers:
-            subscriber.put(event)
+            listeners = list(self._event_listeners)
+        for listener in listeners:
+            listener(event)
+
+    def add_event_listener(self, listener: Callable[[TaskEvent], None]) -> None:
+        """Call ``listener(event)`` for every later :meth:`emit_event`.
+
+        It runs on the emitting thread and must return quickly (hand the event over, no I/O);
+        the SDK's TaskEvents streams listen this way, so an open stream holds no thread.
+        """
+        with self._event_lock:
+            self._event_listeners.append(listener)
+
+    def remove_event_listener(self, listener: Callable[[TaskEvent], None]) -> None:
+        with self._event_lock:
+            if listener in self._event_listeners:
+                self._event_listeners.remove(listener)
 
     def subscribe_events(self) -> queue.Queue[TaskEvent]:
+        """A queue receiving every later event (for in-process use and older code)."""
         subscriber: queue.Queue[TaskEvent] = queue.Queue()
-        with self._event_lock:
-            self._event_subscribers.append(subscriber)
+        # Bound methods compare equal by object and function, so unsubscribe finds it again.
+        self.add_event_listener(subscriber.put)
         return subscriber
 
     def unsubscribe_events(self, subscriber: queue.Queue[TaskEvent]) -> None:
-        with self._event_lock:
-            if subscriber in self._event_subscribers:
-                self._event_subscribers.remove(subscriber)
+        self.remove_event_listener(subscriber.put)
 
     def task_events(self) -> Iterator[TaskEvent]:  # pragma: no cover - convenience for in-process use
         subscriber = self.subscribe_events()

@@ -3,17 +3,26 @@
 Every RPC is a thin adapter: convert the request, call the driver, convert the answer. Errors
 become a gRPC status whose first detail is ``RecoverableError`` so a Nomad client (or our own
 runner) knows whether its restart policy may retry.
+
+The servicers are ``grpc.aio`` coroutines on the plugin's event loop; the driver's methods are
+synchronous and run on one bounded thread pool, one call at a time per worker. A stream that
+waits (WaitTask, TaskStats between samples, TaskEvents, Fingerprint) holds no thread: it awaits
+a timer, or a future or queue that the driver's thread fills through ``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import importlib
+import inspect
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar, cast
 
 import grpc
 
@@ -50,7 +59,9 @@ if TYPE_CHECKING:
     from driversdk import convert
     from driversdk.driver import DriverPlugin
     from driversdk.hclspec import Spec
-    from driversdk.model import ExitResult, TaskConfig
+    from driversdk.model import ExitResult, TaskConfig, TaskEvent
+
+    Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 else:
     convert = _OnFirstUse("driversdk.convert")
 
@@ -58,6 +69,15 @@ log = logging.getLogger("driversdk.service")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+
+# The one pool every synchronous driver call runs on (unary calls, and one stats sample or one
+# fingerprint at a time for the streams). A Nomad client has few calls in flight per plugin at
+# once: it starts and stops allocations a handful at a time, and each running task costs one
+# stats sample a second of a few milliseconds. 32 workers leave room for slow calls (an image
+# pull, a stop waiting out its kill timeout) while keeping the plugin, with grpc's own threads,
+# within its budget of 64 threads however many tasks it serves. WaitTask never takes a worker
+# for longer than a watch_exit call (see _ExitWaits).
+DRIVER_CALL_WORKERS = 32
 
 
 class DriverSource:
@@ -122,16 +142,29 @@ class DriverSource:
 
 def _loads_driver(method: F) -> F:
     """Build a deferred driver before ``method`` runs, or end the call with why it cannot be."""
+    call = method.__name__
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: Context) -> AsyncIterator[Any]:
+            await self._load_driver(context, call)
+            responses = method(self, request, context)
+            try:
+                async for response in responses:
+                    yield response
+            finally:
+                # Close the inner stream now, not at garbage collection: its cleanup (a listener
+                # to remove, a session to cancel) must run when the call ends.
+                await responses.aclose()
+
+        return cast(F, stream)
 
     @functools.wraps(method)
-    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            self._source.get()
-        except DriverError as err:
-            abort_with(context, err, method.__name__)
-        return method(self, request, context)
+    async def unary(self: Any, request: Any, context: Context) -> Any:
+        await self._load_driver(context, call)
+        return await method(self, request, context)
 
-    return cast(F, wrapper)
+    return cast(F, unary)
 
 
 _CODE_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
@@ -141,7 +174,7 @@ _CODE_BY_ERROR: list[tuple[type[BaseException], grpc.StatusCode]] = [
 ]
 
 
-def abort_with(context: grpc.ServicerContext, err: BaseException, call: str) -> NoReturn:
+async def abort_with(context: Context, err: BaseException, call: str) -> NoReturn:
     """End the RPC with a status that carries the error's sentence and recoverability."""
     recoverable = isinstance(err, DriverError) and err.recoverable
     code = grpc.StatusCode.INTERNAL
@@ -165,7 +198,7 @@ def abort_with(context: grpc.ServicerContext, err: BaseException, call: str) -> 
     detail = any_pb2.Any()
     detail.Pack(recoverable_error_pb2.RecoverableError(recoverable=recoverable))
     status = status_pb2.Status(code=_code_number(code), message=message, details=[detail])
-    context.abort_with_status(rpc_status.to_status(status))
+    await context.abort_with_status(rpc_status.to_status(status))
     raise AssertionError("abort_with_status returned")  # pragma: no cover - grpc raises
 
 
@@ -174,24 +207,123 @@ def _code_number(code: grpc.StatusCode) -> int:
     return value
 
 
-def _call(context: grpc.ServicerContext, call: str, fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except Exception as err:  # every failure must reach the host as a status, never a trace
-        abort_with(context, err, call)
+class _ExitWaits:
+    """WaitTask calls in flight: one wait on the driver's side per task, however many callers.
+
+    The driver's ``watch_exit`` is asked on a pool worker, which it leaves at once; when it
+    cannot watch, ``wait_task`` blocks on a daemon thread of its own, never on a pool worker, so
+    tasks that run for days cannot take the workers unary calls need.
+    """
+
+    def __init__(self, source: DriverSource, pool: ThreadPoolExecutor) -> None:
+        self._source = source
+        self._pool = pool
+        # Used on the event loop only. An entry lives from the first WaitTask of a task until its
+        # exit is known, even once every caller left: the driver (or the waiting thread) still
+        # holds our callback, and a later caller joins it rather than adding another.
+        self._waiters: dict[str, list[asyncio.Future[ExitResult]]] = {}
+
+    async def wait(self, task_id: str) -> ExitResult:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ExitResult] = loop.create_future()
+        waiters = self._waiters.get(task_id)
+        if waiters is None:
+            waiters = self._waiters[task_id] = []
+            self._pool.submit(self._watch, task_id, loop)
+        waiters.append(future)
+        try:
+            return await future
+        finally:
+            # A caller that left (the host cancelled) is forgotten at once; the watch stays.
+            if future.cancelled() and future in waiters:
+                waiters.remove(future)
+
+    def _watch(self, task_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        def exited(result: ExitResult) -> None:
+            self._post(loop, task_id, result, None)
+
+        try:
+            if self._source.get().watch_exit(task_id, exited):
+                return
+        except Exception as err:
+            self._post(loop, task_id, None, err)
+            return
+        threading.Thread(target=self._block, args=(task_id, loop), daemon=True, name="wait-task").start()
+
+    def _block(self, task_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            result = self._source.get().wait_task(task_id)
+        except Exception as err:
+            self._post(loop, task_id, None, err)
+        else:
+            self._post(loop, task_id, result, None)
+
+    def _post(
+        self, loop: asyncio.AbstractEventLoop, task_id: str, result: ExitResult | None, error: Exception | None
+    ) -> None:
+        # A closed loop means the plugin is exiting: nobody is left to answer.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._settle, task_id, result, error)
+
+    def _settle(self, task_id: str, result: ExitResult | None, error: Exception | None) -> None:
+        for future in self._waiters.pop(task_id, []):
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                assert result is not None
+                future.set_result(result)
 
 
-class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
-    def __init__(self, driver: DriverPlugin | DriverSource) -> None:
-        self._source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
+class _DriverCalls:
+    """What both servicers share: the driver, the pool its calls run on, the tasks waited on."""
+
+    def __init__(self, source: DriverSource, pool: ThreadPoolExecutor | None = None) -> None:
+        self.source = source
+        self.pool = pool or ThreadPoolExecutor(DRIVER_CALL_WORKERS, thread_name_prefix="driver-call")
+        self.exits = _ExitWaits(source, self.pool)
+
+
+class _Servicer:
+    _calls: _DriverCalls
+
+    @property
+    def _source(self) -> DriverSource:
+        return self._calls.source
 
     @property
     def _driver(self) -> DriverPlugin:
-        return self._source.get()
+        return self._calls.source.get()
 
-    def PluginInfo(
-        self, request: base_pb2.PluginInfoRequest, context: grpc.ServicerContext
-    ) -> base_pb2.PluginInfoResponse:
+    async def _load_driver(self, context: Context, call: str) -> None:
+        if self._calls.source.built is not None:
+            return
+        # Building may import a heavy module: off the event loop, like every driver call.
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._calls.pool, self._calls.source.get)
+        except DriverError as err:
+            await abort_with(context, err, call)
+
+    async def _call(self, context: Context, call: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (which calls the driver) on the pool; its failure ends the RPC as a status."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._calls.pool, fn)
+        except Exception as err:  # every failure must reach the host as a status, never a trace
+            await abort_with(context, err, call)
+
+
+def _calls_for(driver: DriverPlugin | DriverSource | _DriverCalls) -> _DriverCalls:
+    if isinstance(driver, _DriverCalls):
+        return driver
+    return _DriverCalls(driver if isinstance(driver, DriverSource) else DriverSource(driver))
+
+
+class BasePluginServicer(_Servicer, base_pb2_grpc.BasePluginServicer):
+    def __init__(self, driver: DriverPlugin | DriverSource | _DriverCalls) -> None:
+        self._calls = _calls_for(driver)
+
+    async def PluginInfo(self, request: base_pb2.PluginInfoRequest, context: Context) -> base_pb2.PluginInfoResponse:
         return base_pb2.PluginInfoResponse(
             type=base_pb2.DRIVER,
             plugin_api_versions=[DRIVER_API_VERSION],
@@ -199,17 +331,18 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
             name=self._source.name,
         )
 
-    def ConfigSchema(
-        self, request: base_pb2.ConfigSchemaRequest, context: grpc.ServicerContext
+    async def ConfigSchema(
+        self, request: base_pb2.ConfigSchemaRequest, context: Context
     ) -> base_pb2.ConfigSchemaResponse:
-        spec = _call(context, "ConfigSchema", self._driver.config_schema)
-        if spec is None:
-            return base_pb2.ConfigSchemaResponse()
-        return base_pb2.ConfigSchemaResponse(spec=spec.to_proto())
+        def schema() -> base_pb2.ConfigSchemaResponse:
+            spec = self._driver.config_schema()
+            if spec is None:
+                return base_pb2.ConfigSchemaResponse()
+            return base_pb2.ConfigSchemaResponse(spec=spec.to_proto())
 
-    def SetConfig(
-        self, request: base_pb2.SetConfigRequest, context: grpc.ServicerContext
-    ) -> base_pb2.SetConfigResponse:
+        return await self._call(context, "ConfigSchema", schema)
+
+    async def SetConfig(self, request: base_pb2.SetConfigRequest, context: Context) -> base_pb2.SetConfigResponse:
         def apply() -> None:
             from driversdk.hclspec import decode
             from driversdk.model import AgentConfig
@@ -229,36 +362,40 @@ class BasePluginServicer(base_pb2_grpc.BasePluginServicer):
                 agent = AgentConfig(client_min_port=drv.ClientMinPort, client_max_port=drv.ClientMaxPort)
             self._driver.set_config(config, agent)
 
-        _call(context, "SetConfig", apply)
+        await self._call(context, "SetConfig", apply)
         return base_pb2.SetConfigResponse()
 
 
+ExecResponse: TypeAlias = driver_pb2.ExecTaskStreamingResponse
+
+
 class _GrpcExecSession(ExecSession):
-    """Bridges ExecTaskStreaming's request iterator and response queue to the driver."""
+    """Bridges ExecTaskStreaming to a driver running on a thread of its own.
+
+    Requests are read on the event loop into a thread-safe stdin queue; the driver's output goes
+    back to the loop through ``call_soon_threadsafe`` into an asyncio queue the RPC drains.
+    """
 
     def __init__(
         self,
         setup: driver_pb2.ExecTaskStreamingRequest.Setup,
-        requests: Iterator[driver_pb2.ExecTaskStreamingRequest],
-        out: queue.Queue[driver_pb2.ExecTaskStreamingResponse | None],
-        context: grpc.ServicerContext,
+        loop: asyncio.AbstractEventLoop,
+        out: asyncio.Queue[ExecResponse | None],
     ) -> None:
         self.task_id = setup.task_id
         self.command = list(setup.command)
         self.tty = setup.tty
+        self._loop = loop
         self._out = out
         self._stdin: queue.Queue[bytes | None] = queue.Queue()
         self._size: TerminalSize | None = None
         self._resize_callbacks: list[Callable[[TerminalSize], None]] = []
         self._cancelled = threading.Event()
-        # Only the RPC ending early is a cancel; the client closing its input is not.
-        context.add_callback(self._cancelled.set)
-        self._reader = threading.Thread(target=self._pump, args=(requests,), daemon=True)
-        self._reader.start()
 
-    def _pump(self, requests: Iterator[driver_pb2.ExecTaskStreamingRequest]) -> None:
+    async def read_requests(self, requests: AsyncIterator[driver_pb2.ExecTaskStreamingRequest]) -> None:
+        """Feed stdin and resizes to the driver until the client's input ends."""
         try:
-            for req in requests:
+            async for req in requests:
                 if req.HasField("stdin"):
                     if req.stdin.data:
                         self._stdin.put(bytes(req.stdin.data))
@@ -267,12 +404,30 @@ class _GrpcExecSession(ExecSession):
                 elif req.HasField("tty_size"):
                     self._size = TerminalSize(req.tty_size.height, req.tty_size.width)
                     for cb in list(self._resize_callbacks):
-                        cb(self._size)
+                        try:
+                            cb(self._size)
+                        except Exception:
+                            log.exception("exec resize callback failed", extra={"task_id": self.task_id})
                 # anything else is a heartbeat
-        except grpc.RpcError:
+        except Exception as err:
+            # Reading failed: the stream broke or ended under us, so the client is gone (its
+            # closing its input is not a cancel). Kept here: nobody awaits this task's result.
+            log.debug("exec stream input ended", extra={"task_id": self.task_id, "error": str(err)})
             self._cancelled.set()
         finally:
             self._stdin.put(None)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._stdin.put(None)
+
+    def finish(self) -> None:
+        """Called by the driver's thread once it returned: no more output."""
+        self._send(None)
+
+    def _send(self, item: ExecResponse | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the plugin is exiting
+            self._loop.call_soon_threadsafe(self._out.put_nowait, item)
 
     def read_stdin(self, timeout: float | None = None) -> bytes | None:
         try:
@@ -282,15 +437,11 @@ class _GrpcExecSession(ExecSession):
 
     def send_stdout(self, data: bytes) -> None:
         if data:
-            self._out.put(
-                driver_pb2.ExecTaskStreamingResponse(stdout=driver_pb2.ExecTaskStreamingIOOperation(data=data))
-            )
+            self._send(ExecResponse(stdout=driver_pb2.ExecTaskStreamingIOOperation(data=data)))
 
     def send_stderr(self, data: bytes) -> None:
         if data:
-            self._out.put(
-                driver_pb2.ExecTaskStreamingResponse(stderr=driver_pb2.ExecTaskStreamingIOOperation(data=data))
-            )
+            self._send(ExecResponse(stderr=driver_pb2.ExecTaskStreamingIOOperation(data=data)))
 
     def terminal_size(self) -> TerminalSize | None:
         return self._size
@@ -303,14 +454,10 @@ class _GrpcExecSession(ExecSession):
         return self._cancelled.is_set()
 
 
-class DriverServicer(driver_pb2_grpc.DriverServicer):
-    def __init__(self, driver: DriverPlugin | DriverSource) -> None:
-        self._source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
+class DriverServicer(_Servicer, driver_pb2_grpc.DriverServicer):
+    def __init__(self, driver: DriverPlugin | DriverSource | _DriverCalls) -> None:
+        self._calls = _calls_for(driver)
         self._task_spec: Spec | None = None
-
-    @property
-    def _driver(self) -> DriverPlugin:
-        return self._source.get()
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -331,31 +478,27 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
 
     # --- unary calls -----------------------------------------------------------------------
 
-    def Init(self, request: driver_pb2.InitRequest, context: grpc.ServicerContext) -> driver_pb2.InitResponse:
-        _call(context, "Init", self._driver.init)
+    async def Init(self, request: driver_pb2.InitRequest, context: Context) -> driver_pb2.InitResponse:
+        await self._call(context, "Init", self._driver.init)
         return driver_pb2.InitResponse()
 
-    def Shutdown(
-        self, request: driver_pb2.ShutdownRequest, context: grpc.ServicerContext
-    ) -> driver_pb2.ShutdownResponse:
-        _call(context, "Shutdown", self._driver.shutdown)
+    async def Shutdown(self, request: driver_pb2.ShutdownRequest, context: Context) -> driver_pb2.ShutdownResponse:
+        await self._call(context, "Shutdown", self._driver.shutdown)
         return driver_pb2.ShutdownResponse()
 
-    def TaskConfigSchema(
-        self, request: driver_pb2.TaskConfigSchemaRequest, context: grpc.ServicerContext
+    async def TaskConfigSchema(
+        self, request: driver_pb2.TaskConfigSchemaRequest, context: Context
     ) -> driver_pb2.TaskConfigSchemaResponse:
-        spec = _call(context, "TaskConfigSchema", self._task_schema)
+        spec = await self._call(context, "TaskConfigSchema", self._task_schema)
         return driver_pb2.TaskConfigSchemaResponse(spec=spec.to_proto())
 
-    def Capabilities(
-        self, request: driver_pb2.CapabilitiesRequest, context: grpc.ServicerContext
+    async def Capabilities(
+        self, request: driver_pb2.CapabilitiesRequest, context: Context
     ) -> driver_pb2.CapabilitiesResponse:
-        caps = _call(context, "Capabilities", self._driver.capabilities)
+        caps = await self._call(context, "Capabilities", self._driver.capabilities)
         return driver_pb2.CapabilitiesResponse(capabilities=convert.capabilities_to_proto(caps))
 
-    def StartTask(
-        self, request: driver_pb2.StartTaskRequest, context: grpc.ServicerContext
-    ) -> driver_pb2.StartTaskResponse:
+    async def StartTask(self, request: driver_pb2.StartTaskRequest, context: Context) -> driver_pb2.StartTaskResponse:
         def start() -> driver_pb2.StartTaskResponse:
             task = self._decode_task(request.task)
             handle = self._driver.start_task(task)
@@ -366,10 +509,10 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
                 resp.network_override.CopyFrom(convert.network_override_to_proto(handle.network_override))
             return resp
 
-        return _call(context, "StartTask", start)
+        return await self._call(context, "StartTask", start)
 
-    def RecoverTask(
-        self, request: driver_pb2.RecoverTaskRequest, context: grpc.ServicerContext
+    async def RecoverTask(
+        self, request: driver_pb2.RecoverTaskRequest, context: Context
     ) -> driver_pb2.RecoverTaskResponse:
         def recover() -> None:
             from driversdk.hclspec import decode
@@ -385,32 +528,34 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
                 raise DriverError("RecoverTask got a handle without a task config id; the task cannot be recovered")
             self._driver.recover_task(handle)
 
-        _call(context, "RecoverTask", recover)
+        await self._call(context, "RecoverTask", recover)
         return driver_pb2.RecoverTaskResponse()
 
-    def WaitTask(
-        self, request: driver_pb2.WaitTaskRequest, context: grpc.ServicerContext
-    ) -> driver_pb2.WaitTaskResponse:
-        result = _call(context, "WaitTask", lambda: self._driver.wait_task(request.task_id))
+    async def WaitTask(self, request: driver_pb2.WaitTaskRequest, context: Context) -> driver_pb2.WaitTaskResponse:
+        try:
+            result = await self._calls.exits.wait(request.task_id)
+        except Exception as err:
+            await abort_with(context, err, "WaitTask")
         return driver_pb2.WaitTaskResponse(result=convert.exit_result_to_proto(result))
 
-    def StopTask(
-        self, request: driver_pb2.StopTaskRequest, context: grpc.ServicerContext
-    ) -> driver_pb2.StopTaskResponse:
+    async def StopTask(self, request: driver_pb2.StopTaskRequest, context: Context) -> driver_pb2.StopTaskResponse:
         timeout = convert.duration_from_proto(request.timeout)
-        _call(context, "StopTask", lambda: self._driver.stop_task(request.task_id, timeout, request.signal))
+        driver = self._driver
+        await self._call(context, "StopTask", lambda: driver.stop_task(request.task_id, timeout, request.signal))
         return driver_pb2.StopTaskResponse()
 
-    def DestroyTask(
-        self, request: driver_pb2.DestroyTaskRequest, context: grpc.ServicerContext
+    async def DestroyTask(
+        self, request: driver_pb2.DestroyTaskRequest, context: Context
     ) -> driver_pb2.DestroyTaskResponse:
-        _call(context, "DestroyTask", lambda: self._driver.destroy_task(request.task_id, request.force))
+        driver = self._driver
+        await self._call(context, "DestroyTask", lambda: driver.destroy_task(request.task_id, request.force))
         return driver_pb2.DestroyTaskResponse()
 
-    def InspectTask(
-        self, request: driver_pb2.InspectTaskRequest, context: grpc.ServicerContext
+    async def InspectTask(
+        self, request: driver_pb2.InspectTaskRequest, context: Context
     ) -> driver_pb2.InspectTaskResponse:
-        status = _call(context, "InspectTask", lambda: self._driver.inspect_task(request.task_id))
+        driver = self._driver
+        status = await self._call(context, "InspectTask", lambda: driver.inspect_task(request.task_id))
         resp = driver_pb2.InspectTaskResponse(
             task=convert.task_status_to_proto(status),
             driver=driver_pb2.TaskDriverStatus(attributes=dict(status.driver_attributes)),
@@ -419,124 +564,140 @@ class DriverServicer(driver_pb2_grpc.DriverServicer):
             resp.network_override.CopyFrom(convert.network_override_to_proto(status.network_override))
         return resp
 
-    def SignalTask(
-        self, request: driver_pb2.SignalTaskRequest, context: grpc.ServicerContext
+    async def SignalTask(
+        self, request: driver_pb2.SignalTaskRequest, context: Context
     ) -> driver_pb2.SignalTaskResponse:
-        _call(context, "SignalTask", lambda: self._driver.signal_task(request.task_id, request.signal))
+        driver = self._driver
+        await self._call(context, "SignalTask", lambda: driver.signal_task(request.task_id, request.signal))
         return driver_pb2.SignalTaskResponse()
 
-    def ExecTask(
-        self, request: driver_pb2.ExecTaskRequest, context: grpc.ServicerContext
-    ) -> driver_pb2.ExecTaskResponse:
+    async def ExecTask(self, request: driver_pb2.ExecTaskRequest, context: Context) -> driver_pb2.ExecTaskResponse:
         timeout = convert.duration_from_proto(request.timeout) or None
-        result = _call(
-            context,
-            "ExecTask",
-            lambda: self._driver.exec_task(request.task_id, list(request.command), timeout),
+        driver = self._driver
+        result = await self._call(
+            context, "ExecTask", lambda: driver.exec_task(request.task_id, list(request.command), timeout)
         )
         return convert.exec_result_to_proto(result)
 
-    def CreateNetwork(
-        self, request: driver_pb2.CreateNetworkRequest, context: grpc.ServicerContext
+    async def CreateNetwork(
+        self, request: driver_pb2.CreateNetworkRequest, context: Context
     ) -> driver_pb2.CreateNetworkResponse:
-        spec, created = _call(
-            context, "CreateNetwork", lambda: self._driver.create_network(request.alloc_id, request.hostname)
+        driver = self._driver
+        spec, created = await self._call(
+            context, "CreateNetwork", lambda: driver.create_network(request.alloc_id, request.hostname)
         )
         return driver_pb2.CreateNetworkResponse(isolation_spec=convert.network_spec_to_proto(spec), created=created)
 
-    def DestroyNetwork(
-        self, request: driver_pb2.DestroyNetworkRequest, context: grpc.ServicerContext
+    async def DestroyNetwork(
+        self, request: driver_pb2.DestroyNetworkRequest, context: Context
     ) -> driver_pb2.DestroyNetworkResponse:
         spec = convert.network_spec_from_proto(request.isolation_spec)
-        _call(context, "DestroyNetwork", lambda: self._driver.destroy_network(request.alloc_id, spec))
+        driver = self._driver
+        await self._call(context, "DestroyNetwork", lambda: driver.destroy_network(request.alloc_id, spec))
         return driver_pb2.DestroyNetworkResponse()
 
     # --- streams ---------------------------------------------------------------------------
+    # Each ends when the host cancels it: grpc cancels the coroutine at the await it waits on.
 
-    def Fingerprint(
-        self, request: driver_pb2.FingerprintRequest, context: grpc.ServicerContext
-    ) -> Iterator[driver_pb2.FingerprintResponse]:
-        # wait_fingerprint_change with an impossible generation returns the current one at once.
-        generation = self._driver.wait_fingerprint_change(-1, 0)
-        while context.is_active():
-            fp = _call(context, "Fingerprint", self._driver.fingerprint)
-            yield convert.fingerprint_to_proto(fp)
-            # Re-send after the interval, earlier on notify_fingerprint_changed; poll the
-            # context each second so a departed host frees this thread.
-            waited = 0.0
-            while context.is_active() and waited < self._driver.fingerprint_interval:
-                step = min(1.0, self._driver.fingerprint_interval - waited)
-                current = self._driver.wait_fingerprint_change(generation, step)
-                if current != generation:
-                    generation = current
-                    break
-                waited += step
+    async def Fingerprint(
+        self, request: driver_pb2.FingerprintRequest, context: Context
+    ) -> AsyncIterator[driver_pb2.FingerprintResponse]:
+        driver = self._driver
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
 
-    def TaskStats(
-        self, request: driver_pb2.TaskStatsRequest, context: grpc.ServicerContext
-    ) -> Iterator[driver_pb2.TaskStatsResponse]:
+        def notified() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the plugin is exiting
+                loop.call_soon_threadsafe(changed.set)
+
+        driver.add_fingerprint_listener(notified)
+        try:
+            while True:
+                # Cleared before reading: a change while fingerprint() runs sends another one.
+                changed.clear()
+                fp = await self._call(context, "Fingerprint", driver.fingerprint)
+                yield convert.fingerprint_to_proto(fp)
+                # Re-send after the interval, earlier on notify_fingerprint_changed.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(driver.fingerprint_interval):
+                        await changed.wait()
+        finally:
+            driver.remove_fingerprint_listener(notified)
+
+    async def TaskStats(
+        self, request: driver_pb2.TaskStatsRequest, context: Context
+    ) -> AsyncIterator[driver_pb2.TaskStatsResponse]:
         interval = convert.duration_from_proto(request.collection_interval) or 1.0
-        stop = threading.Event()
-        context.add_callback(stop.set)
-        while context.is_active():
-            stats = _call(context, "TaskStats", lambda: self._driver.task_stats(request.task_id))
+        driver = self._driver
+        while True:
+            stats = await self._call(context, "TaskStats", lambda: driver.task_stats(request.task_id))
             if stats is None:
                 return
             yield driver_pb2.TaskStatsResponse(stats=convert.task_stats_to_proto(stats))
-            if stop.wait(interval):
-                return
+            await asyncio.sleep(interval)
 
-    def TaskEvents(
-        self, request: driver_pb2.TaskEventsRequest, context: grpc.ServicerContext
-    ) -> Iterator[driver_pb2.DriverTaskEvent]:
-        subscriber = self._driver.subscribe_events()
-        stop = threading.Event()
-        context.add_callback(stop.set)
+    async def TaskEvents(
+        self, request: driver_pb2.TaskEventsRequest, context: Context
+    ) -> AsyncIterator[driver_pb2.DriverTaskEvent]:
+        driver = self._driver
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[TaskEvent] = asyncio.Queue()
+
+        def emitted(event: TaskEvent) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the plugin is exiting
+                loop.call_soon_threadsafe(events.put_nowait, event)
+
+        driver.add_event_listener(emitted)
         try:
-            while not stop.is_set():
-                try:
-                    event = subscriber.get(timeout=1.0)
-                except queue.Empty:
-                    continue
-                yield convert.task_event_to_proto(event)
+            while True:
+                yield convert.task_event_to_proto(await events.get())
         finally:
-            self._driver.unsubscribe_events(subscriber)
+            driver.remove_event_listener(emitted)
 
-    def ExecTaskStreaming(
-        self, request_iterator: Iterator[driver_pb2.ExecTaskStreamingRequest], context: grpc.ServicerContext
-    ) -> Iterator[driver_pb2.ExecTaskStreamingResponse]:
+    async def ExecTaskStreaming(
+        self, request_iterator: AsyncIterator[driver_pb2.ExecTaskStreamingRequest], context: Context
+    ) -> AsyncIterator[ExecResponse]:
+        requests = aiter(request_iterator)
         try:
-            first = next(request_iterator)
-        except StopIteration:
+            first = await anext(requests)
+        except StopAsyncIteration:
             return
         if not first.HasField("setup"):
-            abort_with(context, ConfigError("the first ExecTaskStreaming message must carry setup"), "ExecTask")
+            await abort_with(context, ConfigError("the first ExecTaskStreaming message must carry setup"), "ExecTask")
+        loop = asyncio.get_running_loop()
         # None marks the end of the driver's output.
-        out: queue.Queue[driver_pb2.ExecTaskStreamingResponse | None] = queue.Queue()
-        session = _GrpcExecSession(first.setup, request_iterator, out, context)
-        result: ExitResult | None = None
-        error: Exception | None = None
+        out: asyncio.Queue[ExecResponse | None] = asyncio.Queue()
+        session = _GrpcExecSession(first.setup, loop, out)
+        driver = self._driver
+        outcome: list[ExitResult] = []
+        failure: list[Exception] = []
 
         def run() -> None:
-            nonlocal result, error
             try:
-                result = self._driver.exec_task_streaming(session)
+                outcome.append(driver.exec_task_streaming(session))
             except Exception as err:
-                error = err
+                failure.append(err)
             finally:
-                out.put(None)
+                session.finish()
 
-        worker = threading.Thread(target=run, daemon=True, name=f"exec-{session.task_id}")
-        worker.start()
-        while (item := out.get()) is not None:
-            yield item
-        if error is not None:
-            abort_with(context, error, "ExecTaskStreaming")
-        assert result is not None  # run() set one or the other before putting None
+        reader = asyncio.create_task(session.read_requests(requests))
+        # An interactive session may last hours: a thread of its own, not a pool worker.
+        threading.Thread(target=run, daemon=True, name=f"exec-{session.task_id}").start()
+        finished = False
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+            finished = True
+        finally:
+            if not finished:
+                session.cancel()  # the client left before the driver was done: it must see that
+            reader.cancel()
+        if failure:
+            await abort_with(context, failure[0], "ExecTaskStreaming")
         closed = driver_pb2.ExecTaskStreamingIOOperation(close=True)
-        yield driver_pb2.ExecTaskStreamingResponse(stdout=closed)
-        yield driver_pb2.ExecTaskStreamingResponse(stderr=closed)
-        yield driver_pb2.ExecTaskStreamingResponse(exited=True, result=convert.exit_result_to_proto(result))
+        yield ExecResponse(stdout=closed)
+        yield ExecResponse(stderr=closed)
+        yield ExecResponse(exited=True, result=convert.exit_result_to_proto(outcome[0]))
 
 
 # Every call but PluginInfo needs the driver itself: a deferred one is built (or its failure
@@ -547,10 +708,24 @@ for _servicer, _answered_without in ((BasePluginServicer, {"PluginInfo"}), (Driv
             setattr(_servicer, _name, _loads_driver(_method))
 
 
-def register_driver(server: grpc.Server, driver: DriverPlugin | DriverSource) -> None:
+def register_driver(
+    server: grpc.aio.Server, driver: DriverPlugin | DriverSource, *, pool: ThreadPoolExecutor | None = None
+) -> None:
+    """Add the BasePlugin and Driver services to ``server``; driver calls run on ``pool``.
+
+    Without ``pool``, one of DRIVER_CALL_WORKERS threads is made, shared by both services.
+    """
     source = driver if isinstance(driver, DriverSource) else DriverSource(driver)
-    base_pb2_grpc.add_BasePluginServicer_to_server(BasePluginServicer(source), server)
-    driver_pb2_grpc.add_DriverServicer_to_server(DriverServicer(source), server)
+    calls = _DriverCalls(source, pool)
+    base_pb2_grpc.add_BasePluginServicer_to_server(BasePluginServicer(calls), server)
+    driver_pb2_grpc.add_DriverServicer_to_server(DriverServicer(calls), server)
 
 
-__all__ = ["BasePluginServicer", "DriverServicer", "DriverSource", "abort_with", "register_driver"]
+__all__ = [
+    "DRIVER_CALL_WORKERS",
+    "BasePluginServicer",
+    "DriverServicer",
+    "DriverSource",
+    "abort_with",
+    "register_driver",
+]

@@ -39,7 +39,7 @@ def serve(
         raise TypeError("serve(factory) needs the driver's name= and version=, which PluginInfo answers with")
     source: DriverSource | None = None
 
-    def register(server: grpc.Server) -> None:
+    def register(server: grpc.aio.Server) -> None:
         nonlocal source
         # Imported here so a plugin run by hand (no cookie) exits before paying for protobuf.
         from driversdk.service import DriverSource, register_driver

@@ -5,6 +5,10 @@ handshake line, which is printed only once the server listens; the health servic
 for "plugin"; GRPCController.Shutdown exits promptly; SIGINT is survived with a handler (never
 SIG_IGN, which every task process would inherit); task processes never inherit the host's
 stdout/stderr pipes; long-lived streams never starve the thread pool.
+
+The server is ``grpc.aio`` on an asyncio event loop in the main thread: an open stream that
+waits costs a coroutine, not a thread (driversdk.service runs the driver's synchronous
+methods on a bounded pool).
 """
 
 from __future__ import annotations
@@ -19,10 +23,8 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
-from concurrent import futures
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from driversdk.plugin.handshake import (
     CORE_PROTOCOL_VERSION,
@@ -40,18 +42,17 @@ from driversdk.plugin.log import configure_plugin_logging
 
 if TYPE_CHECKING:
     # grpc and the messages are imported at run time only once a host launched us (start-up cost).
-    from types import FrameType
+    import asyncio
 
     import grpc
     from google.protobuf import empty_pb2
 
     from driversdk.pb import grpc_broker_pb2, grpc_controller_pb2, grpc_stdio_pb2
 
+    Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
+
 log = logging.getLogger("driversdk.plugin")
 
-# Every task holds a WaitTask call and a TaskStats stream, and the host keeps Fingerprint and
-# TaskEvents open for life: the pool must be far larger than any realistic number of streams.
-MAX_WORKERS = 1024
 MAX_MESSAGE_BYTES = 2**31 - 1
 
 NOT_LAUNCHED_BY_HOST = (
@@ -124,8 +125,9 @@ class _SocketPlace:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
-def _add_go_plugin_services(server: grpc.Server, stop: threading.Event) -> None:
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+async def _add_go_plugin_services(server: grpc.aio.Server, stop: asyncio.Event) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1.health import aio as health_aio
 
     from driversdk.pb import (
         grpc_broker_pb2,
@@ -136,41 +138,38 @@ def _add_go_plugin_services(server: grpc.Server, stop: threading.Event) -> None:
         grpc_stdio_pb2_grpc,
     )
 
-    health_servicer = health.HealthServicer()
+    health_servicer = health_aio.HealthServicer()
     for service in ("plugin", ""):
-        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
 
     class Controller(grpc_controller_pb2_grpc.GRPCControllerServicer):
-        def Shutdown(
-            self, request: grpc_controller_pb2.Empty, context: grpc.ServicerContext
-        ) -> grpc_controller_pb2.Empty:
+        async def Shutdown(self, request: grpc_controller_pb2.Empty, context: Context) -> grpc_controller_pb2.Empty:
             log.info("shutdown requested by host")
             # Stop only once the reply is on its way, so the host sees a clean answer.
-            context.add_callback(stop.set)
+            # (types-grpcio declares the callback as a nominal class no function can match.)
+            context.add_done_callback(lambda _: stop.set())  # type: ignore[arg-type]
             return grpc_controller_pb2.Empty()
 
     class Stdio(grpc_stdio_pb2_grpc.GRPCStdioServicer):
-        def StreamStdio(
-            self, request: empty_pb2.Empty, context: grpc.ServicerContext
-        ) -> Iterator[grpc_stdio_pb2.StdioData]:
-            # We relay nothing (Nomad discards it); hold the stream open until the host leaves.
-            done = threading.Event()
-            context.add_callback(done.set)
-            while not done.wait(1.0) and not stop.is_set():
-                pass
+        async def StreamStdio(
+            self, request: empty_pb2.Empty, context: Context
+        ) -> AsyncIterator[grpc_stdio_pb2.StdioData]:
+            # We relay nothing (Nomad discards it); hold the stream open until the host leaves
+            # (grpc then cancels this coroutine) or we stop.
+            await stop.wait()
             return
-            yield grpc_stdio_pb2.StdioData()  # pragma: no cover - makes this a generator
+            yield grpc_stdio_pb2.StdioData()  # pragma: no cover - makes this an async generator
 
     class Broker(grpc_broker_pb2_grpc.GRPCBrokerServicer):
-        def StartStream(
-            self, request_iterator: Iterator[grpc_broker_pb2.ConnInfo], context: grpc.ServicerContext
-        ) -> Iterator[grpc_broker_pb2.ConnInfo]:
+        async def StartStream(
+            self, request_iterator: AsyncIterator[grpc_broker_pb2.ConnInfo], context: Context
+        ) -> AsyncIterator[grpc_broker_pb2.ConnInfo]:
             # Nomad drivers never use the broker: drain what the host sends, answer nothing.
-            for _ in request_iterator:
+            async for _ in request_iterator:
                 pass
             return
-            yield grpc_broker_pb2.ConnInfo()  # pragma: no cover - makes this a generator
+            yield grpc_broker_pb2.ConnInfo()  # pragma: no cover - makes this an async generator
 
     grpc_controller_pb2_grpc.add_GRPCControllerServicer_to_server(Controller(), server)
     grpc_stdio_pb2_grpc.add_GRPCStdioServicer_to_server(Stdio(), server)
@@ -195,42 +194,63 @@ def _detach_host_pipes() -> io.TextIOWrapper:
 
 
 def serve_plugin(
-    register: Callable[[grpc.Server], None],
+    register: Callable[[grpc.aio.Server], None],
     *,
     name: str,
     on_shutdown: Callable[[], None] | None = None,
 ) -> NoReturn:
-    """Run a go-plugin gRPC server for a Nomad host and exit when it is done with us."""
+    """Run a go-plugin gRPC server for a Nomad host and exit when it is done with us.
+
+    ``register`` adds the plugin's own services to the ``grpc.aio`` server before it listens;
+    their methods run on the event loop, so anything that blocks must go to a thread.
+    """
     app_version = check_host_environment()
+    import asyncio
+
+    # The event loop runs in the main thread; grpc's aio server adds only its own few threads.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(_serve(register, name, on_shutdown, app_version))
+    # Not asyncio.run: its clean-up would wait on tasks and threads of streams the host abandoned,
+    # and grpc's threads are not daemons. Everything of ours is already closed.
+    os._exit(0)
+
+
+async def _serve(
+    register: Callable[[grpc.aio.Server], None],
+    name: str,
+    on_shutdown: Callable[[], None] | None,
+    app_version: int,
+) -> None:
+    import asyncio
 
     import grpc
 
-    stop = threading.Event()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
 
-    def on_sigint(signum: int, frame: FrameType | None) -> None:
+    def on_sigint() -> None:
         # A Ctrl-C on a foreground host reaches our process group too; only the host decides.
         log.debug("ignoring SIGINT; the host stops plugins with Shutdown or SIGTERM")
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # add_signal_handler installs a real handler (never SIG_IGN, which every task process would
+    # inherit) and wakes the loop through its self-pipe however long it has been idle.
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
 
     place = _SocketPlace()
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
+    server = grpc.aio.server(
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ],
     )
     try:
-        _add_go_plugin_services(server, stop)
+        await _add_go_plugin_services(server, stop)
         register(server)
         if server.add_insecure_port(f"unix:{place.path}") == 0:
             _fail(f"the plugin could not listen on unix socket {place.path!r}")
-        server.start()
+        await server.start()
         place.apply_group()
         # Liveness check: the host dials as soon as it reads the line.
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -239,7 +259,7 @@ def serve_plugin(
         line = Handshake(CORE_PROTOCOL_VERSION, app_version, "unix", place.path).format()
         os.write(1, (line + "\n").encode())
     except BaseException:
-        server.stop(0)
+        await server.stop(0)
         place.remove()
         raise
 
@@ -248,18 +268,18 @@ def serve_plugin(
     log.info("plugin started", extra={"address": place.path, "pid": os.getpid()})
 
     # The host going away is not a reason to stop (it may reattach); only Shutdown or SIGTERM are.
-    while not stop.wait(1.0):
-        pass
+    await stop.wait()
     log.info("plugin stopping")
     if on_shutdown is not None:
         try:
-            on_shutdown()
+            # The driver's hook is synchronous and may block: the server keeps answering meanwhile.
+            await asyncio.to_thread(on_shutdown)
         except Exception:
             log.exception("shutdown hook failed")
     # A short grace: in-flight unary calls finish within it, while the long-lived streams a host
     # keeps open (WaitTask, TaskEvents, Fingerprint) would hold a longer one for nothing.
-    server.stop(grace=0.1).wait(1.5)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(1.5):
+            await server.stop(grace=0.1)
     place.remove()
     logging.shutdown()
-    # grpc's worker threads are not daemons; leave without waiting on streams the host abandoned.
-    os._exit(0)

@@ -12,6 +12,10 @@ import os
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
 
 mode = os.environ.get("BARE_MODE", "")
 if mode == "crash":
@@ -25,10 +29,17 @@ if mode == "garbage":
 from driversdk.plugin.server import serve_plugin  # noqa: E402
 
 
-def register(server: object) -> None:
-    if mode == "child":
-        # The plugin's logging is not configured yet; tell the test on the real stderr later.
-        pass
+def register(server: grpc.aio.Server) -> None:
+    # serve_plugin hands over its asyncio server before it listens, on the event loop, for a
+    # plugin to add its own services. This one has none: the go-plugin services are all it
+    # serves. A plugin whose register fails this way never handshakes, so every test would say so.
+    import asyncio
+
+    import grpc
+
+    if not isinstance(server, grpc.aio.Server):
+        raise TypeError(f"register got {type(server).__name__}, not a grpc.aio.Server")
+    asyncio.get_running_loop()  # RuntimeError unless called on the server's event loop
 
 
 def after_start() -> None:
