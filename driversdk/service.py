@@ -70,13 +70,12 @@ log = logging.getLogger("driversdk.service")
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The one pool every synchronous driver call runs on (unary calls, and one stats sample or one
-# fingerprint at a time for the streams). A Nomad client has few calls in flight per plugin at
-# once: it starts and stops allocations a handful at a time, and each running task costs one
-# stats sample a second of a few milliseconds. 32 workers leave room for slow calls (an image
-# pull, a stop waiting out its kill timeout) while keeping the plugin, with grpc's own threads,
-# within its budget of 64 threads however many tasks it serves. WaitTask never takes a worker
-# for longer than a watch_exit call (see _ExitWaits).
+# The one pool quick synchronous driver calls run on (InspectTask, SignalTask, Capabilities, ...,
+# and one stats sample or one fingerprint at a time for the streams). Each running task costs one
+# stats sample a second of a few milliseconds, so 32 workers serve thousands of tasks while the
+# plugin, with grpc's own threads, stays within its budget of 64 threads. Calls that may take
+# long (an image pull, a stop waiting out its kill timeout) run on threads of their own (see
+# _Servicer._call), and WaitTask takes a worker only for a watch_exit call (see _ExitWaits).
 DRIVER_CALL_WORKERS = 32
 
 
@@ -305,12 +304,47 @@ class _Servicer:
         except DriverError as err:
             await abort_with(context, err, call)
 
-    async def _call(self, context: Context, call: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` (which calls the driver) on the pool; its failure ends the RPC as a status."""
+    async def _call(self, context: Context, call: str, fn: Callable[[], T], *, long: bool = False) -> T:
+        """Run ``fn`` (which calls the driver) on the pool; its failure ends the RPC as a status.
+
+        ``long`` calls (starting, stopping, destroying a task, exec) may take as long as an image
+        pull or a kill timeout, and a client may issue dozens at once (a job of many tasks
+        stopping): they run on a thread of their own for their duration, so they can never hold
+        every pool worker while InspectTask or a stats sample waits behind them."""
         try:
+            if long:
+                return await _on_own_thread(fn, name=call)
             return await asyncio.get_running_loop().run_in_executor(self._calls.pool, fn)
         except Exception as err:  # every failure must reach the host as a status, never a trace
             await abort_with(context, err, call)
+
+
+def _on_own_thread(fn: Callable[[], T], *, name: str) -> asyncio.Future[T]:
+    """``fn`` run on a new daemon thread; the future settles on the calling loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():  # the caller left (cancelled) meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]  # T when error is None
+
+    def run() -> None:
+        try:
+            result = fn()
+        except BaseException as err:
+            outcome: tuple[T | None, BaseException | None] = (None, err)
+        else:
+            outcome = (result, None)
+        # A closed loop means the plugin is exiting: nobody is left to answer.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, daemon=True, name=f"call-{name}").start()
+    return future
 
 
 def _calls_for(driver: DriverPlugin | DriverSource | _DriverCalls) -> _DriverCalls:
@@ -509,7 +543,7 @@ class DriverServicer(_Servicer, driver_pb2_grpc.DriverServicer):
                 resp.network_override.CopyFrom(convert.network_override_to_proto(handle.network_override))
             return resp
 
-        return await self._call(context, "StartTask", start)
+        return await self._call(context, "StartTask", start, long=True)
 
     async def RecoverTask(
         self, request: driver_pb2.RecoverTaskRequest, context: Context
@@ -541,14 +575,16 @@ class DriverServicer(_Servicer, driver_pb2_grpc.DriverServicer):
     async def StopTask(self, request: driver_pb2.StopTaskRequest, context: Context) -> driver_pb2.StopTaskResponse:
         timeout = convert.duration_from_proto(request.timeout)
         driver = self._driver
-        await self._call(context, "StopTask", lambda: driver.stop_task(request.task_id, timeout, request.signal))
+        await self._call(
+            context, "StopTask", lambda: driver.stop_task(request.task_id, timeout, request.signal), long=True
+        )
         return driver_pb2.StopTaskResponse()
 
     async def DestroyTask(
         self, request: driver_pb2.DestroyTaskRequest, context: Context
     ) -> driver_pb2.DestroyTaskResponse:
         driver = self._driver
-        await self._call(context, "DestroyTask", lambda: driver.destroy_task(request.task_id, request.force))
+        await self._call(context, "DestroyTask", lambda: driver.destroy_task(request.task_id, request.force), long=True)
         return driver_pb2.DestroyTaskResponse()
 
     async def InspectTask(
@@ -575,7 +611,7 @@ class DriverServicer(_Servicer, driver_pb2_grpc.DriverServicer):
         timeout = convert.duration_from_proto(request.timeout) or None
         driver = self._driver
         result = await self._call(
-            context, "ExecTask", lambda: driver.exec_task(request.task_id, list(request.command), timeout)
+            context, "ExecTask", lambda: driver.exec_task(request.task_id, list(request.command), timeout), long=True
         )
         return convert.exec_result_to_proto(result)
 

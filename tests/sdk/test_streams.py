@@ -150,6 +150,30 @@ def test_without_watch_exit_wait_task_still_answers_and_never_starves_unary_call
         assert h.client.wait_task(ids[0], timeout=PATIENCE).signal == 15
 
 
+def test_stops_waiting_out_their_kill_timeout_never_starve_unary_calls(alloc: AllocDir) -> None:
+    with DriverHarness(WATCHING) as h:
+        stub = _stub(h)
+        # Counted before any call: the threads of starts that just answered may not have ended yet.
+        idle = _threads(h.client.process.pid)
+        # More stops blocked at once than the driver-call pool has workers.
+        ids = _start(h, alloc, 40)
+        stop = driver_pb2.StopTaskRequest
+        stops = [
+            stub.StopTask.future(stop(task_id=i, timeout=convert.duration_to_proto(3600), signal="IGNORED"))
+            for i in ids
+        ]
+        _until("the stops are blocked", lambda: _threads(h.client.process.pid) >= idle + 40)
+        assert h.client.inspect_task(ids[-1]).state.name == "RUNNING"
+        assert h.client.capabilities().send_signals
+        for i in ids:
+            h.client.destroy_task(i, force=True)
+            h.forget(i)
+        for done in stops:
+            done.result(timeout=PATIENCE)
+        # What is left is the pool's few workers: the stop threads ended with their calls.
+        _until("the stop threads ended", lambda: _threads(h.client.process.pid) < idle + 40)
+
+
 @pytest.mark.parametrize("cmd", [WATCHING, NOT_WATCHING], ids=["watch_exit", "wait_task"])
 def test_waiting_on_an_unknown_task_is_not_found_with_its_id(cmd: list[str]) -> None:
     with DriverHarness(cmd) as h:

@@ -169,7 +169,12 @@ class StreamsDriver(DriverPlugin):
         return True
 
     def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
-        self._exit(self._get(task_id), ExitResult(exit_code=0, signal=15))
+        task = self._get(task_id)
+        if signal == "IGNORED":
+            # A task that ignores its stop signal: the stop waits out its kill timeout (or until
+            # the task is destroyed meanwhile), as a real driver's does.
+            task.done.wait(timeout)
+        self._exit(task, ExitResult(exit_code=0, signal=15))
 
     def destroy_task(self, task_id: str, force: bool) -> None:
         task = self._get(task_id)
