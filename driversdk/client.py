@@ -127,6 +127,11 @@ class DriverClient:
         self._driver = driver_pb2_grpc.DriverStub(process.channel)
         self._task_spec: Spec | None = None
         self._lock = threading.Lock()
+        # Server streams still open (TaskEvents, Fingerprint, TaskStats): cancelled before the
+        # plugin is asked to shut down, so that its server stops with no call in flight instead
+        # of waiting out its grace period for streams nobody reads any more.
+        self._open_streams: set[_ServerStream[Any]] = set()
+        self._streams_lock = threading.Lock()
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -192,7 +197,13 @@ class DriverClient:
         return convert.capabilities_from_proto(resp.capabilities)
 
     def _stream(self, call: str, stream: _ServerStream[Resp], convert_one: Callable[[Resp], T]) -> Iterator[T]:
-        """Yield converted messages of a server stream; closing the iterator cancels the call."""
+        """Converted messages of a server stream; closing the iterator cancels the call, and so
+        does :meth:`kill` for a stream still open then."""
+        with self._streams_lock:
+            self._open_streams.add(stream)
+        return self._read_stream(call, stream, convert_one)
+
+    def _read_stream(self, call: str, stream: _ServerStream[Resp], convert_one: Callable[[Resp], T]) -> Iterator[T]:
         try:
             for resp in stream:
                 yield convert_one(resp)
@@ -200,6 +211,15 @@ class DriverClient:
             if err.code() != grpc.StatusCode.CANCELLED:
                 raise call_error(err, call, self.name) from None
         finally:
+            stream.cancel()
+            with self._streams_lock:
+                self._open_streams.discard(stream)
+
+    def _cancel_streams(self) -> None:
+        with self._streams_lock:
+            streams = list(self._open_streams)
+            self._open_streams.clear()
+        for stream in streams:
             stream.cancel()
 
     def fingerprint(self) -> Iterator[Fingerprint]:
@@ -302,11 +322,13 @@ class DriverClient:
     # --- process -----------------------------------------------------------------------------
 
     def kill(self) -> None:
-        """Shut the plugin process down the way go-plugin's host does (Shutdown, then SIGKILL)."""
+        """Shut the plugin process down the way go-plugin's host does (Shutdown, then SIGKILL),
+        once this client's own streams are cancelled (a reader of one sees it end)."""
+        self._cancel_streams()
         self.process.kill()
 
     def close(self) -> None:
-        self.process.kill()
+        self.kill()
 
     def __enter__(self) -> DriverClient:
         return self
