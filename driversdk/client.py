@@ -31,7 +31,14 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
-from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin, rpc_call_of
+from driversdk.plugin.host import (
+    PluginProcess,
+    ReattachConfig,
+    StartingPlugin,
+    reattach_plugin,
+    rpc_call_of,
+    spawn_plugin,
+)
 
 T = TypeVar("T")
 Req = TypeVar("Req")
@@ -345,7 +352,15 @@ def launch(
     name: str | None = None,
 ) -> DriverClient:
     """Launch a driver plugin through the go-plugin handshake and return a client for it."""
-    process = launch_plugin(cmd, env=env, timeout=timeout, name=name)
+    return connect_driver(spawn_plugin(cmd, env=env, name=name), cmd, timeout=timeout, name=name)
+
+
+def connect_driver(
+    starting: StartingPlugin, cmd: Sequence[str], *, timeout: float = 60.0, name: str | None = None
+) -> DriverClient:
+    """Finish :func:`launch` of a plugin :func:`~driversdk.plugin.host.spawn_plugin` started:
+    the handshake, the connection, and the check that it is a task driver."""
+    process = starting.connect(timeout)
     try:
         client = DriverClient(process, name=name or "driver")
         info = client.plugin_info()

@@ -236,15 +236,19 @@ _PICKLE_MODULES = ("lark.", "hcl2.")
 
 
 class _ParserPickler(pickle.Pickler):
-    def persistent_id(self, obj: Any) -> str | None:
+    def __init__(self, file: io.BytesIO) -> None:
         from lark.parsers.lalr_analysis import Reduce, Shift
 
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        # Called for every object pickled: the lookups are done once, here.
+        self._singletons = {id(Shift): "Shift", id(Reduce): "Reduce"}
+
+    def persistent_id(self, obj: Any) -> str | None:
         # The LALR engine tells actions apart by identity (``action is Shift``): keep the singletons.
-        if obj is Shift:
-            return "Shift"
-        if obj is Reduce:
-            return "Reduce"
-        if isinstance(obj, types.ModuleType):  # the lexer's regex module
+        found = self._singletons.get(id(obj))
+        if found is not None:
+            return found
+        if type(obj) is types.ModuleType:  # the lexer's regex module
             return f"module:{obj.__name__}"
         return None
 
@@ -303,10 +307,13 @@ def hcl2_parser() -> Lark:
             return loaded
     from hcl2.parser import parser
 
-    built = parser()
+    # A parser of its own, built as python-hcl2 builds its shared one (``parser`` is an lru_cache),
+    # and not used yet: one that has lexed holds its compiled patterns, which would be pickled and
+    # compiled again on every load instead of on the first parse only.
+    built: Lark = parser.__wrapped__()
     out = io.BytesIO()
     try:
-        _ParserPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(built)
+        _ParserPickler(out).dump(built)
     except (pickle.PicklingError, TypeError, AttributeError):
         return built  # a lark version whose parser does not pickle: no cache, same parser
     write(HCL2_FILE, key, out.getvalue())

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from driversdk.client import DriverClient, launch
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.hclspec import Spec, encode
 from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap, BlockSet, Default, Object, input_name
@@ -25,6 +25,11 @@ from driversdk.runner.hcl import Inputs
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
 from driversdk.runner.problems import Problem, ValidationFailed, with_field
+
+if TYPE_CHECKING:
+    # The client (and grpc with it) is loaded once the job's plugins are starting: see _spawn_plugins.
+    from driversdk.client import DriverClient
+    from driversdk.plugin.host import StartingPlugin
 
 
 @dataclass
@@ -128,9 +133,13 @@ def _driver_facts(
     job: Job,
     cache: dict[str, DriverFacts | Problem],
     keep: dict[str, DriverClient] | None = None,
+    starting: dict[str, StartingPlugin | DriverSDKError] | None = None,
 ) -> DriverFacts | Problem:
     if driver in cache:
         return cache[driver]
+    from driversdk.client import connect_driver
+    from driversdk.plugin.host import spawn_plugin
+
     command = client.driver_command(driver)
     result: DriverFacts | Problem
     if command is None:
@@ -144,7 +153,10 @@ def _driver_facts(
     else:
         plugin: DriverClient | None = None
         try:
-            plugin = launch(command, timeout=60, name=driver)
+            pending = starting.pop(driver, None) if starting is not None else None
+            if isinstance(pending, DriverSDKError):
+                raise pending  # it could not be started
+            plugin = connect_driver(pending or spawn_plugin(command, name=driver), command, timeout=60, name=driver)
             config = client.plugin_config(driver)
             schema = plugin.config_schema()
             skipped: list[str] = []
@@ -174,6 +186,25 @@ def _driver_facts(
                     plugin.kill()
     cache[driver] = result
     return result
+
+
+def _spawn_plugins(job: Job, client: ClientConfig) -> dict[str, StartingPlugin | DriverSDKError]:
+    """Start the plugin of every driver the job names, all at once and before anything else is
+    waited on: each boots (an interpreter, its imports) while this process loads its gRPC client
+    side and checks the other drivers. A start that failed is kept to be reported in its turn."""
+    from driversdk.plugin.host import spawn_plugin
+
+    out: dict[str, StartingPlugin | DriverSDKError] = {}
+    for group in job.groups:
+        for task in group.tasks:
+            command = client.driver_command(task.driver) if task.driver and task.driver not in out else None
+            if command is None:
+                continue  # no driver, already started, or none configured (_driver_facts says so)
+            try:
+                out[task.driver] = spawn_plugin(command, name=task.driver)
+            except DriverSDKError as err:
+                out[task.driver] = err
+    return out
 
 
 def _mount_requests(
@@ -266,13 +297,14 @@ def _topology_problem(socket_path: str, volume: Any) -> str | None:
 def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     """CSI volumes must be registered with a capability matching the request, and their node
     plugin must run here: registered by a running plugin, or provided by this job itself."""
+    requests = [(g, r) for g in job.groups for r in g.volumes.values() if r.type == "csi" and r.source]
+    if not requests:
+        return []
+    # Only now: a job without CSI volumes does not pay for loading the stores.
     from driversdk.csi.registry import PluginRegistry
     from driversdk.csi.state import StateStore
     from driversdk.runner.volumes import VolumeStore
 
-    requests = [(g, r) for g in job.groups for r in g.volumes.values() if r.type == "csi" and r.source]
-    if not requests:
-        return []
     db = os.path.join(client.data_dir, "state.db")
     if not os.path.isfile(db):
         # Nothing was ever registered here; opening the store would create the data dir, and
@@ -378,16 +410,23 @@ def validate_job(
     client: ClientConfig,
     keep_plugins: dict[str, DriverClient] | None = None,
     inputs: Inputs | None = None,
+    while_starting: Callable[[], None] | None = None,
 ) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
-    there (configured, not yet initialised) instead of being shut down."""
-    report = _validate(path, client, keep_plugins, inputs)
+    there (configured, not yet initialised) instead of being shut down. ``while_starting`` is
+    called once the job's plugins have been started, before the first is waited for: work of the
+    caller's that then takes the time they take to boot."""
+    report = _validate(path, client, keep_plugins, inputs, while_starting)
     report.problems = _once(report.problems)
     return report
 
 
 def _validate(
-    path: str, client: ClientConfig, keep_plugins: dict[str, DriverClient] | None, inputs: Inputs | None
+    path: str,
+    client: ClientConfig,
+    keep_plugins: dict[str, DriverClient] | None,
+    inputs: Inputs | None,
+    while_starting: Callable[[], None] | None = None,
 ) -> Report:
     parsed, problems = parse_job(path, inputs)
     job = dry_interpolated(parsed)
@@ -403,21 +442,48 @@ def _validate(
         if group.count == 0:
             report.checked.append(f"group {show(group.name)}: count = 0, `driversdk run` starts no allocation of it")
     report.problems += _csi_problems(job, client)
-    from driversdk.runner.supervisor import socket_path_problem
-
     for group in job.groups:
         for task in group.tasks:
-            problem = socket_path_problem(client.data_dir) if task.csi_plugin is not None else None
+            if task.csi_plugin is None:
+                continue
+            # Imported for plugin tasks only: the supervisor brings the CSI client with it.
+            from driversdk.runner.supervisor import socket_path_problem
+
+            problem = socket_path_problem(client.data_dir)
             if problem is not None:
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
                 report.problems.append(Problem(client.file or job.file, problem, **where))
     cache: dict[str, DriverFacts | Problem] = {}
+    starting = _spawn_plugins(job, client)
+    try:
+        if starting and while_starting is not None:
+            while_starting()
+        _check_tasks(job, parsed, client, report, cache, keep_plugins, starting)
+    finally:
+        for pending in starting.values():
+            if not isinstance(pending, DriverSDKError):
+                pending.abandon()  # not connected to: an error ended the checks before its driver's turn
+    _placement(path, inputs, job, client, cache, report)
+    return report
+
+
+def _check_tasks(
+    job: Job,
+    parsed: Job,
+    client: ClientConfig,
+    report: Report,
+    cache: dict[str, DriverFacts | Problem],
+    keep_plugins: dict[str, DriverClient] | None,
+    starting: dict[str, StartingPlugin | DriverSDKError],
+) -> None:
+    """Each task against its driver: the driver loads, its config fits the driver's schema, its
+    mounts the driver's capabilities and this host."""
     for group in job.groups:
         for task in group.tasks:
             if not task.driver:
                 continue
             where = {"job": job.name, "group": group.name, "task": task.name}
-            facts = _driver_facts(task.driver, client, job, cache, keep_plugins)
+            facts = _driver_facts(task.driver, client, job, cache, keep_plugins, starting)
             if isinstance(facts, Problem):
                 report.problems.append(facts)
                 continue
@@ -460,8 +526,6 @@ def _validate(
                         )
             if host or csi:
                 report.checked.append(f'task "{task.name}": {len(host) + len(csi)} mount(s) checked')
-    _placement(path, inputs, job, client, cache, report)
-    return report
 
 
 def _placement(
