@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -15,7 +16,7 @@ import grpc
 from grpc_status import rpc_status
 
 from driversdk import convert
-from driversdk.errors import ConfigError, PluginCallError
+from driversdk.errors import ConfigError, DriverSDKError, PluginCallError
 from driversdk.hclspec import Spec, encode
 from driversdk.model import (
     AgentConfig,
@@ -133,6 +134,7 @@ class DriverClient:
         self._base = base_pb2_grpc.BasePluginStub(process.channel)
         self._driver = driver_pb2_grpc.DriverStub(process.channel)
         self._task_spec: Spec | None = None
+        self._config_schema: Future[Spec | None] | None = None
         self._lock = threading.Lock()
         # Server streams still open (TaskEvents, Fingerprint, TaskStats): cancelled before the
         # plugin is asked to shut down, so that its server stops with no call in flight instead
@@ -162,8 +164,40 @@ class DriverClient:
         return info
 
     def config_schema(self) -> Spec | None:
-        resp = self._unary("ConfigSchema", self._base.ConfigSchema, base_pb2.ConfigSchemaRequest(), 30)
-        return Spec.from_proto(resp.spec) if resp.HasField("spec") else None
+        """The plugin's config schema, asked for once per client (as the task schema is)."""
+        with self._lock:
+            pending = self._config_schema
+            ask = pending is None
+            if pending is None:
+                pending = self._config_schema = Future()
+        if ask:
+            self._ask_config_schema(pending)
+        try:
+            return pending.result()
+        except DriverSDKError:
+            with self._lock:
+                if self._config_schema is pending:
+                    self._config_schema = None  # a failed call is not kept: the next one asks again
+            raise
+
+    def prefetch_config_schema(self) -> None:
+        """Ask for the config schema now, in the background; :meth:`config_schema` then waits for
+        that answer. A plugin may load much on that first call (the docker plugin loads the docker
+        SDK): the host does its own work meanwhile."""
+        with self._lock:
+            if self._config_schema is not None:
+                return
+            pending = self._config_schema = Future()
+        threading.Thread(
+            target=self._ask_config_schema, args=(pending,), daemon=True, name=f"config-schema-{self.name}"
+        ).start()
+
+    def _ask_config_schema(self, pending: Future[Spec | None]) -> None:
+        try:
+            resp = self._unary("ConfigSchema", self._base.ConfigSchema, base_pb2.ConfigSchemaRequest(), 30)
+            pending.set_result(Spec.from_proto(resp.spec) if resp.HasField("spec") else None)
+        except BaseException as err:  # handed to whoever waits for the answer
+            pending.set_exception(err)
 
     def set_config(self, config: Mapping[str, Any] | None = None, agent: AgentConfig | None = None) -> None:
         """Encode ``config`` with the plugin's own schema (as Nomad does) and send SetConfig."""

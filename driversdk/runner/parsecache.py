@@ -254,13 +254,17 @@ class _ParserPickler(pickle.Pickler):
 
 
 class _ParserUnpickler(pickle.Unpickler):
-    def persistent_load(self, pid: Any) -> Any:
+    def __init__(self, file: io.BytesIO) -> None:
         from lark.parsers.lalr_analysis import Reduce, Shift
 
-        if pid == "Shift":
-            return Shift
-        if pid == "Reduce":
-            return Reduce
+        super().__init__(file)
+        # Asked for every action of the parse table (thousands): looked up once, here.
+        self._singletons: dict[str, Any] = {"Shift": Shift, "Reduce": Reduce}
+
+    def persistent_load(self, pid: Any) -> Any:
+        found = self._singletons.get(pid)
+        if found is not None:
+            return found
         if pid in ("module:re", "module:regex"):
             return importlib.import_module(pid.removeprefix("module:"))
         raise pickle.UnpicklingError(f"unexpected reference {pid!r}")

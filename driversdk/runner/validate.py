@@ -19,6 +19,7 @@ from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap
 from driversdk.model import Capabilities
 from driversdk.mounts import MountRequest, MountValidationError, check_mounts
 from driversdk.paths import check_name, show
+from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by connecting
 from driversdk.runner import constraints, nodeattrs, taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
@@ -29,7 +30,6 @@ from driversdk.runner.problems import Problem, ValidationFailed, with_field
 if TYPE_CHECKING:
     # The client (and grpc with it) is loaded once the job's plugins are starting: see _spawn_plugins.
     from driversdk.client import DriverClient
-    from driversdk.plugin.host import StartingPlugin
 
 
 @dataclass
@@ -133,7 +133,7 @@ def _driver_facts(
     job: Job,
     cache: dict[str, DriverFacts | Problem],
     keep: dict[str, DriverClient] | None = None,
-    starting: dict[str, StartingPlugin | DriverSDKError] | None = None,
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] | None = None,
 ) -> DriverFacts | Problem:
     if driver in cache:
         return cache[driver]
@@ -155,8 +155,11 @@ def _driver_facts(
         try:
             pending = starting.pop(driver, None) if starting is not None else None
             if isinstance(pending, DriverSDKError):
-                raise pending  # it could not be started
-            plugin = connect_driver(pending or spawn_plugin(command, name=driver), command, timeout=60, name=driver)
+                raise pending  # it could not be started or connected to
+            if pending is None or isinstance(pending, StartingPlugin):
+                plugin = connect_driver(pending or spawn_plugin(command, name=driver), command, timeout=60, name=driver)
+            else:
+                plugin = pending
             config = client.plugin_config(driver)
             schema = plugin.config_schema()
             skipped: list[str] = []
@@ -205,6 +208,25 @@ def _spawn_plugins(job: Job, client: ClientConfig) -> dict[str, StartingPlugin |
             except DriverSDKError as err:
                 out[task.driver] = err
     return out
+
+
+def _connect_plugins(starting: dict[str, StartingPlugin | DriverClient | DriverSDKError], client: ClientConfig) -> None:
+    """Connect to each started plugin (loading the gRPC client side while they boot) and ask for
+    its config schema in the background, so what a plugin loads on that first call (the docker
+    SDK) overlaps the caller's ``while_starting`` work. A failure is kept for the driver's turn."""
+    from driversdk.client import connect_driver
+
+    for driver, pending in list(starting.items()):
+        command = client.driver_command(driver)
+        if not isinstance(pending, StartingPlugin) or command is None:
+            continue
+        try:
+            plugin = connect_driver(pending, command, timeout=60, name=driver)
+        except DriverSDKError as err:
+            starting[driver] = err
+            continue
+        starting[driver] = plugin
+        plugin.prefetch_config_schema()
 
 
 def _mount_requests(
@@ -454,15 +476,25 @@ def _validate(
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
                 report.problems.append(Problem(client.file or job.file, problem, **where))
     cache: dict[str, DriverFacts | Problem] = {}
-    starting = _spawn_plugins(job, client)
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(_spawn_plugins(job, client))
     try:
-        if starting and while_starting is not None:
-            while_starting()
+        _connect_plugins(starting, client)
+        if starting:
+            # Work done anyway (the host's attributes, for placement; the caller's), done while the
+            # plugins answer their first calls.
+            nodeattrs.host_attributes()
+            if while_starting is not None:
+                while_starting()
         _check_tasks(job, parsed, client, report, cache, keep_plugins, starting)
     finally:
+        # Plugins whose driver's turn never came (an error ended the checks first): not left running.
         for pending in starting.values():
-            if not isinstance(pending, DriverSDKError):
-                pending.abandon()  # not connected to: an error ended the checks before its driver's turn
+            if isinstance(pending, DriverSDKError):
+                continue
+            if isinstance(pending, StartingPlugin):
+                pending.abandon()
+            else:
+                pending.kill()
     _placement(path, inputs, job, client, cache, report)
     return report
 
@@ -474,7 +506,7 @@ def _check_tasks(
     report: Report,
     cache: dict[str, DriverFacts | Problem],
     keep_plugins: dict[str, DriverClient] | None,
-    starting: dict[str, StartingPlugin | DriverSDKError],
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError],
 ) -> None:
     """Each task against its driver: the driver loads, its config fits the driver's schema, its
     mounts the driver's capabilities and this host."""

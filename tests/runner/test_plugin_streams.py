@@ -41,3 +41,16 @@ def test_kill_cancels_the_open_streams_before_shutdown() -> None:
     assert client._open_streams == set()
     assert not client.process.alive()
     assert list(fingerprints) == []  # cancelled: it ends, it does not fail
+
+
+def test_the_config_schema_is_asked_for_once_and_can_be_asked_for_ahead() -> None:
+    client = launch(HELLO, name="hello")
+    try:
+        client.prefetch_config_schema()  # answered in the background
+        first = client.config_schema()
+        assert first is not None
+        assert client.config_schema() is first
+        client.set_config({})  # encodes with the same schema
+        assert client.config_schema() is first
+    finally:
+        client.kill()
