@@ -25,6 +25,7 @@ The dir is ``$DRIVERSDK_CACHE_DIR``, else ``$XDG_CACHE_HOME/driversdk``, else
 
 from __future__ import annotations
 
+import copyreg
 import functools
 import hashlib
 import importlib
@@ -235,36 +236,31 @@ def hcl1_loads(text: str) -> Any:
 _PICKLE_MODULES = ("lark.", "hcl2.")
 
 
+_ACTIONS = "lark.parsers.lalr_analysis"  # where lark's two LALR actions live, as module globals
+
+
+def _action_by_name(action: Any) -> str:
+    # A reduce value that is a string pickles the object as that global of its module.
+    return str(action.name)
+
+
 class _ParserPickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO) -> None:
-        from lark.parsers.lalr_analysis import Reduce, Shift
+        from lark.parsers.lalr_analysis import Action
 
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        # Called for every object pickled: the lookups are done once, here.
-        self._singletons = {id(Shift): "Shift", id(Reduce): "Reduce"}
+        # The LALR engine tells actions apart by identity (``action is Shift``): the singletons are
+        # pickled as references to lark's own (a global, memoized: one lookup per load).
+        self.dispatch_table = {**copyreg.dispatch_table, Action: _action_by_name}
 
     def persistent_id(self, obj: Any) -> str | None:
-        # The LALR engine tells actions apart by identity (``action is Shift``): keep the singletons.
-        found = self._singletons.get(id(obj))
-        if found is not None:
-            return found
         if type(obj) is types.ModuleType:  # the lexer's regex module
             return f"module:{obj.__name__}"
         return None
 
 
 class _ParserUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO) -> None:
-        from lark.parsers.lalr_analysis import Reduce, Shift
-
-        super().__init__(file)
-        # Asked for every action of the parse table (thousands): looked up once, here.
-        self._singletons: dict[str, Any] = {"Shift": Shift, "Reduce": Reduce}
-
     def persistent_load(self, pid: Any) -> Any:
-        found = self._singletons.get(pid)
-        if found is not None:
-            return found
         if pid in ("module:re", "module:regex"):
             return importlib.import_module(pid.removeprefix("module:"))
         raise pickle.UnpicklingError(f"unexpected reference {pid!r}")
@@ -273,6 +269,12 @@ class _ParserUnpickler(pickle.Unpickler):
         if (module, name) == ("re", "_compile"):
             # How a compiled pattern pickles (the lexer's, once it has lexed); it only compiles.
             return getattr(re, "_compile")  # noqa: B009 - private to re, not in its stubs
+        if module == _ACTIONS and name in ("Shift", "Reduce"):
+            from lark.parsers.lalr_analysis import Action
+
+            action = super().find_class(module, name)
+            if isinstance(action, Action):
+                return action
         allowed = module.startswith(_PICKLE_MODULES) or (module, name) == ("functools", "partial")
         found = super().find_class(module, name) if allowed and "." not in name else None
         if not isinstance(found, type):  # else classes only: no other function can be called from the file
