@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from lark import Lark
 
 ENV_CACHE_DIR = "DRIVERSDK_CACHE_DIR"
-FORMAT = "1"  # bumped when what a cache file holds changes
+FORMAT = "2"  # bumped when what a cache file holds changes (2: lark actions as globals)
 HCL1_FILE = "hcl1-tables.json"
 HCL2_FILE = "hcl2-lark.pickle"
 
