@@ -46,12 +46,11 @@ EXIT_REFUSED = 2  # refused before anything started: validation, or the job is r
 
 
 def _load_run_side() -> None:
-    """Import what runs allocations (the gRPC client, the alloc and task runners, their hooks).
+    """Import what runs allocations (the alloc and task runners, their hooks).
 
-    Called by validation once it has started the job's plugins: each plugin boots (an
-    interpreter and its imports) in the time these imports take, instead of this process
-    importing them first and then waiting for the plugin idle."""
-    import driversdk.client
+    Called by validation once it has connected to the job's plugins and asked each for its config
+    schema: a plugin loads what that first call needs (the docker plugin: the docker SDK) in the
+    time these imports take, instead of this process importing them first and waiting idle after."""
     import driversdk.runner.allocrunner
     import driversdk.runner.drivermanager
     import driversdk.runner.hooks.network
