@@ -31,11 +31,13 @@ def test_kill_cancels_the_open_streams_before_shutdown() -> None:
 
     reader = threading.Thread(target=read_events, daemon=True)
     reader.start()
-    fingerprints = client.fingerprint()
-    next(iter(fingerprints))  # open and left open, as a host that stopped reading leaves it
-    assert reading.wait(30)
-    assert len(client._open_streams) == 2
-    client.kill()
+    try:
+        fingerprints = client.fingerprint()
+        next(iter(fingerprints))  # open and left open, as a host that stopped reading leaves it
+        assert reading.wait(30)
+        assert len(client._open_streams) == 2
+    finally:
+        client.kill()  # what is tested; also never leaves the plugin behind when an assert failed
     reader.join(timeout=30)
     assert ended == ["ended"]
     assert client._open_streams == set()
