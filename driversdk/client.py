@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -15,7 +16,7 @@ import grpc
 from grpc_status import rpc_status
 
 from driversdk import convert
-from driversdk.errors import ConfigError, PluginCallError
+from driversdk.errors import ConfigError, DriverSDKError, PluginCallError
 from driversdk.hclspec import Spec, encode
 from driversdk.model import (
     AgentConfig,
@@ -31,7 +32,14 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
-from driversdk.plugin.host import PluginProcess, ReattachConfig, launch_plugin, reattach_plugin, rpc_call_of
+from driversdk.plugin.host import (
+    PluginProcess,
+    ReattachConfig,
+    StartingPlugin,
+    reattach_plugin,
+    rpc_call_of,
+    spawn_plugin,
+)
 
 T = TypeVar("T")
 Req = TypeVar("Req")
@@ -126,7 +134,13 @@ class DriverClient:
         self._base = base_pb2_grpc.BasePluginStub(process.channel)
         self._driver = driver_pb2_grpc.DriverStub(process.channel)
         self._task_spec: Spec | None = None
+        self._config_schema: Future[Spec | None] | None = None
         self._lock = threading.Lock()
+        # Server streams still open (TaskEvents, Fingerprint, TaskStats): cancelled before the
+        # plugin is asked to shut down, so that its server stops with no call in flight instead
+        # of waiting out its grace period for streams nobody reads any more.
+        self._open_streams: set[_ServerStream[Any]] = set()
+        self._streams_lock = threading.Lock()
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -150,8 +164,40 @@ class DriverClient:
         return info
 
     def config_schema(self) -> Spec | None:
-        resp = self._unary("ConfigSchema", self._base.ConfigSchema, base_pb2.ConfigSchemaRequest(), 30)
-        return Spec.from_proto(resp.spec) if resp.HasField("spec") else None
+        """The plugin's config schema, asked for once per client (as the task schema is)."""
+        with self._lock:
+            pending = self._config_schema
+            ask = pending is None
+            if pending is None:
+                pending = self._config_schema = Future()
+        if ask:
+            self._ask_config_schema(pending)
+        try:
+            return pending.result()
+        except DriverSDKError:
+            with self._lock:
+                if self._config_schema is pending:
+                    self._config_schema = None  # a failed call is not kept: the next one asks again
+            raise
+
+    def prefetch_config_schema(self) -> None:
+        """Ask for the config schema now, in the background; :meth:`config_schema` then waits for
+        that answer. A plugin may load much on that first call (the docker plugin loads the docker
+        SDK): the host does its own work meanwhile."""
+        with self._lock:
+            if self._config_schema is not None:
+                return
+            pending = self._config_schema = Future()
+        threading.Thread(
+            target=self._ask_config_schema, args=(pending,), daemon=True, name=f"config-schema-{self.name}"
+        ).start()
+
+    def _ask_config_schema(self, pending: Future[Spec | None]) -> None:
+        try:
+            resp = self._unary("ConfigSchema", self._base.ConfigSchema, base_pb2.ConfigSchemaRequest(), 30)
+            pending.set_result(Spec.from_proto(resp.spec) if resp.HasField("spec") else None)
+        except BaseException as err:  # handed to whoever waits for the answer
+            pending.set_exception(err)
 
     def set_config(self, config: Mapping[str, Any] | None = None, agent: AgentConfig | None = None) -> None:
         """Encode ``config`` with the plugin's own schema (as Nomad does) and send SetConfig."""
@@ -192,7 +238,13 @@ class DriverClient:
         return convert.capabilities_from_proto(resp.capabilities)
 
     def _stream(self, call: str, stream: _ServerStream[Resp], convert_one: Callable[[Resp], T]) -> Iterator[T]:
-        """Yield converted messages of a server stream; closing the iterator cancels the call."""
+        """Converted messages of a server stream; closing the iterator cancels the call, and so
+        does :meth:`kill` for a stream still open then."""
+        with self._streams_lock:
+            self._open_streams.add(stream)
+        return self._read_stream(call, stream, convert_one)
+
+    def _read_stream(self, call: str, stream: _ServerStream[Resp], convert_one: Callable[[Resp], T]) -> Iterator[T]:
         try:
             for resp in stream:
                 yield convert_one(resp)
@@ -200,6 +252,15 @@ class DriverClient:
             if err.code() != grpc.StatusCode.CANCELLED:
                 raise call_error(err, call, self.name) from None
         finally:
+            stream.cancel()
+            with self._streams_lock:
+                self._open_streams.discard(stream)
+
+    def _cancel_streams(self) -> None:
+        with self._streams_lock:
+            streams = list(self._open_streams)
+            self._open_streams.clear()
+        for stream in streams:
             stream.cancel()
 
     def fingerprint(self) -> Iterator[Fingerprint]:
@@ -302,11 +363,13 @@ class DriverClient:
     # --- process -----------------------------------------------------------------------------
 
     def kill(self) -> None:
-        """Shut the plugin process down the way go-plugin's host does (Shutdown, then SIGKILL)."""
+        """Shut the plugin process down the way go-plugin's host does (Shutdown, then SIGKILL),
+        once this client's own streams are cancelled (a reader of one sees it end)."""
+        self._cancel_streams()
         self.process.kill()
 
     def close(self) -> None:
-        self.process.kill()
+        self.kill()
 
     def __enter__(self) -> DriverClient:
         return self
@@ -323,7 +386,15 @@ def launch(
     name: str | None = None,
 ) -> DriverClient:
     """Launch a driver plugin through the go-plugin handshake and return a client for it."""
-    process = launch_plugin(cmd, env=env, timeout=timeout, name=name)
+    return connect_driver(spawn_plugin(cmd, env=env, name=name), cmd, timeout=timeout, name=name)
+
+
+def connect_driver(
+    starting: StartingPlugin, cmd: Sequence[str], *, timeout: float = 60.0, name: str | None = None
+) -> DriverClient:
+    """Finish :func:`launch` of a plugin :func:`~driversdk.plugin.host.spawn_plugin` started:
+    the handshake, the connection, and the check that it is a task driver."""
+    process = starting.connect(timeout)
     try:
         client = DriverClient(process, name=name or "driver")
         info = client.plugin_info()

@@ -20,9 +20,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import IO, Any
-
-import grpc
+from typing import IO, TYPE_CHECKING, Any
 
 from driversdk.errors import HandshakeError, PluginError
 from driversdk.plugin.handshake import (
@@ -35,6 +33,11 @@ from driversdk.plugin.handshake import (
     Handshake,
 )
 from driversdk.plugin.log import parse_hclog_line
+
+if TYPE_CHECKING:
+    # Imported where it is used: a host can spawn a plugin before it has loaded grpc, and load
+    # grpc while the plugin boots (see StartingPlugin).
+    import grpc
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 2**31 - 1),
@@ -94,6 +97,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def _connect(address: str, timeout: float) -> grpc.Channel:
+    import grpc
+
     channel = grpc.insecure_channel(f"unix:{address}", options=CHANNEL_OPTIONS)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
@@ -159,6 +164,8 @@ class PluginProcess:
             return
         self._killed = True
         if self.alive():
+            import grpc
+
             from driversdk.pb import grpc_controller_pb2, grpc_controller_pb2_grpc
 
             with contextlib.suppress(grpc.RpcError):
@@ -211,16 +218,76 @@ def _pump_stdout(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
     stream.close()
 
 
-def launch_plugin(
-    cmd: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    timeout: float = 60.0,
-    name: str | None = None,
-) -> PluginProcess:
-    """Start ``cmd`` as a go-plugin plugin, check its handshake, and connect to it."""
+class StartingPlugin:
+    """A plugin process started and not yet connected to (:func:`spawn_plugin`).
+
+    Starting is split from connecting so a host can do its own work while the plugin boots (an
+    interpreter and its imports take as long as the host's): ``driversdk validate`` spawns the
+    plugins a job needs, then loads the gRPC client side, then connects."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], label: str) -> None:
+        self._popen = popen
+        self.label = label
+        self._tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        logger = logging.getLogger(f"driversdk.plugin.{label}")
+        assert popen.stdout is not None and popen.stderr is not None
+        self._err_thread = threading.Thread(target=_pump_stderr, args=(popen.stderr, logger, self._tail), daemon=True)
+        out_thread = threading.Thread(target=_pump_stdout, args=(popen.stdout, self._lines), daemon=True)
+        self._err_thread.start()
+        out_thread.start()
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def _give_up(self, message: str) -> HandshakeError:
+        self.abandon()
+        if self._tail:
+            message += "; its last stderr lines: " + " | ".join(self._tail)
+        return HandshakeError(message)
+
+    def abandon(self) -> None:
+        """Kill a plugin that will not be connected to, and reap it."""
+        if self._popen.poll() is None:
+            self._popen.kill()
+        self._popen.wait()
+        self._err_thread.join(timeout=2)
+
+    def connect(self, timeout: float = 60.0) -> PluginProcess:
+        """Wait for the handshake (at most ``timeout`` seconds), check it, and connect."""
+        label = self.label
+        try:
+            first = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise self._give_up(
+                f"plugin {label!r} did not print its handshake within {timeout:.0f}s; it was killed"
+            ) from None
+        if first is None:
+            code = self._popen.wait()
+            raise self._give_up(
+                f"plugin {label!r} exited (code {code}) before completing the handshake; it is not a plugin, "
+                "or it refused the host"
+            )
+        try:
+            handshake = Handshake.parse(first)
+        except HandshakeError as err:
+            raise self._give_up(f"plugin {label!r}: {err}") from None
+        try:
+            channel = _connect(handshake.address, min(timeout, 30.0))
+        except PluginError as err:
+            raise self._give_up(f"plugin {label!r}: {err}") from None
+        config = ReattachConfig(
+            self._popen.pid, handshake.network, handshake.address, handshake.protocol, handshake.app_version
+        )
+        return PluginProcess(channel, config, self._popen, label, self._tail)
+
+
+def spawn_plugin(
+    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, name: str | None = None
+) -> StartingPlugin:
+    """Start ``cmd`` as a go-plugin plugin; :meth:`StartingPlugin.connect` finishes the launch."""
     label = name or os.path.basename(cmd[0])
-    logger = logging.getLogger(f"driversdk.plugin.{label}")
     try:
         popen = subprocess.Popen(
             list(cmd),
@@ -231,44 +298,18 @@ def launch_plugin(
         )
     except OSError as err:
         raise PluginError(f"cannot start plugin {cmd[0]!r}: {err.strerror}") from None
+    return StartingPlugin(popen, label)
 
-    tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-    lines: queue.Queue[str | None] = queue.Queue()
-    assert popen.stdout is not None and popen.stderr is not None
-    err_thread = threading.Thread(target=_pump_stderr, args=(popen.stderr, logger, tail), daemon=True)
-    out_thread = threading.Thread(target=_pump_stdout, args=(popen.stdout, lines), daemon=True)
-    err_thread.start()
-    out_thread.start()
 
-    def give_up(message: str) -> HandshakeError:
-        if popen.poll() is None:
-            popen.kill()
-        popen.wait()
-        err_thread.join(timeout=2)
-        if tail:
-            message += "; its last stderr lines: " + " | ".join(tail)
-        return HandshakeError(message)
-
-    try:
-        first = lines.get(timeout=timeout)
-    except queue.Empty:
-        raise give_up(f"plugin {label!r} did not print its handshake within {timeout:.0f}s; it was killed") from None
-    if first is None:
-        code = popen.wait()
-        raise give_up(
-            f"plugin {label!r} exited (code {code}) before completing the handshake; it is not a plugin, "
-            "or it refused the host"
-        )
-    try:
-        handshake = Handshake.parse(first)
-    except HandshakeError as err:
-        raise give_up(f"plugin {label!r}: {err}") from None
-    try:
-        channel = _connect(handshake.address, min(timeout, 30.0))
-    except PluginError as err:
-        raise give_up(f"plugin {label!r}: {err}") from None
-    config = ReattachConfig(popen.pid, handshake.network, handshake.address, handshake.protocol, handshake.app_version)
-    return PluginProcess(channel, config, popen, label, tail)
+def launch_plugin(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+    name: str | None = None,
+) -> PluginProcess:
+    """Start ``cmd`` as a go-plugin plugin, check its handshake, and connect to it."""
+    return spawn_plugin(cmd, env=env, name=name).connect(timeout)
 
 
 def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: float = 10.0) -> PluginProcess:
@@ -296,6 +337,8 @@ def rpc_call_of(err: grpc.RpcError) -> grpc.Call | None:
     published stubs give the two classes conflicting method signatures, so ``isinstance(err,
     grpc.Call)`` reads as impossible to mypy and it stops checking whatever follows it.
     """
+    import grpc
+
     obj: object = err
     return obj if isinstance(obj, grpc.Call) else None
 
@@ -303,8 +346,10 @@ def rpc_call_of(err: grpc.RpcError) -> grpc.Call | None:
 __all__: list[Any] = [
     "PluginProcess",
     "ReattachConfig",
+    "StartingPlugin",
     "launch_plugin",
     "plugin_environment",
     "reattach_plugin",
     "rpc_call_of",
+    "spawn_plugin",
 ]

@@ -18,13 +18,13 @@ import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from driversdk.client import DriverClient
 from driversdk.errors import DriverSDKError
 from driversdk.model import Attribute, HealthState
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.taskenv import Node
 
 if TYPE_CHECKING:
+    from driversdk.client import DriverClient
     from driversdk.runner.allocrunner import AllocRunner
 
 # Go's names for machine architectures (runtime.GOARCH), which Nomad reports as cpu.arch.

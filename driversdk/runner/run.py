@@ -17,21 +17,21 @@ import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from driversdk.client import DriverClient
 from driversdk.errors import ConfigError
 from driversdk.plugin.host import pid_alive
-from driversdk.runner import logcollect
-from driversdk.runner.allocrunner import AllocRunner, NodeServices
 from driversdk.runner.clientconfig import ClientConfig
-from driversdk.runner.drivermanager import DriverManager
 from driversdk.runner.events import Emit, RunEvent
-from driversdk.runner.hooks.network import NetworkHook
 from driversdk.runner.jobspec import Group, Job
 from driversdk.runner.lifecycle import is_sidecar
 from driversdk.runner.runstate import AllocRecord
 from driversdk.runner.validate import validate_job
+
+if TYPE_CHECKING:
+    from driversdk.client import DriverClient
+    from driversdk.runner.allocrunner import AllocRunner, NodeServices
+    from driversdk.runner.drivermanager import DriverManager
 
 # Allocations of one count started side by side at most (each start is mostly waiting on its
 # driver plugin: StartTask, runc or dockerd), see _side_by_side.
@@ -43,6 +43,18 @@ ALLOC_STOP_CONCURRENCY = 32
 EXIT_OK = 0
 EXIT_TASK_FAILED = 1  # a task failed, a start failed, or the run was interrupted
 EXIT_REFUSED = 2  # refused before anything started: validation, or the job is run elsewhere
+
+
+def _load_run_side() -> None:
+    """Import what runs allocations (the alloc and task runners, their hooks).
+
+    Called by validation once it has connected to the job's plugins and asked each for its config
+    schema: a plugin loads what that first call needs (the docker plugin: the docker SDK) in the
+    time these imports take, instead of this process importing them first and waiting idle after."""
+    import driversdk.runner.allocrunner
+    import driversdk.runner.drivermanager
+    import driversdk.runner.hooks.network
+    import driversdk.runner.logcollect  # noqa: F401
 
 
 class RunRefused(ConfigError):
@@ -64,6 +76,8 @@ def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
     except FileNotFoundError:
         return []
     paths = [os.path.join(logs, n) for n in sorted(names, key=lambda n: int(n[len(prefix) :]))]
+    from driversdk.runner import logcollect
+
     return [p for p in paths if logcollect.is_log_file(p)]
 
 
@@ -77,6 +91,8 @@ def _order(jobs: list[Job]) -> list[tuple[Job, Group, int]]:
 def _plan(jobs: list[Job], node: NodeServices) -> list[tuple[Job, Group, int, AllocRecord | None]]:
     """One allocation per (job, group, index): recovered when a previous run left it running.
     Raises :class:`RunRefused` for what no allocation could run, before any of them starts."""
+    from driversdk.runner.hooks.network import NetworkHook
+
     previous: dict[tuple[str, str, int], AllocRecord] = {}
     for job in jobs:
         for group in job.groups:
@@ -137,7 +153,7 @@ def _validate(paths: list[str], client: ClientConfig, emit: Emit) -> tuple[list[
     refused = False
     for path in paths:
         kept: dict[str, DriverClient] = {}
-        report = validate_job(path, client, keep_plugins=kept)
+        report = validate_job(path, client, keep_plugins=kept, while_starting=_load_run_side)
         for driver, plugin in kept.items():
             if driver in spare:
                 plugin.kill()  # an earlier job's validation kept one already
@@ -170,6 +186,9 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
     jobs, spare = _validate(paths, client, emit)
     if not jobs:
         return EXIT_REFUSED
+    from driversdk.runner.allocrunner import NodeServices
+    from driversdk.runner.drivermanager import DriverManager
+
     stop = stop or threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -224,6 +243,8 @@ def _start_batch(
     ALLOC_START_CONCURRENCY at a time). Each is in ``allocs`` before it starts, so teardown
     undoes whatever part of it ran; the first failure is raised once every started one has
     returned; after ``stop`` no further one starts."""
+    from driversdk.runner.allocrunner import AllocRunner
+
     if len(batch) == 1:
         job, group, index, record = batch[0]
         alloc = AllocRunner(job, group, index, client, emit, node, drivers, record)

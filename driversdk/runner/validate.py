@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from driversdk.client import DriverClient, launch
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.hclspec import Spec, encode
 from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap, BlockSet, Default, Object, input_name
 from driversdk.model import Capabilities
 from driversdk.mounts import MountRequest, MountValidationError, check_mounts
 from driversdk.paths import check_name, show
+from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by connecting
 from driversdk.runner import constraints, nodeattrs, taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
 from driversdk.runner.problems import Problem, ValidationFailed, with_field
+
+if TYPE_CHECKING:
+    # The client (and grpc with it) is loaded once the job's plugins are starting: see _spawn_plugins.
+    from driversdk.client import DriverClient
 
 
 @dataclass
@@ -128,9 +133,13 @@ def _driver_facts(
     job: Job,
     cache: dict[str, DriverFacts | Problem],
     keep: dict[str, DriverClient] | None = None,
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] | None = None,
 ) -> DriverFacts | Problem:
     if driver in cache:
         return cache[driver]
+    from driversdk.client import connect_driver
+    from driversdk.plugin.host import spawn_plugin
+
     command = client.driver_command(driver)
     result: DriverFacts | Problem
     if command is None:
@@ -144,7 +153,13 @@ def _driver_facts(
     else:
         plugin: DriverClient | None = None
         try:
-            plugin = launch(command, timeout=60, name=driver)
+            pending = starting.pop(driver, None) if starting is not None else None
+            if isinstance(pending, DriverSDKError):
+                raise pending  # it could not be started or connected to
+            if pending is None or isinstance(pending, StartingPlugin):
+                plugin = connect_driver(pending or spawn_plugin(command, name=driver), command, timeout=60, name=driver)
+            else:
+                plugin = pending
             config = client.plugin_config(driver)
             schema = plugin.config_schema()
             skipped: list[str] = []
@@ -174,6 +189,44 @@ def _driver_facts(
                     plugin.kill()
     cache[driver] = result
     return result
+
+
+def _spawn_plugins(job: Job, client: ClientConfig) -> dict[str, StartingPlugin | DriverSDKError]:
+    """Start the plugin of every driver the job names, all at once and before anything else is
+    waited on: each boots (an interpreter, its imports) while this process loads its gRPC client
+    side and checks the other drivers. A start that failed is kept to be reported in its turn."""
+    from driversdk.plugin.host import spawn_plugin
+
+    out: dict[str, StartingPlugin | DriverSDKError] = {}
+    for group in job.groups:
+        for task in group.tasks:
+            command = client.driver_command(task.driver) if task.driver and task.driver not in out else None
+            if command is None:
+                continue  # no driver, already started, or none configured (_driver_facts says so)
+            try:
+                out[task.driver] = spawn_plugin(command, name=task.driver)
+            except DriverSDKError as err:
+                out[task.driver] = err
+    return out
+
+
+def _connect_plugins(starting: dict[str, StartingPlugin | DriverClient | DriverSDKError], client: ClientConfig) -> None:
+    """Connect to each started plugin (loading the gRPC client side while they boot) and ask for
+    its config schema in the background, so what a plugin loads on that first call (the docker
+    SDK) overlaps the caller's ``while_starting`` work. A failure is kept for the driver's turn."""
+    from driversdk.client import connect_driver
+
+    for driver, pending in list(starting.items()):
+        command = client.driver_command(driver)
+        if not isinstance(pending, StartingPlugin) or command is None:
+            continue
+        try:
+            plugin = connect_driver(pending, command, timeout=60, name=driver)
+        except DriverSDKError as err:
+            starting[driver] = err
+            continue
+        starting[driver] = plugin
+        plugin.prefetch_config_schema()
 
 
 def _mount_requests(
@@ -266,13 +319,14 @@ def _topology_problem(socket_path: str, volume: Any) -> str | None:
 def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     """CSI volumes must be registered with a capability matching the request, and their node
     plugin must run here: registered by a running plugin, or provided by this job itself."""
+    requests = [(g, r) for g in job.groups for r in g.volumes.values() if r.type == "csi" and r.source]
+    if not requests:
+        return []
+    # Only now: a job without CSI volumes does not pay for loading the stores.
     from driversdk.csi.registry import PluginRegistry
     from driversdk.csi.state import StateStore
     from driversdk.runner.volumes import VolumeStore
 
-    requests = [(g, r) for g in job.groups for r in g.volumes.values() if r.type == "csi" and r.source]
-    if not requests:
-        return []
     db = os.path.join(client.data_dir, "state.db")
     if not os.path.isfile(db):
         # Nothing was ever registered here; opening the store would create the data dir, and
@@ -378,16 +432,23 @@ def validate_job(
     client: ClientConfig,
     keep_plugins: dict[str, DriverClient] | None = None,
     inputs: Inputs | None = None,
+    while_starting: Callable[[], None] | None = None,
 ) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
-    there (configured, not yet initialised) instead of being shut down."""
-    report = _validate(path, client, keep_plugins, inputs)
+    there (configured, not yet initialised) instead of being shut down. ``while_starting`` is
+    called once the job's plugins have been started, before the first is waited for: work of the
+    caller's that then takes the time they take to boot."""
+    report = _validate(path, client, keep_plugins, inputs, while_starting)
     report.problems = _once(report.problems)
     return report
 
 
 def _validate(
-    path: str, client: ClientConfig, keep_plugins: dict[str, DriverClient] | None, inputs: Inputs | None
+    path: str,
+    client: ClientConfig,
+    keep_plugins: dict[str, DriverClient] | None,
+    inputs: Inputs | None,
+    while_starting: Callable[[], None] | None = None,
 ) -> Report:
     parsed, problems = parse_job(path, inputs)
     job = dry_interpolated(parsed)
@@ -403,21 +464,58 @@ def _validate(
         if group.count == 0:
             report.checked.append(f"group {show(group.name)}: count = 0, `driversdk run` starts no allocation of it")
     report.problems += _csi_problems(job, client)
-    from driversdk.runner.supervisor import socket_path_problem
-
     for group in job.groups:
         for task in group.tasks:
-            problem = socket_path_problem(client.data_dir) if task.csi_plugin is not None else None
+            if task.csi_plugin is None:
+                continue
+            # Imported for plugin tasks only: the supervisor brings the CSI client with it.
+            from driversdk.runner.supervisor import socket_path_problem
+
+            problem = socket_path_problem(client.data_dir)
             if problem is not None:
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
                 report.problems.append(Problem(client.file or job.file, problem, **where))
     cache: dict[str, DriverFacts | Problem] = {}
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(_spawn_plugins(job, client))
+    try:
+        _connect_plugins(starting, client)
+        if starting:
+            # Work done anyway (the host's attributes, for placement; the caller's), done while the
+            # plugins answer their first calls.
+            nodeattrs.host_attributes()
+            if while_starting is not None:
+                while_starting()
+        _check_tasks(job, parsed, client, report, cache, keep_plugins, starting)
+    finally:
+        # Plugins whose driver's turn never came (an error ended the checks first): not left running.
+        for pending in starting.values():
+            if isinstance(pending, DriverSDKError):
+                continue
+            if isinstance(pending, StartingPlugin):
+                pending.abandon()
+            else:
+                pending.kill()
+    _placement(path, inputs, job, client, cache, report)
+    return report
+
+
+def _check_tasks(
+    job: Job,
+    parsed: Job,
+    client: ClientConfig,
+    report: Report,
+    cache: dict[str, DriverFacts | Problem],
+    keep_plugins: dict[str, DriverClient] | None,
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError],
+) -> None:
+    """Each task against its driver: the driver loads, its config fits the driver's schema, its
+    mounts the driver's capabilities and this host."""
     for group in job.groups:
         for task in group.tasks:
             if not task.driver:
                 continue
             where = {"job": job.name, "group": group.name, "task": task.name}
-            facts = _driver_facts(task.driver, client, job, cache, keep_plugins)
+            facts = _driver_facts(task.driver, client, job, cache, keep_plugins, starting)
             if isinstance(facts, Problem):
                 report.problems.append(facts)
                 continue
@@ -460,8 +558,6 @@ def _validate(
                         )
             if host or csi:
                 report.checked.append(f'task "{task.name}": {len(host) + len(csi)} mount(s) checked')
-    _placement(path, inputs, job, client, cache, report)
-    return report
 
 
 def _placement(

@@ -29,7 +29,7 @@ from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.manager import NodeVolumeManager, UsageOptions, controller_unpublish, forget_node_use
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
-from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistry, RegistryEvent
+from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistration, PluginRegistry, RegistryEvent
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
 from driversdk.runner.supervisor import csi_dir, release_shared
@@ -310,6 +310,12 @@ def describe_failure(claim: Claim, error: str) -> str:
 # --- the background watcher of a run ------------------------------------------------------------
 
 
+# Put on the watcher's event queue by stop(): the thread waits on that queue between passes (up
+# to PASS_INTERVAL), and a run's teardown must not wait out that pause. Compared by identity, so
+# no registry event can be mistaken for it.
+_WAKE = RegistryEvent("stop", PluginRegistration(type="", name="", alloc_id="", socket_path=""))
+
+
 class BackgroundWatcher:
     """Passes in a thread of ``driversdk run``: at once, every few seconds, and whenever a
     plugin registers (then the claims that waited for it are tried without backoff)."""
@@ -338,13 +344,18 @@ class BackgroundWatcher:
                 self.say(released.claim.volume_id, describe(released))
             try:
                 event = self._events.get(timeout=self.interval)
-                force = event.kind == "registered"
             except queue.Empty:
                 force = False
+                continue
+            if event is _WAKE:
+                return
+            force = event.kind == "registered"
 
     def stop(self) -> None:
+        """End the thread and close its stores; returns as soon as a pass under way has ended."""
         self._stop.set()
         self.registry.unsubscribe(self._events)
+        self._events.put(_WAKE)
         self._thread.join(timeout=30)
         self.watcher.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import docker
 import pytest
+
+from driversdk.runner.parsecache import ENV_CACHE_DIR
 
 IMAGE = "driversdk-test/busybox:local"
 
@@ -29,3 +32,15 @@ def short_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dsx-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def parser_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The HCL parser caches of the runs tests start go to a dir of the session, not ~/.cache."""
+    before = os.environ.get(ENV_CACHE_DIR)
+    os.environ[ENV_CACHE_DIR] = str(tmp_path_factory.mktemp("parser-cache"))
+    yield
+    if before is None:
+        os.environ.pop(ENV_CACHE_DIR, None)
+    else:
+        os.environ[ENV_CACHE_DIR] = before

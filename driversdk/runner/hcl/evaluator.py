@@ -101,9 +101,10 @@ def parse(text: str) -> Tree[Any]:
 
 @functools.lru_cache(maxsize=64)
 def _parse_text(text: str) -> Tree[Any]:
-    from hcl2.parser import parser  # built once per process (python-hcl2 caches it, and its tables on disk)
+    # python-hcl2's parser, built once per process and cached between processes.
+    from driversdk.runner.parsecache import hcl2_parser
 
-    tree: Tree[Any] = parser().parse(text + "\n")
+    tree: Tree[Any] = hcl2_parser().parse(text + "\n")
     return tree
 
 
