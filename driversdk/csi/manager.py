@@ -173,7 +173,8 @@ class NodeVolumeManager:
     def _beside_rpc(self, fn: Callable[[], _T]) -> Future[_T]:
         """Run directory work on the other side of the tree while an RPC is in flight: on a disk,
         mkdir and rmdir wait for the journal, and the plugin's own work takes milliseconds.
-        Callers wait for the result before they return, so no operation leaves work behind."""
+        Callers wait for the result before they return, so no operation leaves work behind in the
+        tree (only the closing of removed directories' descriptors: see _release_later)."""
         with self._guard:
             if self._dir_pool is None:
                 self._dir_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"csi-dirs-{self.plugin_id}")
