@@ -105,36 +105,6 @@ def _plain_path(real_root: str, parts: tuple[str, ...]) -> str | None:
     return path
 
 
-# A reference to a directory that reads nothing and follows no symlink (O_PATH needs no
-# permission on the directory itself).
-_HOLD_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _rmdir_held(path: str, held: list[int]) -> None:
-    """rmdir ``path`` while a descriptor of it stays open in ``held``: the entry goes now, and
-    freeing the inode waits for the descriptor's close (see NodeVolumeManager._release_later)."""
-    try:
-        fd = os.open(path, _HOLD_FLAGS)
-    except OSError:
-        fd = -1  # gone, or no directory: rmdir says which
-    try:
-        os.rmdir(path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)  # still in the tree: closing it frees nothing
-        raise
-    if fd >= 0:
-        held.append(fd)
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass  # EINTR/EIO on close still releases the descriptor on Linux
-
-
 def _makedirs(path: str) -> None:
     """os.makedirs (0700), retried when another volume's teardown removes a shared parent
     ("staging", a namespace, an alloc's directory) between its steps."""
@@ -167,14 +137,11 @@ class NodeVolumeManager:
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
         self._dir_pool: ThreadPoolExecutor | None = None
-        self._closer: ThreadPoolExecutor | None = None
-        self._closing: list[Future[None]] = []
 
     def _beside_rpc(self, fn: Callable[[], _T]) -> Future[_T]:
         """Run directory work on the other side of the tree while an RPC is in flight: on a disk,
         mkdir and rmdir wait for the journal, and the plugin's own work takes milliseconds.
-        Callers wait for the result before they return, so no operation leaves work behind in the
-        tree (only the closing of removed directories' descriptors: see _release_later)."""
+        Callers wait for the result before they return, so no operation leaves work behind."""
         with self._guard:
             if self._dir_pool is None:
                 self._dir_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"csi-dirs-{self.plugin_id}")
@@ -324,52 +291,22 @@ class NodeVolumeManager:
                 if os.path.isdir(host_target):
                     os.rmdir(host_target)
             key = (self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
-            held: list[int] = []
+            if not (self.requires_staging and self.store.others_using(*key) == 0):
+                self.store.drop_usage(*key)
+                self._remove_empty_from(host_target, paths.real_root)
+                self._remove_empty_from(paths.host_stage, paths.real_root)
+                return
+            # The publish side's empty directories go while NodeUnstageVolume runs.
+            target_side = self._beside_rpc(lambda: self._remove_empty_from(host_target, paths.real_root))
             try:
-                if not (self.requires_staging and self.store.others_using(*key) == 0):
-                    self.store.drop_usage(*key)
-                    self._remove_empty_from(host_target, paths.real_root, held)
-                    self._remove_empty_from(paths.host_stage, paths.real_root, held)
-                    return
-                # The publish side's empty directories go while NodeUnstageVolume runs.
-                target_held: list[int] = []
-                target_side = self._beside_rpc(
-                    lambda: self._remove_empty_from(host_target, paths.real_root, target_held)
-                )
-                try:
-                    self._unstage(volume, paths)
-                finally:
-                    wait([target_side])
-                    held += target_held
-                target_side.result()
-                self._remove_stage_dirs(paths, held)
-                # After the directories: a restart before this write unstages again, which the
-                # plugin answers as done, and finds no directories to remove.
-                self.store.finish_unstage(*key)
+                self._unstage(volume, paths)
             finally:
-                self._release_later(held)
-
-    def _release_later(self, fds: list[int]) -> None:
-        """Close the removed directories' descriptors on a thread of their own, the one piece
-        of an operation that may outlive it: closing the last reference is when ext4 frees the
-        inode and its block, which waits for the journal (0.2 to 2 ms each, against 10 us for
-        the rmdir itself). The directories are gone from the tree already; nothing can race a
-        close (a new directory by the same name is a new inode), and exit closes what is left.
-        Until then the descriptors keep the filesystem busy: see :meth:`settle`."""
-        if not fds:
-            return
-        with self._guard:
-            if self._closer is None:
-                self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"csi-close-{self.plugin_id}")
-            self._closing = [f for f in self._closing if not f.done()]
-            self._closing.append(self._closer.submit(_close_all, list(fds)))
-
-    def settle(self) -> None:
-        """Wait until the descriptors of removed directories are closed (and their inodes freed):
-        for a caller about to unmount the filesystem they were on, or to time that work too."""
-        with self._guard:
-            pending, self._closing = self._closing, []
-        wait(pending)
+                wait([target_side])
+            target_side.result()
+            self._remove_stage_dirs(paths)
+            # After the directories: a restart before this write unstages again, which the
+            # plugin answers as done, and finds no directories to remove.
+            self.store.finish_unstage(*key)
 
     def _unstage(self, volume: Volume, paths: _Paths) -> None:
         """NodeUnstageVolume, checked against the mount table; the caller records it and removes
@@ -385,30 +322,26 @@ class NodeVolumeManager:
                 volume=volume.id,
             )
 
-    def _remove_stage_dirs(self, paths: _Paths, held: list[int]) -> None:
+    def _remove_stage_dirs(self, paths: _Paths) -> None:
         """After an unstage: the staging path, which must go (an error says what the plugin left
         in it), then its parents while they are empty."""
         try:
-            _rmdir_held(paths.host_stage, held)
+            os.rmdir(paths.host_stage)
         except FileNotFoundError:
             pass
-        self._remove_empty_from(os.path.dirname(paths.host_stage), paths.real_root, held)
+        self._remove_empty_from(os.path.dirname(paths.host_stage), paths.real_root)
 
     @staticmethod
-    def _remove_empty_from(leaf: str, real_root: str, held: list[int] | None = None) -> None:
+    def _remove_empty_from(leaf: str, real_root: str) -> None:
         """Remove ``leaf`` and its parents up to (not including) the root while they are empty.
 
         rmdir itself is the test: it fails with ENOTEMPTY on a directory something still lives
         in and with EBUSY on a mount point of this mount namespace (where the kernel refuses to
-        remove one), so neither a listing nor mountinfo is read. A missing directory is passed.
-        With ``held``, each removed directory's descriptor is left there (see _rmdir_held)."""
+        remove one), so neither a listing nor mountinfo is read. A missing directory is passed."""
         path, under = leaf, real_root.rstrip("/") + "/"
         while path.startswith(under):
             try:
-                if held is None:
-                    os.rmdir(path)
-                else:
-                    _rmdir_held(path, held)
+                os.rmdir(path)
             except FileNotFoundError:
                 pass
             except OSError:
