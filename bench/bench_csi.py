@@ -80,7 +80,8 @@ def main() -> None:
             )
             raw_cycle(client, tmp, "bench", cap)
             ours_cycle(manager, volume)
-            raw, ours = [], []
+            raw: list[float] = []
+            ours: list[float] = []
             for _ in range(args.runs):
                 raw.append(raw_cycle(client, tmp, "bench", cap))
                 ours.append(ours_cycle(manager, volume))

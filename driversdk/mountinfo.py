@@ -6,8 +6,12 @@ only say so once the container is being created. Reading mountinfo lets us say i
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import re
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from driversdk.errors import DriverSDKError
@@ -101,6 +105,65 @@ def mount_points(pid: int | str = "self") -> frozenset[str]:
             raise MountinfoError(f"unrecognised mountinfo line {line.strip()!r}")
         points.add(unescape(fields[4]) if "\\" in fields[4] else fields[4])
     return frozenset(points)
+
+
+# statx(2), which Python 3.11 does not wrap: glibc 2.28+ has it; the kernel sets
+# STATX_ATTR_MOUNT_ROOT since 5.8 and says so in stx_attributes_mask.
+_AT_FDCWD = -100
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_NO_AUTOMOUNT = 0x800
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_ATTR_MOUNT_ROOT = 0x2000
+_STATX_SIZE = 256  # struct statx is padded to 256 bytes for growth
+_ATTRIBUTES_AT = 8  # __u64 stx_attributes
+_ATTRIBUTES_MASK_AT = 56  # __u64 stx_attributes_mask
+
+
+def _load_statx() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    loaded: Callable[..., int] = fn
+    return loaded
+
+
+_statx = _load_statx()
+
+
+def statx_mount_root(path: str) -> bool | None:
+    """Whether ``path`` is the root of a mount, from statx's STATX_ATTR_MOUNT_ROOT; None when
+    statx cannot tell (no statx in libc or the kernel, a kernel before 5.8, or the path gives an
+    error other than "does not exist").
+
+    Unlike comparing st_dev with the parent's, this sees a bind mount of a directory of the same
+    filesystem. It costs one system call, where a mountinfo read grows with the mount table.
+    The last component is not followed (a symlink is no mount root), nor automounted, and
+    AT_STATX_DONT_SYNC keeps a network filesystem's root from being asked for fresh attributes.
+    A path that does not exist is no mount: nothing is mounted where it leads. (mountinfo can
+    still list a mount hidden under a later mount on a parent, which no path reaches.)"""
+    if _statx is None:
+        return None
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
+    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT | _AT_STATX_DONT_SYNC
+    # The mask asks for no fields: the mount-root attribute comes with every answer.
+    if _statx(_AT_FDCWD, os.fsencode(path), flags, 0, buf) != 0:
+        err = ctypes.get_errno()
+        return False if err in (errno.ENOENT, errno.ENOTDIR) else None
+    (attributes,) = struct.unpack_from("=Q", buf, _ATTRIBUTES_AT)
+    (known,) = struct.unpack_from("=Q", buf, _ATTRIBUTES_MASK_AT)
+    if not known & _STATX_ATTR_MOUNT_ROOT:
+        return None
+    return bool(attributes & _STATX_ATTR_MOUNT_ROOT)
+
+
+def is_mounted_at(path: str) -> bool:
+    """Whether something is mounted exactly at the resolved ``path``: statx when it can tell,
+    else one read of mountinfo."""
+    verdict = statx_mount_root(path)
+    return verdict if verdict is not None else path in mount_points()
 
 
 def is_mount_point(path: str, entries: list[MountEntry] | None = None) -> bool:

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TypeVar
 
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
 from driversdk.csi.state import StateStore, UsageRow
-from driversdk.mountinfo import is_mount_point, mount_points, read_mountinfo
+from driversdk.mountinfo import is_mount_point, is_mounted_at, mount_points, read_mountinfo
 from driversdk.paths import resolve_under
 from driversdk.pb import csi_pb2
 
@@ -39,8 +41,10 @@ class UsageOptions:
     read_only: bool = False
     mount_options: MountOptions | None = None
 
-    @property
+    @cached_property
     def key(self) -> str:
+        # Cached: every path, row and state query of an operation names it. (cached_property
+        # writes the instance __dict__ directly, which a frozen dataclass allows.)
         return VolumeCapability(self.access_mode, self.attachment_mode).usage(self.read_only)
 
     def capability(self, volume: Volume) -> VolumeCapability:
@@ -52,6 +56,7 @@ class UsageOptions:
 class _Paths:
     """One operation's four paths, resolved once at its start (each resolution walks the tree)."""
 
+    real_root: str
     host_stage: str
     plugin_stage: str
     host_target: str
@@ -77,6 +82,39 @@ def _volume_json(volume: Volume, usage: UsageOptions) -> str:
         },
         sort_keys=True,
     )
+
+
+def _plain_path(real_root: str, parts: tuple[str, ...]) -> str | None:
+    """``real_root``/``parts`` when that is already its own resolution: each part one plain
+    name and no existing component a symlink (lstat each, where os.path.realpath would lstat
+    every component from "/" and resolve_under calls it twice). None: resolve it fully."""
+    if any(part in ("", ".", "..") or "/" in part or "\x00" in part for part in parts):
+        return None
+    path = real_root.rstrip("/")
+    for i, part in enumerate(parts):
+        path = f"{path}/{part}"
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            # Nothing exists below here, so no symlink either; the rest joins as it is named.
+            return os.path.join(path, *parts[i + 1 :])
+        except OSError:
+            return None
+        if stat.S_ISLNK(mode):
+            return None  # maybe planted by the plugin: resolve_under decides where it leads
+    return path
+
+
+def _makedirs(path: str) -> None:
+    """os.makedirs (0700), retried when another volume's teardown removes a shared parent
+    ("staging", a namespace, an alloc's directory) between its steps."""
+    for attempt in range(3):
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
 
 
 class NodeVolumeManager:
@@ -124,9 +162,12 @@ class NodeVolumeManager:
     def _paths(self, what: str, *parts: str, real_root: str | None = None) -> tuple[str, str]:
         """The host path and the plugin's view of it. Names come from volume files and the plugin's
         tree is writable by the plugin, so the host side is resolved and must stay under the root."""
+        real_root = real_root or os.path.realpath(self.host_root)
+        plain = _plain_path(real_root, parts)
+        if plain is not None:
+            return plain, os.path.join(self.plugin_root, *parts)
         host = resolve_under(self.host_root, *parts, what=what)
-        rel = os.path.relpath(host, real_root or os.path.realpath(self.host_root))
-        return host, os.path.join(self.plugin_root, rel)
+        return host, os.path.join(self.plugin_root, os.path.relpath(host, real_root))
 
     def _op_paths(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> _Paths:
         real_root = os.path.realpath(self.host_root)
@@ -138,7 +179,7 @@ class NodeVolumeManager:
             f'the publish path of volume "{volume.id}"', "per-alloc", alloc_id, volume.id, usage.key,
             real_root=real_root,
         )  # fmt: skip
-        return _Paths(host_stage, plugin_stage, host_target, plugin_target)
+        return _Paths(real_root, host_stage, plugin_stage, host_target, plugin_target)
 
     def _usage_row(self, volume: Volume, alloc_id: str, usage: UsageOptions, phase: str) -> UsageRow:
         return UsageRow(
@@ -165,23 +206,23 @@ class NodeVolumeManager:
             host_target, plugin_target = paths.host_target, paths.plugin_target
 
             def prepare_target() -> bool:
-                """Make the target's parent; whether the target is published already (host_target
-                is resolved, as mountinfo reports mount points; staging does not touch it)."""
-                os.makedirs(os.path.dirname(host_target), mode=0o700, exist_ok=True)
-                return host_target in mount_points()
+                """Make the target's parent; whether the target is published already (staging
+                does not touch it)."""
+                _makedirs(os.path.dirname(host_target))
+                return is_mounted_at(host_target)
 
             try:
                 if self.requires_staging and not self.store.staged(
                     self.plugin_id, volume.namespace, volume.id, usage.key
                 ):
-                    os.makedirs(host_stage, mode=0o700, exist_ok=True)
+                    _makedirs(host_stage)
                     # The publish side is prepared while NodeStageVolume runs.
                     prepared = self._beside_rpc(prepare_target)
                     try:
                         self.client.node_stage(volume, plugin_stage, capability, context)
                     finally:
                         wait([prepared])  # never let the cleanup below race a mkdir
-                    self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, True)
+                    # Recorded with the mount (finish_mount), or by the cleanup below.
                     staged_here = True
                     published = prepared.result()
                 else:
@@ -198,14 +239,21 @@ class NodeVolumeManager:
             except BaseException:
                 # Leave nothing behind: this alloc's use is gone, and a stage made for it alone too.
                 left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
-                if staged_here and left == 0:
-                    try:
-                        self._unstage(volume, usage, paths)
-                    except CSIError:
-                        pass  # still recorded as staged: the next mount reuses it, teardown retries it
-                self._remove_empty_dirs(paths, mount_points())
+                if staged_here:
+                    # Others use it (their stage was never recorded), or the unstage fails: record
+                    # the stage, so the next mount reuses it and the last teardown unstages it.
+                    keep = left > 0
+                    if not keep:
+                        try:
+                            self._unstage(volume, paths)
+                        except CSIError:
+                            keep = True
+                    if keep:
+                        self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, True)
+                self._remove_empty_from(paths.host_target, paths.real_root)
+                self._remove_empty_from(paths.host_stage, paths.real_root)
                 raise
-            self.store.set_usage(replace(row, phase="mounted"))
+            self.store.finish_mount(replace(row, phase="mounted"), staged=staged_here)
             return MountInfo(source=host_target)
 
     # --- unmount -------------------------------------------------------------------------------
@@ -213,23 +261,23 @@ class NodeVolumeManager:
     def unmount(self, volume: Volume, alloc_id: str, usage: UsageOptions) -> None:
         """Unpublish (and unstage when last); succeeds when the mounts are already gone.
 
-        Mountinfo is read once after each RPC that changes it (its verdict serves every check
-        until the next such RPC: the volume's lock keeps other operations off these paths)."""
+        The alloc's use stays recorded as "unmounting" until the last RPC it leads to is done,
+        so a restart anywhere in between finishes the teardown (resume_teardowns); the volume's
+        lock keeps other operations off these paths and rows meanwhile."""
         with self._lock(volume):
             row = self._usage_row(volume, alloc_id, usage, "unmounting")
             # Persist the intent first: a restart in the middle finishes it (resume_teardowns).
             self.store.set_usage(row)
             paths = self._op_paths(volume, alloc_id, usage)
             host_target, plugin_target = paths.host_target, paths.plugin_target
-            points = frozenset[str]()
-            if os.path.exists(host_target) or host_target in (points := mount_points()):
+            # A target that does not stat may be a broken mount (a stale NFS handle): mountinfo.
+            if os.path.exists(host_target) or host_target in mount_points():
                 try:
                     self.client.node_unpublish(volume, plugin_target)
                 except CSIError:
-                    if host_target in mount_points():
+                    if is_mounted_at(host_target):
                         raise
-                points = mount_points()
-                if host_target in points:
+                if is_mounted_at(host_target):
                     # OK or NotFound ("no longer known") only counts once the target is no mount.
                     raise CSIError(
                         f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnpublishVolume but '
@@ -242,27 +290,30 @@ class NodeVolumeManager:
                 # Some plugins leave the target behind; the CO owns cleaning the tree.
                 if os.path.isdir(host_target):
                     os.rmdir(host_target)
-            # From here on ``points`` (read after the unpublish, or finding no target) holds for
-            # the publish side: nothing mounts under this alloc's target any more.
-            left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
-            if not (self.requires_staging and left == 0):
-                self._remove_empty_dirs(paths, points)
+            key = (self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
+            if not (self.requires_staging and self.store.others_using(*key) == 0):
+                self.store.drop_usage(*key)
+                self._remove_empty_from(host_target, paths.real_root)
+                self._remove_empty_from(paths.host_stage, paths.real_root)
                 return
             # The publish side's empty directories go while NodeUnstageVolume runs.
-            target_side = self._beside_rpc(lambda: self._remove_empty_from(paths.host_target, points))
+            target_side = self._beside_rpc(lambda: self._remove_empty_from(host_target, paths.real_root))
             try:
-                stage_points = self._unstage(volume, usage, paths)
+                self._unstage(volume, paths)
             finally:
                 wait([target_side])
             target_side.result()
-            self._remove_empty_from(paths.host_stage, stage_points)
+            self._remove_stage_dirs(paths)
+            # After the directories: a restart before this write unstages again, which the
+            # plugin answers as done, and finds no directories to remove.
+            self.store.finish_unstage(*key)
 
-    def _unstage(self, volume: Volume, usage: UsageOptions, paths: _Paths) -> frozenset[str]:
-        """NodeUnstageVolume, checked against mountinfo; returns the mount points read after it."""
+    def _unstage(self, volume: Volume, paths: _Paths) -> None:
+        """NodeUnstageVolume, checked against the mount table; the caller records it and removes
+        the staging path."""
         host_stage = paths.host_stage
         self.client.node_unstage(volume, paths.plugin_stage)
-        points = mount_points()
-        if host_stage in points:
+        if is_mounted_at(host_stage):
             raise CSIError(
                 f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnstageVolume but {host_stage} is '
                 f"still mounted; check the plugin's logs, or unmount it by hand (umount {host_stage})",
@@ -270,25 +321,31 @@ class NodeVolumeManager:
                 call="NodeUnstageVolume",
                 volume=volume.id,
             )
-        self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, False)
-        if os.path.isdir(host_stage):
-            os.rmdir(host_stage)
-        return points
 
-    def _remove_empty_dirs(self, paths: _Paths, points: frozenset[str]) -> None:
-        """Remove the operation's empty directories up to the root, skipping mount points
-        (``points``: one read of mountinfo for the whole walk up)."""
-        self._remove_empty_from(paths.host_target, points)
-        self._remove_empty_from(paths.host_stage, points)
+    def _remove_stage_dirs(self, paths: _Paths) -> None:
+        """After an unstage: the staging path, which must go (an error says what the plugin left
+        in it), then its parents while they are empty."""
+        try:
+            os.rmdir(paths.host_stage)
+        except FileNotFoundError:
+            pass
+        self._remove_empty_from(os.path.dirname(paths.host_stage), paths.real_root)
 
-    def _remove_empty_from(self, leaf: str, points: frozenset[str]) -> None:
-        path = leaf
-        while path.startswith(self.host_root.rstrip("/") + "/"):
+    @staticmethod
+    def _remove_empty_from(leaf: str, real_root: str) -> None:
+        """Remove ``leaf`` and its parents up to (not including) the root while they are empty.
+
+        rmdir itself is the test: it fails with ENOTEMPTY on a directory something still lives
+        in and with EBUSY on a mount point of this mount namespace (where the kernel refuses to
+        remove one), so neither a listing nor mountinfo is read. A missing directory is passed."""
+        path, under = leaf, real_root.rstrip("/") + "/"
+        while path.startswith(under):
             try:
-                if os.path.isdir(path) and os.path.realpath(path) not in points:
-                    os.rmdir(path)
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
             except OSError:
-                break  # not empty: something else still lives there
+                break  # not empty, a mount point, or no directory: leave it and what holds it
             path = os.path.dirname(path)
 
     def resume_teardowns(self) -> list[str]:
@@ -339,8 +396,9 @@ def forget_node_use(
         )
     left = store.drop_usage(plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
     not_undone = [f"NodeUnpublishVolume of {target} (the plugin was not asked; the target is no mount)"]
-    staged = store.staged(plugin_id, volume.namespace, volume.id, usage.key)
-    if requires_staging and left == 0 and staged:
+    if requires_staging and left == 0:
+        # Checked whether or not a stage is recorded: a mount that stopped before recording
+        # the stage it made leaves one all the same.
         if is_mount_point(stage, entries):
             raise CSIError(
                 f'volume "{volume.id}": its staging path {stage} is still mounted and no instance of CSI plugin '
@@ -350,8 +408,9 @@ def forget_node_use(
                 call="NodeUnstageVolume",
                 volume=volume.id,
             )
-        store.set_staged(plugin_id, volume.namespace, volume.id, usage.key, False)
-        not_undone.append(f"NodeUnstageVolume of {stage} (the plugin was not asked; the path is no mount)")
+        if store.staged(plugin_id, volume.namespace, volume.id, usage.key):
+            store.set_staged(plugin_id, volume.namespace, volume.id, usage.key, False)
+            not_undone.append(f"NodeUnstageVolume of {stage} (the plugin was not asked; the path is no mount)")
     for leaf in (target, stage if left == 0 else ""):
         path = leaf
         while path and path.startswith(host_root.rstrip("/") + "/"):

@@ -77,6 +77,45 @@ class StateStore:
             ).fetchone()
         return int(left)
 
+    def finish_mount(self, row: UsageRow, staged: bool) -> None:
+        """Record a finished mount: the use as "mounted" and, when this mount staged the volume,
+        the stage, in one transaction. Neither protects an RPC of the mount: until this is
+        written the "mounting" row leads a teardown through NodeUnstageVolume all the same, and
+        a stage that was never recorded is staged again (idempotent) by the next mount."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO csi_usage VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (row.plugin_id, row.namespace, row.volume_id, row.usage, row.alloc_id, row.phase, row.volume_json),
+            )
+            if staged:
+                db.execute(
+                    "INSERT OR REPLACE INTO csi_staged VALUES (?, ?, ?, ?)",
+                    (row.plugin_id, row.namespace, row.volume_id, row.usage),
+                )
+
+    def others_using(self, plugin_id: str, namespace: str, volume_id: str, usage: str, alloc_id: str) -> int:
+        """How many allocs other than ``alloc_id`` use (volume, usage): a read, no write."""
+        with self._lock:
+            (left,) = self._db.execute(
+                "SELECT COUNT(*) FROM csi_usage WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=? "
+                "AND alloc_id!=?",
+                (plugin_id, namespace, volume_id, usage, alloc_id),
+            ).fetchone()
+        return int(left)
+
+    def finish_unstage(self, plugin_id: str, namespace: str, volume_id: str, usage: str, alloc_id: str) -> None:
+        """Drop the last alloc's use and the stage together, once NodeUnstageVolume is done: until
+        then the alloc's "unmounting" row is what lets a restarted process finish the unstage."""
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM csi_usage WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=? AND alloc_id=?",
+                (plugin_id, namespace, volume_id, usage, alloc_id),
+            )
+            db.execute(
+                "DELETE FROM csi_staged WHERE plugin_id=? AND namespace=? AND volume_id=? AND usage=?",
+                (plugin_id, namespace, volume_id, usage),
+            )
+
     def usages(self, plugin_id: str, phase: str | None = None) -> list[UsageRow]:
         with self._lock:
             query = "SELECT * FROM csi_usage WHERE plugin_id=?" + (" AND phase=?" if phase else "")

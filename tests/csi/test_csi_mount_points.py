@@ -60,3 +60,28 @@ def test_csi_failed_unstage_keeps_the_stage_and_clears_the_publish_side(
     manager.unmount(volume, "alloc-a", MULTI)
     assert mounts_under(root) == [] and not os.path.exists(root / "staging")
     assert not store.staged("hostpath", "default", volume.id, MULTI.key)
+    assert store.usages("hostpath") == []
+
+
+def test_csi_failed_unstage_is_finished_by_resume_teardowns(
+    plugin_factory: Callable[..., HostPathPlugin], tmp_path: Path
+) -> None:
+    # The alloc's use stays "unmounting" until NodeUnstageVolume is done, so a process that stops
+    # after the unpublish (here: the unstage fails, then the process "restarts") still unstages.
+    p = plugin_factory("NodeUnstageVolume=INVALID_ARGUMENT:1")
+    client = CSIClient(p.socket, plugin="hostpath")
+    db = str(tmp_path / "state.db")
+    root = tmp_path / "csi"
+    manager = NodeVolumeManager(client, plugin_id="hostpath", host_root=str(root), store=StateStore(db),
+                                requires_staging=True)  # fmt: skip
+    volume = make_volume(client)
+    manager.mount(volume, "alloc-a", MULTI)
+    with pytest.raises(CSIError):
+        manager.unmount(volume, "alloc-a", MULTI)
+    assert [(u.alloc_id, u.phase) for u in manager.store.usages("hostpath")] == [("alloc-a", "unmounting")]
+    fresh = NodeVolumeManager(CSIClient(p.socket), plugin_id="hostpath", host_root=str(root), store=StateStore(db),
+                              requires_staging=True)  # fmt: skip
+    assert fresh.resume_teardowns() == ["alloc-a"]
+    assert mounts_under(root) == [] and not os.path.exists(root / "staging")
+    assert fresh.store.usages("hostpath") == []
+    assert not fresh.store.staged("hostpath", "default", volume.id, MULTI.key)

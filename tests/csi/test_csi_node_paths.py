@@ -1,0 +1,257 @@
+"""The volume manager's cheap checks against real mounts and trees: statx's mount-root bit,
+paths taken as named when no component is a symlink, and rmdir as the emptiness test."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import driversdk.csi.manager as manager_mod
+import driversdk.mountinfo as mountinfo_mod
+from driversdk.csi.manager import NodeVolumeManager, UsageOptions
+from driversdk.csi.model import AccessMode, AttachmentMode, Volume
+from driversdk.csi.state import StateStore
+from driversdk.mountinfo import is_mounted_at, mount_points, statx_mount_root
+from driversdk.paths import UnsafePathError, resolve_under
+
+from .conftest import HostPathPlugin
+
+USAGE = UsageOptions(AccessMode.SINGLE_NODE_WRITER, AttachmentMode.FILE_SYSTEM)
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def binds(tmp_path: Path) -> Iterator[list[str]]:
+    """Mount points made by a test, unmounted afterwards (innermost first)."""
+    made: list[str] = []
+    yield made
+    for point in reversed(made):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def _needs_statx() -> None:
+    if statx_mount_root("/") is None:
+        pytest.skip("statx cannot tell mount roots here (libc without statx, or a kernel before 5.8)")
+
+
+def test_statx_sees_a_bind_mount_of_the_same_filesystem(tmp_path: Path, binds: list[str]) -> None:
+    _needs_statx()
+    source, target, plain = tmp_path / "source", tmp_path / "target", tmp_path / "plain"
+    for d in (source, target, plain):
+        d.mkdir()
+    (source / "sub").mkdir()
+    _mount("--bind", str(source / "sub"), str(target))
+    binds.append(str(target))
+    # Same filesystem, so st_dev cannot tell these apart; the mount-root bit and mountinfo can.
+    assert os.stat(target).st_dev == os.stat(tmp_path).st_dev
+    assert statx_mount_root(str(target)) is True
+    assert statx_mount_root(str(plain)) is False
+    assert statx_mount_root(str(source / "sub")) is False  # the bind's source is no mount point
+    assert statx_mount_root(str(tmp_path / "missing")) is False
+    assert statx_mount_root(str(plain / "missing" / "deeper")) is False
+    points = mount_points()
+    for path in (target, plain, source / "sub"):
+        assert is_mounted_at(str(path)) == (str(path) in points)
+
+
+def test_statx_does_not_follow_a_symlink_to_a_mount(tmp_path: Path, binds: list[str]) -> None:
+    _needs_statx()
+    (tmp_path / "target").mkdir()
+    _mount("--bind", str(tmp_path / "target"), str(tmp_path / "target"))
+    binds.append(str(tmp_path / "target"))
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    assert statx_mount_root(str(tmp_path / "target")) is True
+    assert statx_mount_root(str(tmp_path / "link")) is False
+
+
+def test_statx_stacked_and_unmounted(tmp_path: Path, binds: list[str]) -> None:
+    _needs_statx()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _mount("--bind", str(tmp_path / "a"), str(tmp_path / "b"))
+    binds.append(str(tmp_path / "b"))
+    _mount("-t", "tmpfs", "tmpfs", str(tmp_path / "b"))
+    binds.append(str(tmp_path / "b"))
+    assert statx_mount_root(str(tmp_path / "b")) is True
+    subprocess.run(["umount", str(tmp_path / "b")], check=True)
+    assert statx_mount_root(str(tmp_path / "b")) is True  # the bind below is still there
+    subprocess.run(["umount", str(tmp_path / "b")], check=True)
+    assert statx_mount_root(str(tmp_path / "b")) is False
+
+
+def test_is_mounted_at_falls_back_to_mountinfo(
+    tmp_path: Path, binds: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "plain").mkdir()
+    _mount("--bind", str(tmp_path / "target"), str(tmp_path / "target"))
+    binds.append(str(tmp_path / "target"))
+    monkeypatch.setattr(mountinfo_mod, "_statx", None)  # as on a libc without statx
+    assert statx_mount_root(str(tmp_path / "target")) is None
+    assert is_mounted_at(str(tmp_path / "target")) is True
+    assert is_mounted_at(str(tmp_path / "plain")) is False
+
+
+def test_statx_error_other_than_missing_is_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(*args: object) -> int:
+        import ctypes
+
+        ctypes.set_errno(errno.ESTALE)
+        return -1
+
+    monkeypatch.setattr(mountinfo_mod, "_statx", failing)
+    assert statx_mount_root("/anything") is None
+
+
+# --- paths -------------------------------------------------------------------------------------
+
+
+def _manager(tmp_path: Path, root: Path) -> NodeVolumeManager:
+    store = StateStore(str(tmp_path / "state.db"))
+    return NodeVolumeManager(None, plugin_id="hostpath", host_root=str(root), store=store,  # type: ignore[arg-type]
+                             requires_staging=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("existing", ["", "staging", "staging/default", "staging/default/vol"])
+def test_plain_paths_match_resolve_under(tmp_path: Path, existing: str) -> None:
+    root = tmp_path / "root"
+    (root / existing).mkdir(parents=True)
+    manager = _manager(tmp_path, root)
+    key = USAGE.key
+    expect = resolve_under(str(root), "staging", "default", "vol", key, what="x")
+    assert manager.staging_paths(Volume(id="vol", plugin_id="hostpath"), USAGE) == (
+        expect,
+        str(root / "staging" / "default" / "vol" / key),
+    )
+
+
+def test_a_symlink_inside_the_root_is_resolved_like_before(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "staging" / "elsewhere").mkdir(parents=True)
+    (root / "staging" / "default").symlink_to(root / "staging" / "elsewhere")
+    manager = _manager(tmp_path, root)
+    host, inside = manager.staging_paths(Volume(id="vol", plugin_id="hostpath"), USAGE)
+    assert host == str(root / "staging" / "elsewhere" / "vol" / USAGE.key)
+    assert inside == str(root / "staging" / "elsewhere" / "vol" / USAGE.key)
+
+
+@pytest.mark.parametrize("link_at", ["staging", "staging/default", "staging/default/vol"])
+def test_a_planted_symlink_out_of_the_root_is_refused_at_any_depth(tmp_path: Path, link_at: str) -> None:
+    root = tmp_path / "root"
+    (root / link_at).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "outside").mkdir()
+    (root / link_at).symlink_to(tmp_path / "outside")
+    manager = _manager(tmp_path, root)
+    with pytest.raises(UnsafePathError, match="outside"):
+        manager.staging_paths(Volume(id="vol", plugin_id="hostpath"), USAGE)
+
+
+@pytest.mark.parametrize("volume_id", ["..", ".", "a/../../..", ""])
+def test_names_that_are_not_plain_go_through_resolve_under(tmp_path: Path, volume_id: str) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    manager = _manager(tmp_path, root)
+    volume = Volume(id=volume_id, plugin_id="hostpath")
+    try:
+        expect: str | None = resolve_under(str(root), "staging", "default", volume_id, USAGE.key, what="x")
+    except UnsafePathError:
+        expect = None
+    if expect is None:
+        with pytest.raises(UnsafePathError):
+            manager.staging_paths(volume, USAGE)
+    else:
+        assert manager.staging_paths(volume, USAGE)[0] == expect
+
+
+def test_a_symlinked_root_is_resolved_once_and_cleaned_under(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "root").symlink_to(tmp_path / "real")
+    manager = _manager(tmp_path, tmp_path / "root")
+    host, inside = manager.staging_paths(Volume(id="vol", plugin_id="hostpath"), USAGE)
+    assert host == str(tmp_path / "real" / "staging" / "default" / "vol" / USAGE.key)
+    assert inside == str(tmp_path / "root" / "staging" / "default" / "vol" / USAGE.key)
+    os.makedirs(host)
+    NodeVolumeManager._remove_empty_from(host, str(tmp_path / "real"))
+    assert os.listdir(tmp_path / "real") == []
+
+
+# --- removing empty directories ----------------------------------------------------------------
+
+
+def test_remove_empty_stops_at_a_mount_point(tmp_path: Path, binds: list[str]) -> None:
+    root = tmp_path / "root"
+    leaf = root / "per-alloc" / "alloc" / "vol" / "usage"
+    leaf.mkdir(parents=True)
+    vol = root / "per-alloc" / "alloc" / "vol"
+    _mount("--bind", str(vol), str(vol))  # same filesystem: rmdir's EBUSY is what stops the walk
+    binds.append(str(vol))
+    NodeVolumeManager._remove_empty_from(str(leaf), str(root))
+    assert not leaf.exists()
+    assert vol.is_dir() and str(vol) in mount_points()
+
+
+def test_remove_empty_stops_at_a_non_empty_directory_and_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    leaf = root / "staging" / "default" / "vol" / "usage"
+    leaf.mkdir(parents=True)
+    (root / "staging" / "default" / "other").write_text("x")
+    NodeVolumeManager._remove_empty_from(str(leaf), str(root))
+    assert sorted(os.listdir(root / "staging" / "default")) == ["other"]
+    (root / "staging" / "default" / "other").unlink()
+    NodeVolumeManager._remove_empty_from(str(root / "staging" / "default" / "gone"), str(root))
+    assert root.is_dir() and os.listdir(root) == []
+
+
+def test_makedirs_retries_when_a_teardown_removes_a_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.makedirs
+    failures = [FileNotFoundError(errno.ENOENT, "removed meanwhile")]
+
+    def racing(path: str, mode: int = 0o777, exist_ok: bool = False) -> None:
+        if failures:
+            raise failures.pop()
+        real(path, mode, exist_ok)
+
+    monkeypatch.setattr(manager_mod.os, "makedirs", racing)
+    manager_mod._makedirs(str(tmp_path / "a" / "b"))
+    assert (tmp_path / "a" / "b").is_dir() and (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
+
+
+# --- removed directories' descriptors ----------------------------------------------------------
+
+
+def _fds_under(path: Path) -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, closed meanwhile
+        if target.startswith(str(path)):
+            found.append(target)
+    return found
+
+
+def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, tmp_path: Path) -> None:
+    from driversdk.csi.client import CSIClient
+
+    from .test_csi import MULTI, make_volume
+
+    client = CSIClient(plugin.socket, plugin="hostpath")
+    root = tmp_path / "csi"
+    manager = NodeVolumeManager(client, plugin_id="hostpath", host_root=str(root),
+                                store=StateStore(str(tmp_path / "state.db")), requires_staging=True)  # fmt: skip
+    volume = make_volume(client)
+    for alloc in ("alloc-a", "alloc-b"):
+        manager.mount(volume, alloc, MULTI)
+    manager.unmount(volume, "alloc-a", MULTI)  # not the last: the stage stays
+    manager.unmount(volume, "alloc-b", MULTI)
+    assert not root.exists() or os.listdir(root) == []
+    assert _fds_under(root) == []  # nothing of the tree is held open once unmount returns
