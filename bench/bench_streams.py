@@ -20,6 +20,7 @@ Issue 15's goal for 1000 exec tasks: RSS <= 100 MiB, <= 64 threads, latency <= 2
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
@@ -48,6 +49,19 @@ def status(pid: int) -> tuple[float, int]:
     """(RSS in MiB, threads) of a process."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["Threads"])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
 
 
 def latency_ms(client: DriverClient, task_id: str, calls: int) -> float:
@@ -106,7 +120,12 @@ def main() -> None:
                 )
             time.sleep(5)  # every stream has been answered at least once and is waiting
             busy_rss, busy_threads = status(pid)
+            cpu_before, machine_before, wall_before = cpu_seconds(pid), machine_busy(), time.monotonic()
             busy_ms = latency_ms(h.client, first, args.calls)
+            wall = time.monotonic() - wall_before
+            plugin_cpu = (cpu_seconds(pid) - cpu_before) / wall * 100
+            busy_now, total_now = machine_busy()
+            machine_cpu = (busy_now - machine_before[0]) / max(total_now - machine_before[1], 1) * 100
             busy_rss2, busy_threads2 = status(pid)
             for stream in streams:
                 stream.cancel()
@@ -124,6 +143,7 @@ def main() -> None:
         f"  InspectTask     idle {idle_ms:6.2f} ms    loaded {busy_ms:6.2f} ms   ratio {busy_ms / idle_ms:.2f}"
         f"  (median of {args.calls})"
     )
+    print(f"  under load: plugin CPU {plugin_cpu:.0f}% of one core, machine {machine_cpu:.0f}% busy (all cores)")
 
 
 if __name__ == "__main__":

@@ -77,6 +77,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 # long (an image pull, a stop waiting out its kill timeout) run on threads of their own (see
 # _Servicer._call), and WaitTask takes a worker only for a watch_exit call (see _ExitWaits).
 DRIVER_CALL_WORKERS = 32
+# The streams' periodic samples (a TaskStats sample a second per running task, fingerprints) run
+# on a small pool of their own: with a thousand tasks there are always samples waiting, and a
+# unary call queued behind them would wait for all of them. When the driver cannot sample as
+# fast as asked, the streams' samples come late; the unary calls do not.
+STREAM_SAMPLE_WORKERS = 4
 
 
 class DriverSource:
@@ -281,6 +286,7 @@ class _DriverCalls:
     def __init__(self, source: DriverSource, pool: ThreadPoolExecutor | None = None) -> None:
         self.source = source
         self.pool = pool or ThreadPoolExecutor(DRIVER_CALL_WORKERS, thread_name_prefix="driver-call")
+        self.samples = ThreadPoolExecutor(STREAM_SAMPLE_WORKERS, thread_name_prefix="stream-sample")
         self.exits = _ExitWaits(source, self.pool)
 
 
@@ -304,17 +310,21 @@ class _Servicer:
         except DriverError as err:
             await abort_with(context, err, call)
 
-    async def _call(self, context: Context, call: str, fn: Callable[[], T], *, long: bool = False) -> T:
+    async def _call(
+        self, context: Context, call: str, fn: Callable[[], T], *, long: bool = False, sample: bool = False
+    ) -> T:
         """Run ``fn`` (which calls the driver) on the pool; its failure ends the RPC as a status.
 
         ``long`` calls (starting, stopping, destroying a task, exec) may take as long as an image
         pull or a kill timeout, and a client may issue dozens at once (a job of many tasks
         stopping): they run on a thread of their own for their duration, so they can never hold
-        every pool worker while InspectTask or a stats sample waits behind them."""
+        every pool worker while InspectTask or a stats sample waits behind them. A stream's
+        periodic ``sample`` runs on the sample pool (STREAM_SAMPLE_WORKERS)."""
         try:
             if long:
                 return await _on_own_thread(fn, name=call)
-            return await asyncio.get_running_loop().run_in_executor(self._calls.pool, fn)
+            pool = self._calls.samples if sample else self._calls.pool
+            return await asyncio.get_running_loop().run_in_executor(pool, fn)
         except Exception as err:  # every failure must reach the host as a status, never a trace
             await abort_with(context, err, call)
 
@@ -651,7 +661,7 @@ class DriverServicer(_Servicer, driver_pb2_grpc.DriverServicer):
             while True:
                 # Cleared before reading: a change while fingerprint() runs sends another one.
                 changed.clear()
-                fp = await self._call(context, "Fingerprint", driver.fingerprint)
+                fp = await self._call(context, "Fingerprint", driver.fingerprint, sample=True)
                 yield convert.fingerprint_to_proto(fp)
                 # Re-send after the interval, earlier on notify_fingerprint_changed.
                 with contextlib.suppress(TimeoutError):
@@ -666,7 +676,7 @@ class DriverServicer(_Servicer, driver_pb2_grpc.DriverServicer):
         interval = convert.duration_from_proto(request.collection_interval) or 1.0
         driver = self._driver
         while True:
-            stats = await self._call(context, "TaskStats", lambda: driver.task_stats(request.task_id))
+            stats = await self._call(context, "TaskStats", lambda: driver.task_stats(request.task_id), sample=True)
             if stats is None:
                 return
             yield driver_pb2.TaskStatsResponse(stats=convert.task_stats_to_proto(stats))
@@ -759,6 +769,7 @@ def register_driver(
 
 __all__ = [
     "DRIVER_CALL_WORKERS",
+    "STREAM_SAMPLE_WORKERS",
     "BasePluginServicer",
     "DriverServicer",
     "DriverSource",

@@ -52,13 +52,25 @@ def _write(path: str, value: str) -> None:
 
 
 def _read(path: str) -> str:
-    with open(path) as fh:
-        return fh.read()
+    return _read_bytes(path).decode()
+
+
+def _read_bytes(path: str) -> bytes:
+    # os.open/os.read rather than open(): a stats stream reads several of these files a second
+    # for every running task, and a text file object costs several times the read itself.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _read_int(path: str) -> int:
     try:
-        text = _read(path).strip()
+        text = _read_bytes(path).strip()
     except OSError:
         return 0
     return int(text) if text.isdigit() else 0
@@ -67,13 +79,13 @@ def _read_int(path: str) -> int:
 def _keyed(path: str) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        text = _read(path)
+        data = _read_bytes(path)
     except OSError:
         return out
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            out[parts[0]] = int(parts[1])
+    for line in data.split(b"\n"):
+        key, _, value = line.partition(b" ")
+        if value and value.lstrip(b"-").isdigit() and b" " not in value:
+            out[key.decode()] = int(value)
     return out
 
 
