@@ -150,9 +150,22 @@ def _reap(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(status)
 
 
+# The soft open-file limit before _raise_fd_limit lifted it (None while it has not).
+_original_nofile_soft: int | None = None
+
+
+def original_nofile_soft() -> int | None:
+    """The soft open-file limit this process had before the watcher raised it, or None.
+
+    Go restores the original soft limit in the processes it starts, so Nomad's tasks keep the
+    limit the agent was started with; a driver passes this one on to its tasks the same way."""
+    return _original_nofile_soft
+
+
 def _raise_fd_limit() -> None:
     """Each watched process holds a pidfd: lift the soft open-file limit to the hard one, as Go
     programs (and with them Nomad) do at start-up, so a thousand tasks do not run out of fds."""
+    global _original_nofile_soft
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == hard:
         return
@@ -161,6 +174,7 @@ def _raise_fd_limit() -> None:
     except (ValueError, OSError) as err:
         log.warning("could not raise the open file limit from %d to %d: %s", soft, hard, err)
         return
+    _original_nofile_soft = soft
     log.info("raised the open file limit from %d to %d (one pidfd per watched process)", soft, hard)
 
 

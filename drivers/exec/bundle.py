@@ -12,12 +12,14 @@ import os
 import posixpath
 import pwd
 import re
+import resource
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from drivers.exec.config import PluginConfig, TaskExecConfig
+from driversdk import procwatch
 from driversdk.errors import ConfigError
 from driversdk.model import Device, DNSConfig, NetworkIsolationMode, TaskConfig
 from driversdk.mounts import Mount, Propagation
@@ -198,6 +200,16 @@ def root_propagation(task: TaskConfig) -> str:
     return "rprivate"
 
 
+def _nofile_rlimit() -> dict[str, Any]:
+    """The task's open-file limit: the one the plugin was started with, as Nomad's tasks get the
+    agent's. Set explicitly because runc (a Go program) raises its own soft limit to the hard one
+    and, in the versions Debian ships, hands that on to the container; and the plugin raises its
+    own too (driversdk.procwatch: a pidfd per task it waits for)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    original = procwatch.original_nofile_soft()
+    return {"type": "RLIMIT_NOFILE", "hard": hard, "soft": soft if original is None else original}
+
+
 def build_spec(
     task: TaskConfig, cfg: TaskExecConfig, plugin: PluginConfig, *, cgroups_path: str, bundle_dir: str = ""
 ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -280,6 +292,7 @@ def build_spec(
             "cwd": cfg.work_dir,
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
             "noNewPrivileges": False,
+            "rlimits": [_nofile_rlimit()],
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": _hostname(task),

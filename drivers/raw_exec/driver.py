@@ -429,7 +429,7 @@ class RawExecDriver(DriverPlugin):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            env=supervisor.SUPERVISOR_ENV,
+            env=supervisor.launcher_env(),
         )
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
@@ -452,7 +452,7 @@ class RawExecDriver(DriverPlugin):
         record = self._tasks.get(session.task_id)
         if session.tty:
             raise DriverError(f"exec in task {record.task.name!r}: tty sessions are not supported; run without -t")
-        return run_session(self._exec_argv(record, session.command), session, env=supervisor.SUPERVISOR_ENV)
+        return run_session(self._exec_argv(record, session.command), session, env=supervisor.launcher_env())
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self._tasks.get(task_id)

@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import signal
 import sys
 from typing import Any
@@ -153,7 +154,20 @@ def exec_in_task(spec_path: str, argv: list[str]) -> int:
     return 127
 
 
+NOFILE_ENV = "DRIVERSDK_TASK_NOFILE"  # supervisor.py's
+
+
+def _restore_nofile() -> None:
+    """Put back the soft open-file limit the plugin was started with (it raised its own)."""
+    wanted = os.environ.pop(NOFILE_ENV, "")
+    if wanted.isdigit():
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(int(wanted), hard), hard))
+
+
 def main(argv: list[str]) -> int:
+    _restore_nofile()
     if len(argv) >= 2 and argv[0] == "supervise":
         return supervise(argv[1])
     if len(argv) >= 3 and argv[0] == "exec":

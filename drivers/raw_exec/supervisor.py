@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import drivers
+from driversdk import procwatch
 from driversdk.errors import DriverError
 
 LAUNCH_MODULE = "drivers.raw_exec.launch"
@@ -24,6 +25,15 @@ BOOTSTRAP = (
     f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from {LAUNCH_MODULE} import main; sys.exit(main(sys.argv[1:]))"
 )
 SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+NOFILE_ENV = "DRIVERSDK_TASK_NOFILE"  # launch.py's: the soft open-file limit to give the task
+
+
+def launcher_env() -> dict[str, str]:
+    """The launcher's environment. The plugin raised its own open-file limit (one pidfd per
+    task); the launcher puts back the limit the plugin was started with, as Nomad's tasks get
+    the agent's."""
+    nofile = procwatch.original_nofile_soft()
+    return SUPERVISOR_ENV if nofile is None else {**SUPERVISOR_ENV, NOFILE_ENV: str(nofile)}
 
 
 def launcher(mode: str, spec_file: str, *extra: str) -> list[str]:
@@ -53,7 +63,7 @@ def spawn(spec_file: str, stdout_fd: int, stderr_fd: int, *, task: str) -> tuple
             pid = os.posix_spawn(
                 sys.executable,
                 launcher("supervise", spec_file),
-                SUPERVISOR_ENV,
+                launcher_env(),
                 file_actions=file_actions,
                 setsid=True,
                 setsigmask=(),
