@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100)
     parser.add_argument("--driver", choices=sorted(PLUGINS), default="exec")
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--hold", type=float, default=0.0, help="seconds to keep the load after measuring")
     args = parser.parse_args()
     # A `timeout` or Ctrl-C still destroys every task started (DriverHarness.close).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -127,6 +128,10 @@ def main() -> None:
             busy_now, total_now = machine_busy()
             machine_cpu = (busy_now - machine_before[0]) / max(total_now - machine_before[1], 1) * 100
             busy_rss2, busy_threads2 = status(pid)
+            if args.hold:
+                # Keeps the load for a profiler (e.g. py-spy record -p <plugin pid>).
+                print(f"holding the load for {args.hold:.0f} s; plugin pid {pid}", flush=True)
+                time.sleep(args.hold)
             for stream in streams:
                 stream.cancel()
             streams.clear()

@@ -13,7 +13,9 @@ import errno
 import functools
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,18 +70,18 @@ def _read_bytes(path: str) -> bytes:
         os.close(fd)
 
 
-def _read_int(path: str) -> int:
+def _read_int(path: str, read: Callable[[str], bytes] = _read_bytes) -> int:
     try:
-        text = _read_bytes(path).strip()
+        text = read(path).strip()
     except OSError:
         return 0
     return int(text) if text.isdigit() else 0
 
 
-def _keyed(path: str) -> dict[str, int]:
+def _keyed(path: str, read: Callable[[str], bytes] = _read_bytes) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
-        data = _read_bytes(path)
+        data = read(path)
     except OSError:
         return out
     for line in data.split(b"\n"):
@@ -87,6 +89,44 @@ def _keyed(path: str) -> dict[str, int]:
         if value and value.lstrip(b"-").isdigit() and b" " not in value:
             out[key.decode()] = int(value)
     return out
+
+
+class CounterFiles:
+    """A task's cgroup counter files, kept open between samples.
+
+    A stats stream samples every running task once a second, and opening a cgroup file (a path
+    walk through cgroupfs, then the close) costs more than reading it: with the files held open a
+    sample is a pread(2) of each, from offset 0, which makes the kernel render the file afresh.
+    A file that cannot be kept open (no descriptor left) is opened for that read only. Safe to
+    share between threads; after :meth:`close` every read opens its file again.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def read(self, path: str) -> bytes:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None and not self._closed:
+                try:
+                    fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as err:
+                    if err.errno not in (errno.EMFILE, errno.ENFILE):
+                        raise
+            if fd is not None:
+                # Under the lock: close() must not free the number while a read still uses it.
+                return os.pread(fd, 65536, 0)
+        return _read_bytes(path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def memory_limit_bytes(resources: Resources) -> int:
@@ -227,12 +267,14 @@ class TaskCgroup:
         # Kernels before 4.13 lack the counter; hitting the limit is the best sign left.
         return _read_int(f"{parent}/memory.failcnt") > 0 and _read_int(f"{parent}/memory.memsw.failcnt") > 0
 
-    def sample(self) -> CgroupSample:
+    def sample(self, files: CounterFiles | None = None) -> CgroupSample:
+        """The counters now; ``files`` keeps them open between samples (a stats stream's)."""
+        read = files.read if files is not None else _read_bytes
         if self.v2:
             path = self._dir("") or ""
-            cpu = _keyed(f"{path}/cpu.stat")
-            mem = _keyed(f"{path}/memory.stat")
-            usage = _read_int(f"{path}/memory.current")
+            cpu = _keyed(f"{path}/cpu.stat", read)
+            mem = _keyed(f"{path}/memory.stat", read)
+            usage = _read_int(f"{path}/memory.current", read)
             return CgroupSample(
                 cpu_user_ns=cpu.get("user_usec", 0) * 1000,
                 cpu_system_ns=cpu.get("system_usec", 0) * 1000,
@@ -240,25 +282,25 @@ class TaskCgroup:
                 throttled_periods=cpu.get("nr_throttled", 0),
                 throttled_ns=cpu.get("throttled_usec", 0) * 1000,
                 memory_usage=usage,
-                memory_max_usage=_read_int(f"{path}/memory.peak") or usage,
+                memory_max_usage=_read_int(f"{path}/memory.peak", read) or usage,
                 memory_rss=mem.get("anon", 0),
                 memory_cache=mem.get("file", 0),
-                memory_swap=_read_int(f"{path}/memory.swap.current"),
+                memory_swap=_read_int(f"{path}/memory.swap.current", read),
                 at=time.monotonic(),
             )
         mem_dir = self._dir("memory") or ""
         acct = self._dir("cpuacct") or ""
         cpu_dir = self._dir("cpu") or ""
-        mem = _keyed(f"{mem_dir}/memory.stat")
-        throttle = _keyed(f"{cpu_dir}/cpu.stat")
+        mem = _keyed(f"{mem_dir}/memory.stat", read)
+        throttle = _keyed(f"{cpu_dir}/cpu.stat", read)
         return CgroupSample(
-            cpu_user_ns=_read_int(f"{acct}/cpuacct.usage_user"),
-            cpu_system_ns=_read_int(f"{acct}/cpuacct.usage_sys"),
-            cpu_total_ns=_read_int(f"{acct}/cpuacct.usage"),
+            cpu_user_ns=_read_int(f"{acct}/cpuacct.usage_user", read),
+            cpu_system_ns=_read_int(f"{acct}/cpuacct.usage_sys", read),
+            cpu_total_ns=_read_int(f"{acct}/cpuacct.usage", read),
             throttled_periods=throttle.get("nr_throttled", 0),
             throttled_ns=throttle.get("throttled_time", 0),
-            memory_usage=_read_int(f"{mem_dir}/memory.usage_in_bytes"),
-            memory_max_usage=_read_int(f"{mem_dir}/memory.max_usage_in_bytes"),
+            memory_usage=_read_int(f"{mem_dir}/memory.usage_in_bytes", read),
+            memory_max_usage=_read_int(f"{mem_dir}/memory.max_usage_in_bytes", read),
             memory_rss=mem.get("total_rss", 0),
             memory_cache=mem.get("total_cache", 0),
             memory_swap=mem.get("total_swap", 0),

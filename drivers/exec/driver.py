@@ -269,6 +269,7 @@ class ExecDriver(DriverPlugin):
     def _exited(self, record: ExecTask) -> None:
         """The supervisor is gone: record the task's exit. Runs on the watcher thread, which
         serves every task of this plugin, so it only reads two small files."""
+        record.counter_files.close()  # no more samples: the stats stream ends with the task
         state = record.state
         status = supervisor.read_status(state.status_file)
         if status is None:
@@ -359,6 +360,7 @@ class ExecDriver(DriverPlugin):
                     f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry destroying it",
                     recoverable=True,
                 )
+        record.counter_files.close()
         self._release(record.state)
         self._tasks.remove(task_id)
 
@@ -440,7 +442,7 @@ class ExecDriver(DriverPlugin):
         record = self._tasks.get(task_id)
         if record.exit.done:
             return None
-        stats, record.last_sample = task_stats(record.cgroup, record.last_sample)
+        stats, record.last_sample = task_stats(record.cgroup, record.last_sample, record.counter_files)
         return stats
 
     # --- networking --------------------------------------------------------------------------

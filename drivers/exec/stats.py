@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from drivers.exec.cgroups import CgroupSample, TaskCgroup
+from drivers.exec.cgroups import CgroupSample, CounterFiles, TaskCgroup
 from driversdk.model import CpuField, CpuUsage, MemoryField, MemoryUsage, ResourceUsage, TaskStats
 
 CPU_FIELDS = (
@@ -23,9 +23,12 @@ def _percent(now: int, before: int, seconds: float) -> float:
     return (now - before) / 1e9 / seconds * 100.0
 
 
-def task_stats(cgroup: TaskCgroup, previous: CgroupSample | None) -> tuple[TaskStats, CgroupSample]:
-    """One sample; CPU percentages are over the time since ``previous`` (zero for the first)."""
-    sample = cgroup.sample()
+def task_stats(
+    cgroup: TaskCgroup, previous: CgroupSample | None, files: CounterFiles | None = None
+) -> tuple[TaskStats, CgroupSample]:
+    """One sample; CPU percentages are over the time since ``previous`` (zero for the first).
+    ``files`` keeps the task's counter files open from one sample to the next."""
+    sample = cgroup.sample(files)
     seconds = sample.at - previous.at if previous else 0.0
     base = previous or sample
     cpu = CpuUsage(

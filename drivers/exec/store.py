@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from drivers.exec.cgroups import CGROUP_PARENT, CgroupSample, TaskCgroup
+from drivers.exec.cgroups import CGROUP_PARENT, CgroupSample, CounterFiles, TaskCgroup
 from driversdk.errors import ConfigError
 from driversdk.exits import ExitSlot
 from driversdk.model import ExitResult, TaskConfig
@@ -67,6 +67,8 @@ class ExecTask:
     """Set once by the process watcher when the supervisor is gone; wait_task and watch_exit wait on it."""
     completed_at: datetime | None = None
     last_sample: CgroupSample | None = None
+    counter_files: CounterFiles = field(default_factory=CounterFiles)
+    """The cgroup counter files its stats stream reads, open while the task runs."""
 
     @property
     def cgroup(self) -> TaskCgroup:
