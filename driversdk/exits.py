@@ -11,8 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
 
-from driversdk.model import ExitResult
+from driversdk.model import ExitResult, TaskConfig, TaskEvent
 
 log = logging.getLogger("driversdk.exits")
 
@@ -71,3 +74,45 @@ class ExitSlot:
                 self._callbacks.append(callback)
                 return
         callback(result)
+
+
+class RecordedStatus(Protocol):
+    """What a task supervisor wrote when its task ended (exec's and raw_exec's status files)."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+    @property
+    def signal(self) -> int: ...
+
+    @property
+    def finished_at(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class SupervisedExit:
+    result: ExitResult
+    completed_at: datetime
+    event: TaskEvent | None
+    """Nomad's "OOM Killed" task event when the kernel killed the task at its memory limit."""
+
+
+def supervised_exit(task: TaskConfig, status: RecordedStatus | None, oom_killed: Callable[[], bool]) -> SupervisedExit:
+    """The exit of a task whose supervisor is gone, from the status it wrote (None: it wrote
+    none, so nobody knows the code: -1, as Nomad reports an unknown exit)."""
+    if status is None:
+        log.error("supervisor of task %s went away without recording an exit status", task.id)
+        return SupervisedExit(ExitResult(exit_code=-1), datetime.now(UTC), None)
+    oom = oom_killed()
+    event = None
+    if oom:
+        event = TaskEvent(
+            task_id=task.id,
+            alloc_id=task.alloc_id,
+            task_name=task.name,
+            message="OOM Killed",
+            timestamp=datetime.now(UTC),
+            annotations={"oom_killed": "true"},
+        )
+    result = ExitResult(exit_code=status.exit_code, signal=status.signal, oom_killed=oom)
+    return SupervisedExit(result, datetime.fromtimestamp(status.finished_at, UTC), event)

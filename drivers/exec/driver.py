@@ -33,6 +33,7 @@ from drivers.exec.taskdirs import grant_task_dirs
 from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
+from driversdk.exits import supervised_exit
 from driversdk.model import (
     AgentConfig,
     Capabilities,
@@ -45,7 +46,6 @@ from driversdk.model import (
     NetworkIsolationMode,
     NetworkIsolationSpec,
     TaskConfig,
-    TaskEvent,
     TaskHandle,
     TaskState,
     TaskStats,
@@ -271,25 +271,10 @@ class ExecDriver(DriverPlugin):
         serves every task of this plugin, so it only reads two small files."""
         record.counter_files.close()  # no more samples: the stats stream ends with the task
         state = record.state
-        status = supervisor.read_status(state.status_file)
-        if status is None:
-            log.error("supervisor of task %s went away without recording an exit status", record.task.id)
-            record.finish(ExitResult(exit_code=-1), datetime.now(UTC))
-            return
-        oom = record.cgroup.oom_killed()
-        result = ExitResult(exit_code=status.exit_code, signal=status.signal, oom_killed=oom)
-        record.finish(result, datetime.fromtimestamp(status.finished_at, UTC))
-        if oom:
-            self.emit_event(
-                TaskEvent(
-                    task_id=record.task.id,
-                    alloc_id=record.task.alloc_id,
-                    task_name=record.task.name,
-                    message="OOM Killed",
-                    timestamp=datetime.now(UTC),
-                    annotations={"oom_killed": "true"},
-                )
-            )
+        ended = supervised_exit(record.task, supervisor.read_status(state.status_file), record.cgroup.oom_killed)
+        record.finish(ended.result, ended.completed_at)
+        if ended.event is not None:
+            self.emit_event(ended.event)
 
     # --- recovery --------------------------------------------------------------------------
 

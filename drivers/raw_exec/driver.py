@@ -29,6 +29,7 @@ from drivers.raw_exec.store import RawState, RawTask
 from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
+from driversdk.exits import supervised_exit
 from driversdk.model import (
     AgentConfig,
     Capabilities,
@@ -40,7 +41,6 @@ from driversdk.model import (
     MountConfigSupport,
     NetworkIsolationMode,
     TaskConfig,
-    TaskEvent,
     TaskHandle,
     TaskState,
     TaskStats,
@@ -268,27 +268,10 @@ class RawExecDriver(DriverPlugin):
         """The supervisor is gone: record the task's exit. Runs on the watcher thread, which
         serves every task of this plugin, so it only reads two small files."""
         state = record.state
-        status = supervisor.read_status(state.status_file)
-        if status is None:
-            log.error("supervisor of task %s went away without recording an exit status", record.task.id)
-            record.finish(ExitResult(exit_code=-1), datetime.now(UTC))
-            return
-        oom = state.cgroup.oom_killed()
-        record.finish(
-            ExitResult(exit_code=status.exit_code, signal=status.signal, oom_killed=oom),
-            datetime.fromtimestamp(status.finished_at, UTC),
-        )
-        if oom:
-            self.emit_event(
-                TaskEvent(
-                    task_id=record.task.id,
-                    alloc_id=record.task.alloc_id,
-                    task_name=record.task.name,
-                    message="OOM Killed",
-                    timestamp=datetime.now(UTC),
-                    annotations={"oom_killed": "true"},
-                )
-            )
+        ended = supervised_exit(record.task, supervisor.read_status(state.status_file), state.cgroup.oom_killed)
+        record.finish(ended.result, ended.completed_at)
+        if ended.event is not None:
+            self.emit_event(ended.event)
 
     # --- recovery --------------------------------------------------------------------------
 

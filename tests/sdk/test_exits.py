@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pytest
 
-from driversdk.exits import ExitSlot
-from driversdk.model import ExitResult
+from driversdk.exits import ExitSlot, supervised_exit
+from driversdk.model import ExitResult, TaskConfig
 
 WAIT = 60.0  # generous: nothing here is about speed
 
@@ -82,3 +84,31 @@ def test_a_callback_added_after_set_raises_to_its_caller() -> None:
 
     with pytest.raises(RuntimeError, match="caller's thread"):
         slot.add_callback(boom)
+
+
+@dataclass(frozen=True)
+class _Status:
+    exit_code: int
+    signal: int
+    finished_at: float
+
+
+def test_supervised_exit_reads_the_status_and_reports_an_oom_kill_as_nomad_does() -> None:
+    task = TaskConfig(id="t1", name="web", alloc_id="a1")
+    ended = supervised_exit(task, _Status(137, 9, 1700000000.0), lambda: True)
+    assert ended.result == ExitResult(exit_code=137, signal=9, oom_killed=True)
+    assert ended.completed_at == datetime.fromtimestamp(1700000000.0, UTC)
+    assert ended.event is not None
+    assert (ended.event.task_id, ended.event.alloc_id, ended.event.task_name) == ("t1", "a1", "web")
+    assert (ended.event.message, ended.event.annotations) == ("OOM Killed", {"oom_killed": "true"})
+    plain = supervised_exit(task, _Status(3, 0, 1700000000.0), lambda: False)
+    assert plain.result == ExitResult(exit_code=3) and plain.event is None
+
+
+def test_supervised_exit_without_a_status_is_an_unknown_exit(caplog: pytest.LogCaptureFixture) -> None:
+    def never() -> bool:
+        raise AssertionError("no status: the cgroup is not asked")
+
+    ended = supervised_exit(TaskConfig(id="t1", name="web"), None, never)
+    assert ended.result == ExitResult(exit_code=-1) and ended.event is None
+    assert "supervisor of task t1 went away without recording an exit status" in caplog.text
