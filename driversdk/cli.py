@@ -77,11 +77,19 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
-    from driversdk.runner.hcl import Inputs
-    from driversdk.runner.validate import check_files
+    from driversdk.runner.prelaunch import start_early
 
-    inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
-    report = check_files(args.job, args.client, inputs)
+    # The job's plugins boot while the parser and the validator are imported and the job parsed.
+    early = start_early([args.job], args.client)
+    try:
+        from driversdk.runner.hcl import Inputs
+        from driversdk.runner.validate import check_files
+
+        inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
+        report = check_files(args.job, args.client, inputs, early)
+    finally:
+        if early is not None:
+            early[1].abandon()
     if not report.job and report.problems and not report.checked and len(report.problems) == 1:
         problem = report.problems[0]
         if not problem.file and not args.json:  # a file that cannot be read as HCL at all
@@ -107,14 +115,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run jobs' tasks here through their driver plugins; Ctrl-C stops them cleanly. Exit 0 when
     every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
     from driversdk.runner.clientconfig import load_client
-    from driversdk.runner.events import printer
-    from driversdk.runner.run import EXIT_REFUSED, RunRefused, run_jobs
+    from driversdk.runner.prelaunch import Prelaunched
 
+    client = load_client(args.client)
+    # The jobs' plugins boot while the runner is imported and the jobs parsed.
+    prelaunched = Prelaunched.for_jobs(args.job, client)
     try:
-        return run_jobs(list(args.job), load_client(args.client), printer(args.json, lambda s: print(s, flush=True)))
-    except RunRefused as err:  # before anything started
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_REFUSED
+        from driversdk.runner.events import printer
+        from driversdk.runner.run import EXIT_REFUSED, RunRefused, run_jobs
+
+        try:
+            emit = printer(args.json, lambda s: print(s, flush=True))
+            return run_jobs(list(args.job), client, emit, prelaunched=prelaunched)
+        except RunRefused as err:  # before anything started
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_REFUSED
+    finally:
+        prelaunched.abandon()
 
 
 class CLIError(DriverSDKError):

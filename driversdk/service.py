@@ -128,6 +128,13 @@ class DriverSource:
             assert self._driver is not None
             return self._driver
 
+    def preload(self) -> None:
+        """Build the driver now (see ``serve(preload=True)``); a failure is kept for the first call."""
+        try:
+            self.get()
+        except DriverError:
+            pass  # the first call that needs the driver answers with the kept sentence
+
     def _build(self) -> Exception | None:
         assert self._factory is not None
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,11 @@ log = logging.getLogger("driversdk.serve")
 
 
 def serve(
-    driver: DriverPlugin | Callable[[], DriverPlugin], *, name: str | None = None, version: str | None = None
+    driver: DriverPlugin | Callable[[], DriverPlugin],
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    preload: bool = False,
 ) -> None:
     """Serve ``driver`` over the go-plugin handshake until the host shuts it down.
 
@@ -27,7 +32,10 @@ def serve(
 
     ``driver`` may instead be a function that builds the driver, with its ``name`` and
     ``version``: the plugin then handshakes and answers PluginInfo at once, and builds the driver
-    (importing whatever heavy module it needs) on the first call that needs it.
+    (importing whatever heavy module it needs) on the first call that needs it — or, with
+    ``preload``, on a thread of its own as soon as the handshake is out, so the build overlaps
+    what the host does before its first call (a call arriving meanwhile waits for the build; a
+    build that fails answers every call with why, as without ``preload``).
     """
     from driversdk.driver import DriverPlugin
 
@@ -56,4 +64,8 @@ def serve(
         except Exception:
             log.exception("driver shutdown hook failed")
 
-    serve_plugin(register, name=label, on_shutdown=on_shutdown)
+    def on_listening() -> None:
+        if preload and source is not None and source.built is None:
+            threading.Thread(target=source.preload, daemon=True, name="driver-preload").start()
+
+    serve_plugin(register, name=label, on_shutdown=on_shutdown, on_listening=on_listening)

@@ -16,12 +16,10 @@ from docker.types import DriverConfig, LogConfig, Ulimit
 from docker.types import Mount as DockerMount
 
 from drivers.docker.config import DOCKER_DEFAULT_CAPS, MODE_KINDS, PluginConfig, TaskDockerConfig
+from drivers.docker.labels import LABEL_ALLOC_ID, LABEL_TASK_ID
 from driversdk.errors import ConfigError
 from driversdk.model import NetworkIsolationMode, TaskConfig
 
-LABEL_ALLOC_ID = "com.hashicorp.nomad.alloc_id"
-# Our own label so leak checks and reconciliation can find every container we made.
-LABEL_TASK_ID = "io.driversdk.task_id"
 EXTRA_LABEL_FIELDS = (
     "job_name",
     "job_id",

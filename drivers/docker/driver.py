@@ -12,20 +12,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import docker
-import requests
-from docker.constants import MINIMUM_DOCKER_API_VERSION
-from docker.errors import APIError, DockerException, NotFound
-
-from drivers.docker import auth, reconcile
-from drivers.docker import container as containers
+from drivers.docker import reconcile
 from drivers.docker.config import PluginConfig, TaskDockerConfig, plugin_spec, task_spec
 from drivers.docker.fingerprint import fingerprint as read_fingerprint
 from drivers.docker.handle import STATE_VERSION, ContainerHandle, DriverState
 from drivers.docker.images import ImageGC, ensure_image, pull_image, split_reference
+from drivers.docker.labels import LABEL_ALLOC_ID, LABEL_TASK_ID
 from drivers.docker.logs import LogCollector
+from drivers.docker.probe import EngineProbe, engine_socket
 from drivers.docker.pulls import PullCoordinator
 from drivers.docker.stats import sample_stats
 from driversdk.driver import DriverPlugin, ExecSession
@@ -53,6 +49,11 @@ from driversdk.model import (
 from driversdk.mounts import ensure_mounts_usable
 from driversdk.signals import signal_name
 
+if TYPE_CHECKING:
+    from drivers.docker import engine as sdk
+else:
+    from drivers.docker import sdk  # the docker SDK, loaded on first use
+
 log = logging.getLogger("driversdk.docker")
 
 PAUSE_PREFIX = "nomad_init_"
@@ -70,9 +71,9 @@ def _docker_time(text: str | None) -> datetime | None:
 
 def _unreachable(err: BaseException) -> bool:
     """The engine did not answer (refused, reset, timed out), as opposed to answering with an error."""
-    if isinstance(err, APIError):
+    if isinstance(err, sdk.APIError):
         return False
-    return isinstance(err, requests.exceptions.RequestException | DockerException)
+    return isinstance(err, sdk.requests.exceptions.RequestException | sdk.DockerException)
 
 
 @contextmanager
@@ -96,6 +97,8 @@ class DockerDriver(DriverPlugin):
         super().__init__()
         self.config = PluginConfig()
         self._api: Any = None
+        self._api_lock = threading.Lock()
+        self._configured = False
         self._tasks: dict[str, ContainerHandle] = {}
         self._lock = threading.Lock()
         self._detected = False
@@ -103,7 +106,7 @@ class DockerDriver(DriverPlugin):
         self._watcher: threading.Thread | None = None
         self._images = ImageGC()
         self._pulls = PullCoordinator()
-        self._tls: docker.tls.TLSConfig | None = None
+        self._tls: sdk.docker.tls.TLSConfig | None = None
         self._reconciler: reconcile.Reconciler | None = None
 
     # --- configuration ---------------------------------------------------------------------
@@ -112,9 +115,18 @@ class DockerDriver(DriverPlugin):
         return plugin_spec()
 
     def set_config(self, config: dict[str, Any], agent: AgentConfig | None) -> None:
-        self.config = PluginConfig.from_decoded(config)
-        self._tls = self._tls_config()
-        self._api = None
+        decoded = PluginConfig.from_decoded(config)
+        # The same config again (a host that validated, then runs) keeps the client made for it.
+        if not (self._configured and decoded == self.config):
+            with self._api_lock:  # waits for a client being made with the old config, then drops it
+                self._configured = False  # until this config is known good (its tls files load)
+                self.config = decoded
+                self._tls = self._tls_config()
+                self._api = None
+                self._configured = True
+            # The engine client (the SDK, a version request) is made now, on a thread, instead of by
+            # the first StartTask; an engine that does not answer is the fingerprint's to report.
+            threading.Thread(target=self._warm_up, daemon=True, name="docker-client").start()
         # Nomad starts its reconciler on the first Fingerprint, for want of a post-config hook;
         # SetConfig is ours, and every host (Nomad, the runner, the test harness) sends it.
         if self._reconciler is not None:
@@ -144,7 +156,7 @@ class DockerDriver(DriverPlugin):
             disable_log_collection=self.config.disable_log_collection,
         )
 
-    def _tls_config(self) -> docker.tls.TLSConfig | None:
+    def _tls_config(self) -> sdk.docker.tls.TLSConfig | None:
         """Client TLS to the engine: only with an endpoint and any of tls { cert, key, ca } set, as in Nomad."""
         c = self.config
         if not c.endpoint or not (c.tls_cert or c.tls_key or c.tls_ca):
@@ -152,42 +164,60 @@ class DockerDriver(DriverPlugin):
         if bool(c.tls_cert) != bool(c.tls_key):
             raise ConfigError("tls needs both cert and key for a client certificate; set both or neither")
         try:
-            return docker.tls.TLSConfig(
+            return sdk.docker.tls.TLSConfig(
                 client_cert=(c.tls_cert, c.tls_key) if c.tls_cert else None,
                 ca_cert=c.tls_ca or None,
                 verify=bool(c.tls_ca),
             )
-        except docker.errors.TLSParameterError as err:
+        except sdk.docker.errors.TLSParameterError as err:
             raise ConfigError(f"tls in the docker plugin config: {err}") from None
 
     def _client(self, version: str, timeout: int) -> Any:
         if self.config.endpoint:
             if self._tls is None:
-                return docker.APIClient(base_url=self.config.endpoint, version=version, timeout=timeout, tls=False)
-            fixed = MINIMUM_DOCKER_API_VERSION if version == "auto" else version
-            client: Any = docker.APIClient(base_url=self.config.endpoint, version=fixed, timeout=timeout, tls=self._tls)
+                return sdk.docker.APIClient(base_url=self.config.endpoint, version=version, timeout=timeout, tls=False)
+            fixed = sdk.MINIMUM_DOCKER_API_VERSION if version == "auto" else version
+            client: Any = sdk.docker.APIClient(
+                base_url=self.config.endpoint, version=fixed, timeout=timeout, tls=self._tls
+            )
             # requests lets REQUESTS_CA_BUNDLE (and friends) in the environment replace the session's
             # CA: the configured tls.ca must be what verifies the engine, so the version is asked after.
             client.trust_env = False
             if version == "auto":
                 client._version = client._retrieve_server_version()
             return client
-        return docker.from_env(version=version, timeout=timeout).api
+        return sdk.docker.from_env(version=version, timeout=timeout).api
 
     def api(self) -> Any:
-        if self._api is None:
-            self._api = self._client("auto", 60)
-        return self._api
+        with self._api_lock:
+            if self._api is None:
+                self._api = self._client("auto", 60)
+            return self._api
+
+    def _warm_up(self) -> None:
+        try:
+            self.api()
+        except Exception as err:
+            log.debug("the docker client could not be made yet", extra={"error": str(err)})
 
     # --- fingerprint -------------------------------------------------------------------------
 
+    def _engine_reader(self) -> Any:
+        """What fingerprints and the health watcher read the engine through: a probe of its unix
+        socket when it is local (no SDK needed, see probe.py), else the SDK client."""
+        if self._tls is None:
+            path = engine_socket(self.config.endpoint, os.environ)
+            if path is not None:
+                return EngineProbe(path)
+        return self.api()
+
     def fingerprint(self) -> Fingerprint:
         try:
-            api = self.api()
+            engine = self._engine_reader()
         except Exception:
             self._healthy = False
             return Fingerprint(HealthState.UNDETECTED, "Failed to initialize docker client")
-        fp = read_fingerprint(api, self.config, self._detected)
+        fp = read_fingerprint(engine, self.config, self._detected)
         self._detected = self._detected or fp.health is HealthState.HEALTHY
         self._healthy = fp.health is HealthState.HEALTHY
         if self._watcher is None:
@@ -200,7 +230,7 @@ class DockerDriver(DriverPlugin):
         while True:
             time.sleep(2.0)
             try:
-                self.api().ping()
+                self._engine_reader().ping()
                 healthy = True
             except Exception:
                 healthy = False
@@ -225,7 +255,7 @@ class DockerDriver(DriverPlugin):
         cfg = TaskDockerConfig.from_decoded(task.driver_config, task.name)
         # Everything knowable on this host is checked before anything is created.
         ensure_mounts_usable(task.mounts, task=task.name)
-        spec = containers.build(task, cfg, self.config)
+        spec = sdk.containers.build(task, cfg, self.config)
         # Who made the container, so a reconciler of any plugin sharing this engine can tell
         # whether its owner still lives (reconcile.py); ours, whatever the job's labels say.
         spec.kwargs["labels"][reconcile.LABEL_OWNER] = reconcile.identity()
@@ -242,7 +272,7 @@ class DockerDriver(DriverPlugin):
                 lambda message, **annotations: self._event(task, message, **annotations),
             )
             container_id, adopted = self._create(api, task, spec)
-        except (requests.exceptions.ConnectionError, docker.errors.DockerException) as err:
+        except (sdk.requests.exceptions.ConnectionError, sdk.docker.errors.DockerException) as err:
             raise DriverError(
                 f"task {task.name!r}: cannot reach the docker daemon ({err}); check that dockerd is running",
                 recoverable=True,
@@ -276,7 +306,7 @@ class DockerDriver(DriverPlugin):
             if logs is not None:
                 logs.stop()
             self._remove_quietly(api, container_id)
-            if isinstance(err, APIError):
+            if isinstance(err, sdk.APIError):
                 raise DriverError(
                     f"task {task.name!r}: failed to start container: {err.explanation or err}", recoverable=True
                 ) from None
@@ -309,7 +339,7 @@ class DockerDriver(DriverPlugin):
                 return NetworkOverride(addr=str(addr), auto_advertise=name not in ("bridge", "nat"))
         return None
 
-    def _create(self, api: Any, task: TaskConfig, spec: containers.ContainerSpec) -> tuple[str, bool]:
+    def _create(self, api: Any, task: TaskConfig, spec: sdk.containers.ContainerSpec) -> tuple[str, bool]:
         """Create the container; (id, True) when a running container of this task was adopted."""
         host_config = api.create_host_config(**spec.host_config)
         networking = None
@@ -323,7 +353,7 @@ class DockerDriver(DriverPlugin):
                     spec.image, name=spec.name, host_config=host_config, networking_config=networking, **spec.kwargs
                 )
                 return str(created["Id"]), False
-            except APIError as err:
+            except sdk.APIError as err:
                 last_error = err
                 if err.status_code != 409:
                     raise DriverError(
@@ -333,12 +363,9 @@ class DockerDriver(DriverPlugin):
                 # A container with our name exists: adopt it if it runs, otherwise replace it.
                 try:
                     existing = api.inspect_container(spec.name)
-                except NotFound:
+                except sdk.NotFound:
                     continue
-                if (
-                    existing["State"]["Running"]
-                    and existing["Config"]["Labels"].get(containers.LABEL_TASK_ID) == task.id
-                ):
+                if existing["State"]["Running"] and existing["Config"]["Labels"].get(LABEL_TASK_ID) == task.id:
                     return str(existing["Id"]), True
                 self._remove_quietly(api, existing["Id"])
                 time.sleep(min(60.0, 0.05 * 2**attempt))
@@ -349,7 +376,7 @@ class DockerDriver(DriverPlugin):
     def _remove_quietly(self, api: Any, container_id: str) -> None:
         try:
             api.remove_container(container_id, force=True)
-        except (APIError, NotFound):
+        except (sdk.APIError, sdk.NotFound):
             pass
         except Exception as err:
             if not _unreachable(err):
@@ -399,7 +426,7 @@ class DockerDriver(DriverPlugin):
         while not handle.done.is_set():
             try:
                 status = self.api().wait(cid, timeout=None)
-            except NotFound:
+            except sdk.NotFound:
                 self._finish_gone(handle, lost)
                 return
             except Exception as err:
@@ -417,7 +444,7 @@ class DockerDriver(DriverPlugin):
                 return
             try:
                 state = self.api().inspect_container(cid)["State"]
-            except NotFound:
+            except sdk.NotFound:
                 self._finish_gone(handle, lost)
                 return
             except Exception as err:
@@ -503,7 +530,7 @@ class DockerDriver(DriverPlugin):
             api = self.api()
             try:
                 info = api.inspect_container(state.container_id)
-            except (APIError, NotFound) as err:
+            except (sdk.APIError, sdk.NotFound) as err:
                 raise DriverError(f"failed to inspect container for id {state.container_id!r}: {err}") from None
         # The recovering plugin is the owner now; the creator named in the label is gone.
         reconcile.claim(task.task_dir, state.container_id)
@@ -551,9 +578,9 @@ class DockerDriver(DriverPlugin):
                 api.kill(cid, signal=signal_name(signal))
                 if not handle.done.wait(timeout):
                     api.stop(cid, timeout=0)
-        except NotFound:
+        except sdk.NotFound:
             return
-        except APIError as err:
+        except sdk.APIError as err:
             if err.status_code in (304, 409):
                 return
             raise DriverError(f"Failed to stop container {cid[:12]}: {err.explanation or err}") from None
@@ -580,13 +607,13 @@ class DockerDriver(DriverPlugin):
             if not handle.done.is_set():
                 try:
                     api.stop(cid, timeout=0)
-                except (APIError, NotFound):
+                except (sdk.APIError, sdk.NotFound):
                     pass
                 handle.done.wait(30)
             if self.config.gc_container:
                 try:
                     api.remove_container(cid, force=True)
-                except (APIError, NotFound):
+                except (sdk.APIError, sdk.NotFound):
                     pass
         if handle.logs is not None:
             handle.logs.stop()
@@ -613,7 +640,7 @@ class DockerDriver(DriverPlugin):
         try:
             with _engine_call(f"failed to signal task {handle.task.name!r}"):
                 self.api().kill(handle.state.container_id, signal=signal_name(signal))
-        except APIError as err:
+        except sdk.APIError as err:
             raise DriverError(f"failed to signal task {handle.task.name!r}: {err.explanation or err}") from None
 
     def task_stats(self, task_id: str) -> TaskStats | None:
@@ -622,9 +649,9 @@ class DockerDriver(DriverPlugin):
         while not handle.done.is_set():
             try:
                 return sample_stats(self.api(), handle)
-            except NotFound:
+            except sdk.NotFound:
                 return None
-            except APIError as err:
+            except sdk.APIError as err:
                 raise DriverError(
                     f"failed to read stats of task {handle.task.name!r}: {err.explanation or err}"
                 ) from None
@@ -683,7 +710,7 @@ class DockerDriver(DriverPlugin):
             def resize(new: Any) -> None:
                 try:
                     api.exec_resize(exec_id, height=new.height, width=new.width)
-                except APIError:
+                except sdk.APIError:
                     pass
 
             session.on_resize(resize)
@@ -747,7 +774,7 @@ class DockerDriver(DriverPlugin):
             if not info["State"]["Running"]:
                 api.start(name)
                 info = api.inspect_container(name)
-        except NotFound:
+        except sdk.NotFound:
             image_id = self._infra_image(api)
             if self.config.gc_image:
                 self._images.acquire(image_id, self.config.infra_image, alloc_id)
@@ -756,13 +783,13 @@ class DockerDriver(DriverPlugin):
                 self.config.infra_image,
                 name=name,
                 hostname=hostname or None,
-                labels={containers.LABEL_ALLOC_ID: alloc_id},
+                labels={LABEL_ALLOC_ID: alloc_id},
                 host_config=host_config,
             )["Id"]
             try:
                 api.start(cid)
                 info = api.inspect_container(cid)
-            except APIError:
+            except sdk.APIError:
                 self._remove_quietly(api, cid)
                 raise
             created = True
@@ -781,12 +808,12 @@ class DockerDriver(DriverPlugin):
         if tag != "latest":
             try:
                 return str(api.inspect_image(reference)["Id"])
-            except NotFound:
+            except sdk.NotFound:
                 pass
         bare = repo.split("@", 1)[0]
         try:
-            credentials = auth.resolve(bare, None, self.config)
-        except auth.AuthLookupError as err:
+            credentials = sdk.auth.resolve(bare, None, self.config)
+        except sdk.auth.AuthLookupError as err:
             raise DriverError(f"infra_image: Failed to find docker auth for repo {bare!r}: {err}") from None
         pull_image(
             self._pulls,
@@ -813,7 +840,7 @@ class DockerDriver(DriverPlugin):
         try:
             image_id = str(api.inspect_container(target).get("Image") or "")
             api.stop(target, timeout=1)
-        except (APIError, NotFound):
+        except (sdk.APIError, sdk.NotFound):
             pass
         self._remove_quietly(api, target)
         if self.config.gc_image and image_id:

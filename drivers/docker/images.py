@@ -8,15 +8,17 @@ import os
 import stat
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from docker.errors import APIError, ImageNotFound, NotFound
-
-from drivers.docker import auth
 from drivers.docker.config import PluginConfig, TaskDockerConfig
 from drivers.docker.pulls import ProgressListener, PullCoordinator
 from driversdk.errors import DriverError
 from driversdk.model import TaskConfig
+
+if TYPE_CHECKING:
+    from drivers.docker import engine as sdk
+else:
+    from drivers.docker import sdk  # the docker SDK, loaded on first use
 
 log = logging.getLogger("driversdk.docker.images")
 
@@ -55,20 +57,20 @@ def ensure_image(
     if not cfg.force_pull and tag != "latest":
         try:
             return str(api.inspect_image(reference)["Id"])
-        except (ImageNotFound, NotFound):
+        except (sdk.ImageNotFound, sdk.NotFound):
             pass
     if cfg.load:
         _load_archive(api, task, cfg.load)
         try:
             return str(api.inspect_image(reference)["Id"])
-        except (ImageNotFound, NotFound):
+        except (sdk.ImageNotFound, sdk.NotFound):
             raise DriverError(
                 f"task {task.name!r}: image archive {cfg.load!r} does not contain image {reference!r}"
             ) from None
     bare = repo.split("@", 1)[0]
     try:
-        credentials = auth.resolve(bare, cfg.auth, plugin)
-    except auth.AuthLookupError as err:
+        credentials = sdk.auth.resolve(bare, cfg.auth, plugin)
+    except sdk.auth.AuthLookupError as err:
         if not cfg.auth_soft_fail:
             raise DriverError(f"task {task.name!r}: Failed to find docker auth for repo {bare!r}: {err}") from None
         log.warning("pulling without credentials (auth_soft_fail)", extra={"image": reference, "error": str(err)})
@@ -88,7 +90,7 @@ def ensure_image(
     pull_image(pulls, make_client, f"task {task.name!r}", repo, tag, reference, credentials, timeout, plugin, report)
     try:
         return str(api.inspect_image(reference)["Id"])
-    except (ImageNotFound, NotFound):
+    except (sdk.ImageNotFound, sdk.NotFound):
         raise DriverError(
             f"task {task.name!r}: Failed to pull `{reference}`: the engine reported success but has no such image",
             recoverable=True,
@@ -115,11 +117,11 @@ def pull_image(
         )
     except PullStalled as err:
         raise DriverError(f"{where}: Failed to pull `{reference}`: {err}", recoverable=True) from None
-    except APIError as err:
+    except sdk.APIError as err:
         cause = err.explanation or str(err)
         # The engine's 404 (docker-py's NotFound/ImageNotFound) means no registry has the image:
         # retrying cannot help. Anything else (a registry down, an error mid-stream) may pass.
-        not_found = isinstance(err, NotFound) or err.status_code == 404
+        not_found = isinstance(err, sdk.NotFound) or err.status_code == 404
         raise DriverError(
             f"{where}: Failed to pull `{reference}`: {cause}; the image is not present locally "
             "and the registry could not provide it (load it with `docker load` or set `load` in the task config)",
@@ -135,8 +137,8 @@ def _load_archive(api: Any, task: TaskConfig, load: str) -> None:
             # A file object is sent in pieces; the archive is never held in memory whole.
             for event in api.load_image(fh, quiet=True) or ():
                 if isinstance(event, dict) and event.get("error"):
-                    raise APIError(str(event["error"]))
-    except APIError as err:
+                    raise sdk.APIError(str(event["error"]))
+    except sdk.APIError as err:
         cause = getattr(err, "explanation", None) or str(err)
         raise DriverError(
             f"task {task.name!r}: loading image archive {load!r} (field `load`) failed: {cause}"
@@ -285,5 +287,5 @@ class ImageGC:
             try:
                 api.remove_image(name)
                 log.info("removed unused image", extra={"image": name, "image_id": image_id})
-            except (APIError, NotFound) as err:
+            except (sdk.APIError, sdk.NotFound) as err:
                 log.debug("image not removed", extra={"image": name, "error": str(err)})

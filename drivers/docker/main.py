@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from driversdk import serve
 
 if TYPE_CHECKING:
     from driversdk.driver import DriverPlugin
+
+log = logging.getLogger("driversdk.docker")
 
 # Installed by the `docker` extra, not by `pip install driversdk`.
 _EXTRA_MODULES = ("docker", "requests")
@@ -22,12 +26,25 @@ VERSION = "0.1.0"
 def _build() -> DriverPlugin:
     from drivers.docker.driver import DockerDriver
 
-    return DockerDriver()
+    driver = DockerDriver()
+    # The schemas, the config and a fingerprint are answered without the docker SDK; it loads on a
+    # thread of its own meanwhile, so the first StartTask finds it loaded.
+    threading.Thread(target=_load_sdk, daemon=True, name="docker-sdk-load").start()
+    return driver
+
+
+def _load_sdk() -> None:
+    from drivers.docker import sdk
+
+    try:
+        sdk.load()
+    except Exception:  # the first call that needs the SDK imports it again and answers with why
+        log.exception("loading the docker SDK failed")
 
 
 def main() -> None:
     try:
-        # The docker SDK itself loads with the first call that needs the driver; check now that it is installed.
+        # The docker SDK itself loads after the handshake (see _build); check now that it is installed.
         for module in _EXTRA_MODULES:
             if importlib.util.find_spec(module) is None:
                 raise ModuleNotFoundError(f"No module named {module!r}", name=module)
@@ -36,7 +53,8 @@ def main() -> None:
             raise
         # A sentence on stderr, which the host shows, instead of a traceback.
         sys.exit(f"driversdk-docker needs the docker extra ({err.name} is missing): pip install 'driversdk[docker]'")
-    serve(_build, name=NAME, version=VERSION)
+    # Preloaded: the driver (and then the SDK) loads while the host is still busy with its own start.
+    serve(_build, name=NAME, version=VERSION, preload=True)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from docker.auth import encode_header
-from docker.errors import APIError
+if TYPE_CHECKING:
+    from drivers.docker import engine as sdk
+else:
+    from drivers.docker import sdk  # the docker SDK, loaded on first use
+
 
 log = logging.getLogger("driversdk.docker.pulls")
 
@@ -169,7 +172,7 @@ def _pull(
 
     def run() -> None:
         try:
-            headers = {"X-Registry-Auth": encode_header(auth)} if auth else {}
+            headers = {"X-Registry-Auth": sdk.encode_header(auth)} if auth else {}
             params = {"fromImage": repo, "tag": tag} if tag else {"fromImage": repo}
             response = client._post(client._url("/images/create"), params=params, headers=headers, stream=True)
             held["response"] = response
@@ -210,7 +213,7 @@ def _pull(
             if isinstance(event, BaseException):
                 raise event
             if "error" in event:
-                raise APIError(str(event["error"]))
+                raise sdk.APIError(str(event["error"]))
             if progress.update(event):
                 last_activity = time.monotonic()
     finally:

@@ -38,7 +38,7 @@ from functools import cache
 from typing import Any
 
 from drivers.docker.config import DanglingContainers
-from drivers.docker.container import LABEL_ALLOC_ID, LABEL_TASK_ID
+from drivers.docker.labels import LABEL_ALLOC_ID, LABEL_TASK_ID
 
 log = logging.getLogger("driversdk.docker.reconcile")
 

@@ -198,11 +198,13 @@ def serve_plugin(
     *,
     name: str,
     on_shutdown: Callable[[], None] | None = None,
+    on_listening: Callable[[], None] | None = None,
 ) -> NoReturn:
     """Run a go-plugin gRPC server for a Nomad host and exit when it is done with us.
 
     ``register`` adds the plugin's own services to the ``grpc.aio`` server before it listens;
     their methods run on the event loop, so anything that blocks must go to a thread.
+    ``on_listening`` is called on the loop once the handshake line is out; it must not block.
     """
     app_version = check_host_environment()
     import asyncio
@@ -210,7 +212,7 @@ def serve_plugin(
     # The event loop runs in the main thread; grpc's aio server adds only its own few threads.
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    loop.run_until_complete(_serve(register, name, on_shutdown, app_version))
+    loop.run_until_complete(_serve(register, name, on_shutdown, app_version, on_listening))
     # Not asyncio.run: its clean-up would wait on tasks and threads of streams the host abandoned,
     # and grpc's threads are not daemons. Everything of ours is already closed.
     os._exit(0)
@@ -221,6 +223,7 @@ async def _serve(
     name: str,
     on_shutdown: Callable[[], None] | None,
     app_version: int,
+    on_listening: Callable[[], None] | None = None,
 ) -> None:
     import asyncio
 
@@ -266,6 +269,8 @@ async def _serve(
     _detach_host_pipes()
     configure_plugin_logging(name)
     log.info("plugin started", extra={"address": place.path, "pid": os.getpid()})
+    if on_listening is not None:
+        on_listening()
 
     # The host going away is not a reason to stop (it may reattach); only Shutdown or SIGTERM are.
     await stop.wait()

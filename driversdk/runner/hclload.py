@@ -5,13 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import hcl2
-from hcl2.utils import SerializationOptions
-from lark.exceptions import LarkError
-
 from driversdk.errors import ConfigError
-
-_OPTIONS = SerializationOptions(strip_string_quotes=True, with_comments=False, preserve_heredocs=False)
 
 
 class HCLFileError(ConfigError):
@@ -46,9 +40,16 @@ def syntax_error(path: str | Path, err: Exception) -> HCLFileError:
 
 
 def load_hcl(path: str | Path) -> dict[str, Any]:
+    # python-hcl2 and lark are imported here, not with this module: the client config, job files'
+    # helpers and `driversdk run`'s first steps use this module without parsing HCL2 (~80 ms of imports).
+    import hcl2
+    from hcl2.utils import SerializationOptions
+    from lark.exceptions import LarkError
+
     text = read_text(path)
+    options = SerializationOptions(strip_string_quotes=True, with_comments=False, preserve_heredocs=False)
     try:
-        data = hcl2.loads(text, serialization_options=_OPTIONS)
+        data = hcl2.loads(text, serialization_options=options)
     except LarkError as err:
         raise syntax_error(path, err) from None
     except Exception as err:

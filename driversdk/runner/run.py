@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from driversdk.client import DriverClient
     from driversdk.runner.allocrunner import AllocRunner, NodeServices
     from driversdk.runner.drivermanager import DriverManager
+    from driversdk.runner.prelaunch import Prelaunched
 
 # Allocations of one count started side by side at most (each start is mostly waiting on its
 # driver plugin: StartTask, runc or dockerd), see _side_by_side.
@@ -145,20 +146,26 @@ def _batches(
     return out
 
 
-def _validate(paths: list[str], client: ClientConfig, emit: Emit) -> tuple[list[Job], dict[str, DriverClient]]:
+def _validate(
+    paths: list[str], client: ClientConfig, emit: Emit, prelaunched: Prelaunched | None
+) -> tuple[list[Job], dict[str, DriverClient], dict[str, dict[str, str]]]:
     """Every job checked before anything starts; the driver plugins validation launched are kept
-    (one per driver) for the driver manager."""
+    (one per driver) for the driver manager, with the node attributes they fingerprinted. Plugins
+    started before the parse that no job took are killed here, before anything starts."""
     spare: dict[str, DriverClient] = {}
+    attributes: dict[str, dict[str, str]] = {}
     jobs: list[Job] = []
     refused = False
     for path in paths:
         kept: dict[str, DriverClient] = {}
-        report = validate_job(path, client, keep_plugins=kept, while_starting=_load_run_side)
+        report = validate_job(path, client, keep_plugins=kept, while_starting=_load_run_side, prelaunched=prelaunched)
         for driver, plugin in kept.items():
             if driver in spare:
                 plugin.kill()  # an earlier job's validation kept one already
             else:
                 spare[driver] = plugin
+                if driver in report.driver_attributes:
+                    attributes[driver] = report.driver_attributes[driver]
         if not report.valid or report.parsed is None:
             refused = True
             for problem in report.problems:
@@ -172,18 +179,27 @@ def _validate(paths: list[str], client: ClientConfig, emit: Emit) -> tuple[list[
                 )
             )
         jobs.append(report.parsed)
+    if prelaunched is not None:
+        prelaunched.abandon()
     if refused:
         for plugin in spare.values():
             plugin.kill()
-        return [], {}
-    return jobs, spare
+        return [], {}, {}
+    return jobs, spare, attributes
 
 
-def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading.Event | None = None) -> int:
+def run_jobs(
+    paths: list[str],
+    client: ClientConfig,
+    emit: Emit,
+    stop: threading.Event | None = None,
+    prelaunched: Prelaunched | None = None,
+) -> int:
     """Run the jobs' allocations in this process until their tasks finish (or ``stop``); returns
-    the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED)."""
+    the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED). ``prelaunched``: plugins the caller
+    started for the jobs' drivers before they were parsed (:mod:`driversdk.runner.prelaunch`)."""
     emit = _one_at_a_time(emit)  # tasks start and exit in threads of their own: one line at a time
-    jobs, spare = _validate(paths, client, emit)
+    jobs, spare, attributes = _validate(paths, client, emit, prelaunched)
     if not jobs:
         return EXIT_REFUSED
     from driversdk.runner.allocrunner import NodeServices
@@ -195,6 +211,7 @@ def run_jobs(paths: list[str], client: ClientConfig, emit: Emit, stop: threading
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     node = NodeServices.open(client.data_dir)
+    node.driver_attributes.update(attributes)  # fingerprinted by the plugins the driver manager takes over
     drivers = node.drivers = DriverManager(client, node.state, emit, spare)
     allocs: list[AllocRunner] = []
     bounds: list[int] = []  # where each batch's allocations end in ``allocs``

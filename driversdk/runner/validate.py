@@ -25,6 +25,7 @@ from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
+from driversdk.runner.prelaunch import Prelaunched
 from driversdk.runner.problems import Problem, ValidationFailed, with_field
 
 if TYPE_CHECKING:
@@ -89,6 +90,9 @@ class Report:
     parsed: Job | None = field(default=None, repr=False)
     # Keys Nomad knows that `driversdk run` does not act on, each once; never a problem.
     notes: list[str] = field(default_factory=list)
+    # The node attributes each kept plugin fingerprinted (``keep_plugins``): the run's node has
+    # them without asking the same plugin again.
+    driver_attributes: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
     @property
     def valid(self) -> bool:
@@ -191,10 +195,13 @@ def _driver_facts(
     return result
 
 
-def _spawn_plugins(job: Job, client: ClientConfig) -> dict[str, StartingPlugin | DriverSDKError]:
-    """Start the plugin of every driver the job names, all at once and before anything else is
-    waited on: each boots (an interpreter, its imports) while this process loads its gRPC client
-    side and checks the other drivers. A start that failed is kept to be reported in its turn."""
+def _spawn_plugins(
+    job: Job, client: ClientConfig, prelaunched: Prelaunched | None
+) -> dict[str, StartingPlugin | DriverSDKError]:
+    """Start the plugin of every driver the job names (or take the one started before the parse,
+    :mod:`driversdk.runner.prelaunch`), all at once and before anything else is waited on: each
+    boots (an interpreter, its imports) while this process loads its gRPC client side and checks
+    the other drivers. A start that failed is kept to be reported in its turn."""
     from driversdk.plugin.host import spawn_plugin
 
     out: dict[str, StartingPlugin | DriverSDKError] = {}
@@ -204,7 +211,8 @@ def _spawn_plugins(job: Job, client: ClientConfig) -> dict[str, StartingPlugin |
             if command is None:
                 continue  # no driver, already started, or none configured (_driver_facts says so)
             try:
-                out[task.driver] = spawn_plugin(command, name=task.driver)
+                taken = prelaunched.take(task.driver, command) if prelaunched is not None else None
+                out[task.driver] = taken or spawn_plugin(command, name=task.driver)
             except DriverSDKError as err:
                 out[task.driver] = err
     return out
@@ -433,12 +441,14 @@ def validate_job(
     keep_plugins: dict[str, DriverClient] | None = None,
     inputs: Inputs | None = None,
     while_starting: Callable[[], None] | None = None,
+    prelaunched: Prelaunched | None = None,
 ) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
     there (configured, not yet initialised) instead of being shut down. ``while_starting`` is
     called once the job's plugins have been started, before the first is waited for: work of the
-    caller's that then takes the time they take to boot."""
-    report = _validate(path, client, keep_plugins, inputs, while_starting)
+    caller's that then takes the time they take to boot. Plugins in ``prelaunched`` are used
+    instead of starting the same command again; the caller abandons those left over."""
+    report = _validate(path, client, keep_plugins, inputs, while_starting, prelaunched)
     report.problems = _once(report.problems)
     return report
 
@@ -449,6 +459,7 @@ def _validate(
     keep_plugins: dict[str, DriverClient] | None,
     inputs: Inputs | None,
     while_starting: Callable[[], None] | None = None,
+    prelaunched: Prelaunched | None = None,
 ) -> Report:
     parsed, problems = parse_job(path, inputs)
     job = dry_interpolated(parsed)
@@ -476,7 +487,7 @@ def _validate(
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
                 report.problems.append(Problem(client.file or job.file, problem, **where))
     cache: dict[str, DriverFacts | Problem] = {}
-    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(_spawn_plugins(job, client))
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(_spawn_plugins(job, client, prelaunched))
     try:
         _connect_plugins(starting, client)
         if starting:
@@ -496,6 +507,11 @@ def _validate(
             else:
                 pending.kill()
     _placement(path, inputs, job, client, cache, report)
+    if keep_plugins is not None:
+        report.driver_attributes = {
+            driver: facts.attributes for driver, facts in cache.items()
+            if isinstance(facts, DriverFacts) and driver in keep_plugins
+        }  # fmt: skip
     return report
 
 
@@ -645,20 +661,33 @@ def _host_volume_lines(job: Job, client: ClientConfig) -> list[str]:
     return out
 
 
-def check_files(job_path: str, client_path: str | None, inputs: Inputs | None = None) -> Report:
+def check_files(
+    job_path: str,
+    client_path: str | None,
+    inputs: Inputs | None = None,
+    early: tuple[ClientConfig, Prelaunched] | None = None,
+) -> Report:
     """What `driversdk validate` answers: a verdict for any pair of files, never an exception
-    for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too)."""
+    for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too).
+    ``early`` is the client config already read from ``client_path`` and the plugins started for
+    the job before this module was loaded (:func:`driversdk.runner.prelaunch.start_early`)."""
+    if early is not None:
+        client, prelaunched = early
+    else:
+        try:
+            client = load_client(client_path)
+        except ValidationFailed as err:
+            return Report(job="", problems=_once(err.problems))
+        except DriverSDKError as err:
+            return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
+        prelaunched = Prelaunched.for_jobs([job_path], client)
     try:
-        client = load_client(client_path)
-    except ValidationFailed as err:
-        return Report(job="", problems=_once(err.problems))
-    except DriverSDKError as err:
-        return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
-    try:
-        report = validate_job(job_path, client, inputs=inputs)
+        report = validate_job(job_path, client, inputs=inputs, prelaunched=prelaunched)
         report.notes = client.notes + report.notes
         return report
     except ValidationFailed as err:
         return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
         return Report(job="", problems=[Problem("", str(err), field="file")])
+    finally:
+        prelaunched.abandon()

@@ -31,6 +31,13 @@ SITECUSTOMIZE = textwrap.dedent(
     import signal
     import sys
 
+    if os.environ.get("DRIVERSDK_TEST_NO_PRELOAD"):
+        # What a preloading plugin (the docker one) loads before its first answer, without the
+        # build its preload thread starts right after the handshake racing the dump.
+        import driversdk.service
+
+        driversdk.service.DriverSource.preload = lambda self: None
+
     _DUMP = os.environ.get("DRIVERSDK_MODULES_DUMP")
     if _DUMP:
 
@@ -127,7 +134,8 @@ def test_the_example_driver_loads_only_what_serving_needs(tmp_path: Path) -> Non
     ],
 )
 def test_a_bundled_driver_defers_its_heavy_imports(tmp_path: Path, driver: str, also_not: tuple[str, ...]) -> None:
-    modules = modules_at_first_rpc([sys.executable, "-m", f"drivers.{driver}"], tmp_path)
+    extra = {"DRIVERSDK_TEST_NO_PRELOAD": "1"} if driver == "docker" else {}
+    modules = modules_at_first_rpc([sys.executable, "-m", f"drivers.{driver}"], tmp_path, **extra)
     assert f"drivers.{driver}.main" in modules
     _assert_none_loaded(modules, NEVER_BEFORE_FIRST_RPC + also_not)
 
@@ -144,6 +152,37 @@ def test_a_deferred_driver_is_built_once_by_the_first_call_that_needs_it(tmp_pat
         assert client.capabilities().exec
         client.task_config_schema()
         assert builds.read_text() == "built\n"
+    finally:
+        client.kill()
+
+
+def test_a_preloaded_driver_is_built_after_the_handshake_without_a_call(tmp_path: Path) -> None:
+    builds = tmp_path / "builds"
+    env, _ = _env(tmp_path, DEFERRED_BUILDS=str(builds), DEFERRED_PRELOAD="1")
+    client = launch(DEFERRED, env=env, name="deferred")  # PluginInfo answers, which builds nothing
+    try:
+        deadline = time.monotonic() + 15
+        while not builds.exists():
+            assert time.monotonic() < deadline, "serve(preload=True) never built the driver on its own"
+            time.sleep(0.02)
+        client.set_config({"greeting": "hi"})
+        assert client.capabilities().exec
+        assert builds.read_text() == "built\n", "the calls used the preloaded driver, not a second build"
+    finally:
+        client.kill()
+
+
+def test_a_preloaded_driver_that_cannot_be_built_answers_every_call_with_why(tmp_path: Path) -> None:
+    builds = tmp_path / "builds"
+    env, _ = _env(tmp_path, DEFERRED_BUILDS=str(builds), DEFERRED_MODE="fail", DEFERRED_PRELOAD="1")
+    client = launch(DEFERRED, env=env, name="deferred")
+    try:
+        for call in (client.capabilities, lambda: client.set_config({})):
+            with pytest.raises(PluginCallError) as caught:
+                call()
+            assert "the hello driver could not be loaded: No module named 'heavy_sdk'" in str(caught.value)
+        assert builds.read_text() == "built\n"
+        assert client.plugin_info().name == "hello"
     finally:
         client.kill()
 

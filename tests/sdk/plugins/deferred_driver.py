@@ -4,6 +4,7 @@
 DEFERRED_MODE: "" (builds the hello driver), "fail" (the factory raises, as a missing heavy
 module would), "mismatch" (the built driver's version is not the one declared). Each build
 appends a line to DEFERRED_BUILDS so a test can see when, and how often, it happened.
+DEFERRED_PRELOAD=1 serves it with preload=True.
 """
 
 from __future__ import annotations
@@ -27,4 +28,5 @@ if __name__ == "__main__":
 
         return HelloDriver()
 
-    serve(build, name="hello", version="9.9.9" if mode == "mismatch" else "0.1.0")
+    preload = os.environ.get("DEFERRED_PRELOAD") == "1"
+    serve(build, name="hello", version="9.9.9" if mode == "mismatch" else "0.1.0", preload=preload)
