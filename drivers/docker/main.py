@@ -21,6 +21,7 @@ _EXTRA_MODULES = ("docker", "requests")
 # checks that DockerDriver says the same once it is built.
 NAME = "docker"
 VERSION = "0.1.0"
+SDK_LOAD_SWITCH_INTERVAL = 0.0005
 
 
 def _build() -> DriverPlugin:
@@ -36,10 +37,16 @@ def _build() -> DriverPlugin:
 def _load_sdk() -> None:
     from drivers.docker import sdk
 
+    # Imports hold the GIL for whole switch intervals (5 ms): while this one runs, the calls being
+    # answered meanwhile would wait that long at every hand-over. A short interval lets them in.
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(SDK_LOAD_SWITCH_INTERVAL)
     try:
         sdk.load()
     except Exception:  # the first call that needs the SDK imports it again and answers with why
         log.exception("loading the docker SDK failed")
+    finally:
+        sys.setswitchinterval(previous)
 
 
 def main() -> None:
