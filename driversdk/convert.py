@@ -7,6 +7,7 @@ The only module besides the transport that knows the wire types; both the plugin
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import cast
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -48,17 +49,22 @@ from driversdk.pb import attribute_pb2, driver_pb2
 # --- time ------------------------------------------------------------------------------------
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp_to_proto(when: datetime | None) -> timestamp_pb2.Timestamp:
-    """A timestamp that is always set: None becomes Go's zero time, which Nomad reads as 'not yet'."""
-    ts = timestamp_pb2.Timestamp()
+    """A timestamp that is always set: None becomes Go's zero time, which Nomad reads as 'not yet'.
+
+    A naive datetime is taken as UTC. Computed from the timedelta since the epoch, which is exact
+    (days, seconds and microseconds are integers, normalised as Timestamp wants: nanos >= 0) and a
+    few times cheaper than Timestamp.FromDatetime, paid for every stats sample of every task.
+    """
     if when is None:
-        ts.seconds = GO_ZERO_TIME_SECONDS
-        ts.nanos = 0
-    else:
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        ts.FromDatetime(when.astimezone(UTC))
-    return ts
+        return timestamp_pb2.Timestamp(seconds=GO_ZERO_TIME_SECONDS, nanos=0)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    since = when - _EPOCH
+    return timestamp_pb2.Timestamp(seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000)
 
 
 def timestamp_from_proto(ts: timestamp_pb2.Timestamp) -> datetime | None:
@@ -399,7 +405,8 @@ def _usage_to_proto(usage: ResourceUsage) -> driver_pb2.TaskResourceUsage:
             throttled_periods=cpu.throttled_periods,
             throttled_time=cpu.throttled_time,
             percent=cpu.percent,
-            measured_fields=[driver_pb2.CPUUsage.Fields.ValueType(f) for f in cpu.measured_fields],
+            # CpuField and MemoryField are IntEnums: protobuf takes their members as the enum numbers.
+            measured_fields=cast("tuple[driver_pb2.CPUUsage.Fields.ValueType, ...]", cpu.measured_fields),
         ),
         memory=driver_pb2.MemoryUsage(
             rss=mem.rss,
@@ -409,7 +416,7 @@ def _usage_to_proto(usage: ResourceUsage) -> driver_pb2.TaskResourceUsage:
             kernel_max_usage=mem.kernel_max_usage,
             usage=mem.usage,
             swap=mem.swap,
-            measured_fields=[driver_pb2.MemoryUsage.Fields.ValueType(f) for f in mem.measured_fields],
+            measured_fields=cast("tuple[driver_pb2.MemoryUsage.Fields.ValueType, ...]", mem.measured_fields),
         ),
     )
 

@@ -35,6 +35,7 @@ from driversdk.errors import (
 )
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc
 from driversdk.plugin.handshake import DRIVER_API_VERSION
+from driversdk.statssampler import StatsSampler
 
 
 class _OnFirstUse:
@@ -70,17 +71,17 @@ log = logging.getLogger("driversdk.service")
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The one pool quick synchronous driver calls run on (InspectTask, SignalTask, Capabilities, ...,
-# and one stats sample or one fingerprint at a time for the streams). Each running task costs one
-# stats sample a second of a few milliseconds, so 32 workers serve thousands of tasks while the
-# plugin, with grpc's own threads, stays within its budget of 64 threads. Calls that may take
+# The one pool quick synchronous driver calls run on (InspectTask, SignalTask, Capabilities, ...).
+# 32 workers keep the plugin, with grpc's own threads and the sample pool below, within its budget
+# of 64 threads. Calls that may take
 # long (an image pull, a stop waiting out its kill timeout) run on threads of their own (see
 # _Servicer._call), and WaitTask takes a worker only for a watch_exit call (see _ExitWaits).
 DRIVER_CALL_WORKERS = 32
-# The streams' periodic samples (a TaskStats sample a second per running task, fingerprints) run
-# on a small pool of their own: with a thousand tasks there are always samples waiting, and a
-# unary call queued behind them would wait for all of them. When the driver cannot sample as
-# fast as asked, the streams' samples come late; the unary calls do not.
+# The streams' periodic samples (a TaskStats sample a second per running task, in batches of the
+# streams due together, see driversdk.statssampler; fingerprints) run on a small pool of their
+# own: with a thousand tasks there are always samples waiting, and a unary call queued behind
+# them would wait for all of them. When the driver cannot sample as fast as asked, the streams'
+# samples come late; the unary calls do not.
 STREAM_SAMPLE_WORKERS = 4
 
 
@@ -295,6 +296,7 @@ class _DriverCalls:
         self.pool = pool or ThreadPoolExecutor(DRIVER_CALL_WORKERS, thread_name_prefix="driver-call")
         self.samples = ThreadPoolExecutor(STREAM_SAMPLE_WORKERS, thread_name_prefix="stream-sample")
         self.exits = _ExitWaits(source, self.pool)
+        self.stats = StatsSampler(source.get, self.samples, STREAM_SAMPLE_WORKERS)
 
 
 class _Servicer:
@@ -681,13 +683,20 @@ class DriverServicer(_Servicer, driver_pb2_grpc.DriverServicer):
         self, request: driver_pb2.TaskStatsRequest, context: Context
     ) -> AsyncIterator[driver_pb2.TaskStatsResponse]:
         interval = convert.duration_from_proto(request.collection_interval) or 1.0
-        driver = self._driver
-        while True:
-            stats = await self._call(context, "TaskStats", lambda: driver.task_stats(request.task_id), sample=True)
-            if stats is None:
-                return
-            yield driver_pb2.TaskStatsResponse(stats=convert.task_stats_to_proto(stats))
-            await asyncio.sleep(interval)
+        # Sampled with the other streams of the same interval whose samples fall due together:
+        # one pool job and one loop wake-up for many (see driversdk.statssampler).
+        samples = self._calls.stats.open(request.task_id, interval)
+        try:
+            while True:
+                try:
+                    response = await samples.next()
+                except Exception as err:  # every failure must reach the host as a status
+                    await abort_with(context, err, "TaskStats")
+                if response is None:
+                    return
+                yield response
+        finally:
+            samples.close()
 
     async def TaskEvents(
         self, request: driver_pb2.TaskEventsRequest, context: Context

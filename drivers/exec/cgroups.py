@@ -91,6 +91,43 @@ def _keyed(path: str, read: Callable[[str], bytes] = _read_bytes) -> dict[str, i
     return out
 
 
+def _pick(data: bytes, keys: tuple[bytes, ...]) -> list[int]:
+    """The values of ``keys`` (each ``b"\\n<name> "``) in a flat-keyed cgroup file; 0 when absent.
+
+    A stats sample needs three of v1 memory.stat's ~50 lines: finding them with bytes.find (C)
+    instead of splitting and converting every line cuts the sample's Python work by more than half.
+    """
+    data = b"\n" + data  # the first line has a newline before it like the others
+    values = []
+    for key in keys:
+        at = data.find(key)
+        if at < 0:
+            values.append(0)
+            continue
+        start = at + len(key)
+        end = data.find(b"\n", start)
+        try:
+            values.append(int(data[start:] if end < 0 else data[start:end]))
+        except ValueError:  # "max" and the like: no number to report
+            values.append(0)
+    return values
+
+
+def _pick_from(path: str, keys: tuple[bytes, ...], read: Callable[[str], bytes]) -> list[int]:
+    try:
+        data = read(path)
+    except OSError:
+        return [0] * len(keys)
+    return _pick(data, keys)
+
+
+# The lines of the flat-keyed files a stats sample reads, in the order CgroupSample wants them.
+V1_MEMORY_STAT = (b"\ntotal_rss ", b"\ntotal_cache ", b"\ntotal_swap ")
+V1_CPU_STAT = (b"\nnr_throttled ", b"\nthrottled_time ")
+V2_MEMORY_STAT = (b"\nanon ", b"\nfile ")
+V2_CPU_STAT = (b"\nuser_usec ", b"\nsystem_usec ", b"\nusage_usec ", b"\nnr_throttled ", b"\nthrottled_usec ")
+
+
 class CounterFiles:
     """A task's cgroup counter files, kept open between samples.
 
@@ -267,43 +304,49 @@ class TaskCgroup:
         # Kernels before 4.13 lack the counter; hitting the limit is the best sign left.
         return _read_int(f"{parent}/memory.failcnt") > 0 and _read_int(f"{parent}/memory.memsw.failcnt") > 0
 
+    @functools.cached_property
+    def _counter_dirs(self) -> tuple[str, str, str]:
+        """(memory, cpuacct, cpu) directories for v1, the unified one thrice for v2: joined once,
+        not on every sample (the mounts and the name never change)."""
+        if self.v2:
+            path = self._dir("") or ""
+            return path, path, path
+        return self._dir("memory") or "", self._dir("cpuacct") or "", self._dir("cpu") or ""
+
     def sample(self, files: CounterFiles | None = None) -> CgroupSample:
         """The counters now; ``files`` keeps them open between samples (a stats stream's)."""
         read = files.read if files is not None else _read_bytes
+        mem_dir, acct, cpu_dir = self._counter_dirs
         if self.v2:
-            path = self._dir("") or ""
-            cpu = _keyed(f"{path}/cpu.stat", read)
-            mem = _keyed(f"{path}/memory.stat", read)
-            usage = _read_int(f"{path}/memory.current", read)
+            user, system, total, periods, throttled = _pick_from(f"{cpu_dir}/cpu.stat", V2_CPU_STAT, read)
+            anon, file = _pick_from(f"{mem_dir}/memory.stat", V2_MEMORY_STAT, read)
+            usage = _read_int(f"{mem_dir}/memory.current", read)
             return CgroupSample(
-                cpu_user_ns=cpu.get("user_usec", 0) * 1000,
-                cpu_system_ns=cpu.get("system_usec", 0) * 1000,
-                cpu_total_ns=cpu.get("usage_usec", 0) * 1000,
-                throttled_periods=cpu.get("nr_throttled", 0),
-                throttled_ns=cpu.get("throttled_usec", 0) * 1000,
+                cpu_user_ns=user * 1000,
+                cpu_system_ns=system * 1000,
+                cpu_total_ns=total * 1000,
+                throttled_periods=periods,
+                throttled_ns=throttled * 1000,
                 memory_usage=usage,
-                memory_max_usage=_read_int(f"{path}/memory.peak", read) or usage,
-                memory_rss=mem.get("anon", 0),
-                memory_cache=mem.get("file", 0),
-                memory_swap=_read_int(f"{path}/memory.swap.current", read),
+                memory_max_usage=_read_int(f"{mem_dir}/memory.peak", read) or usage,
+                memory_rss=anon,
+                memory_cache=file,
+                memory_swap=_read_int(f"{mem_dir}/memory.swap.current", read),
                 at=time.monotonic(),
             )
-        mem_dir = self._dir("memory") or ""
-        acct = self._dir("cpuacct") or ""
-        cpu_dir = self._dir("cpu") or ""
-        mem = _keyed(f"{mem_dir}/memory.stat", read)
-        throttle = _keyed(f"{cpu_dir}/cpu.stat", read)
+        rss, cache, swap = _pick_from(f"{mem_dir}/memory.stat", V1_MEMORY_STAT, read)
+        periods, throttled = _pick_from(f"{cpu_dir}/cpu.stat", V1_CPU_STAT, read)
         return CgroupSample(
             cpu_user_ns=_read_int(f"{acct}/cpuacct.usage_user", read),
             cpu_system_ns=_read_int(f"{acct}/cpuacct.usage_sys", read),
             cpu_total_ns=_read_int(f"{acct}/cpuacct.usage", read),
-            throttled_periods=throttle.get("nr_throttled", 0),
-            throttled_ns=throttle.get("throttled_time", 0),
+            throttled_periods=periods,
+            throttled_ns=throttled,
             memory_usage=_read_int(f"{mem_dir}/memory.usage_in_bytes", read),
             memory_max_usage=_read_int(f"{mem_dir}/memory.max_usage_in_bytes", read),
-            memory_rss=mem.get("total_rss", 0),
-            memory_cache=mem.get("total_cache", 0),
-            memory_swap=mem.get("total_swap", 0),
+            memory_rss=rss,
+            memory_cache=cache,
+            memory_swap=swap,
             at=time.monotonic(),
         )
 

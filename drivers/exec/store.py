@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -70,8 +71,9 @@ class ExecTask:
     counter_files: CounterFiles = field(default_factory=CounterFiles)
     """The cgroup counter files its stats stream reads, open while the task runs."""
 
-    @property
+    @functools.cached_property
     def cgroup(self) -> TaskCgroup:
+        # Made once: a stats sample asks for it every second, and it keeps its paths joined.
         return TaskCgroup(self.state.container_id, self.state.cgroup_v2, self.state.cgroup_parent)
 
     def finish(self, result: ExitResult, completed_at: datetime) -> None:

@@ -228,6 +228,36 @@ def test_a_fingerprint_change_is_sent_at_once(alloc: AllocDir) -> None:
         _until("the cancelled stream stopped listening", lambda: _attrs(h, task_id)["fingerprint_listeners"] == 0)
 
 
+def test_batched_stats_streams_each_get_fresh_samples_of_their_own_task(alloc: AllocDir) -> None:
+    with DriverHarness(WATCHING) as h:
+        stub = _stub(h)
+        ids = _start(h, alloc, 60)
+        # Sixty streams of one interval: their samples fall due together and are taken in batches.
+        drains = {task_id: _Drain(_stats(stub, task_id, 0.1)) for task_id in ids}
+        for task_id, drain in drains.items():
+            samples = [drain.next().stats for _ in range(5)]
+            assert {s.id for s in samples} == {task_id}, "a stream was answered with another task's sample"
+            # The driver numbers each task's samples: each answer is a new one, none repeated.
+            taken = [s.agg_resource_usage.memory.rss for s in samples]
+            assert taken == sorted(set(taken)), taken
+            stamps = [s.timestamp.ToNanoseconds() for s in samples]
+            assert stamps == sorted(set(stamps)), stamps
+        # A task that exits ends its own stream; the others it was batched with go on.
+        h.client.stop_task(ids[0], timeout=1, signal="")
+        ended = drains[ids[0]]
+        while ended.next() is not None:
+            pass
+        assert ended.error is None
+        after_exit = time.time_ns()
+        for task_id in ids[1:]:
+            while (sample := drains[task_id].next()) is not None:
+                if sample.stats.timestamp.ToNanoseconds() > after_exit:
+                    break
+            assert sample is not None, f"the stream of {task_id} ended with another task's exit"
+        for drain in drains.values():
+            drain.stream.cancel()
+
+
 def test_cancelled_streams_release_what_they_held(alloc: AllocDir) -> None:
     with DriverHarness(WATCHING) as h:
         stub = _stub(h)

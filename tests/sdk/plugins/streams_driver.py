@@ -12,7 +12,9 @@ SignalTask drives the streams from a test: ``EVENT`` emits a task event whose me
 task id; ``FINGERPRINT`` bumps the fingerprint's ``driver.streams.generation`` attribute and
 calls notify_fingerprint_changed (the interval is an hour, so a prompt fingerprint proves the
 notification). InspectTask's driver attributes count what the SDK holds: event and fingerprint
-listeners, and the stats samples taken so far.
+listeners, and the stats samples taken so far. A TaskStats sample carries its task's id and, as
+its memory rss, the number of that task's samples taken so far (this one included), so a test
+can tell that each stream gets a fresh sample of its own task.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class _Task:
     done: threading.Event = field(default_factory=threading.Event)
     result: ExitResult | None = None
     watchers: list[Callable[[ExitResult], None]] = field(default_factory=list)
+    samples: int = 0
 
 
 class StreamsDriver(DriverPlugin):
@@ -201,8 +204,10 @@ class StreamsDriver(DriverPlugin):
             return None
         with self._lock:
             self._counts["stats_samples"] += 1
-        usage = ResourceUsage(memory=MemoryUsage(rss=1 << 20, measured_fields=(MemoryField.RSS,)))
-        return TaskStats(timestamp=datetime.now(UTC), usage=usage)
+            task.samples += 1
+            taken = task.samples
+        usage = ResourceUsage(memory=MemoryUsage(rss=taken, measured_fields=(MemoryField.RSS,)))
+        return TaskStats(timestamp=datetime.now(UTC), usage=usage, id=task_id)
 
     def signal_task(self, task_id: str, signal: str) -> None:
         task = self._get(task_id)
