@@ -19,12 +19,15 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from driversdk.errors import DriverError
+
 DEFAULT_SOCKET = "/var/run/docker.sock"
 UNIX_SCHEME = "unix://"
 
 
-class ProbeError(Exception):
-    """The engine did not answer, or answered with an error status."""
+class ProbeError(DriverError):
+    """The engine did not answer, or answered with an error status (the fingerprint reports it
+    as an undetected or unhealthy engine, as it does when the SDK cannot reach it)."""
 
 
 def engine_socket(endpoint: str | None, environ: Mapping[str, str]) -> str | None:
