@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from driversdk.driver import DriverPlugin, ExecSession
     from driversdk.serving import serve
 
+# The package's version (pyproject reads it from here): nomad.version of a run's node, --version.
+__version__ = "0.1.0"
+
 __all__ = ["DriverClient", "DriverPlugin", "ExecSession", "launch", "reattach", "serve"]
 
 _LAZY = {

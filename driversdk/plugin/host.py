@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from driversdk.childwait import wait_child
 from driversdk.errors import HandshakeError, PluginError
 from driversdk.plugin.handshake import (
     APP_PROTOCOL_VERSION,
@@ -146,11 +147,7 @@ class PluginProcess:
 
     def _wait_exit(self, timeout: float) -> bool:
         if self._popen is not None:
-            try:
-                self._popen.wait(timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
+            return wait_child(self._popen, timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not pid_alive(self.pid):

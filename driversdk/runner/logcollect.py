@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from driversdk.childwait import wait_child
 from driversdk.runner import logcollector
 from driversdk.runner.logcollector import (
     _NOFOLLOW,
@@ -158,9 +159,7 @@ def stop(logmon: Logmon, timeout: float = 5.0) -> None:
             pass
         child = _children.pop(logmon.pid, None)
         if child is not None:
-            try:
-                child.wait(timeout)
-            except subprocess.TimeoutExpired:
+            if not wait_child(child, timeout):
                 child.kill()
                 child.wait()
         else:  # adopted from an earlier run: not our child, so poll
