@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 import queue
-import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -33,7 +30,6 @@ from driversdk.plugin.handshake import (
     MAGIC_COOKIE_VALUE,
     Handshake,
 )
-from driversdk.plugin.log import parse_hclog_line
 
 if TYPE_CHECKING:
     # Imported where it is used: a host can spawn a plugin before it has loaded grpc, and load
@@ -58,10 +54,14 @@ class ReattachConfig:
     app_version: int = APP_PROTOCOL_VERSION
 
     def to_json(self) -> str:
+        import json
+
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ReattachConfig:
+        import json
+
         data = json.loads(text)
         return cls(
             pid=int(data["pid"]),
@@ -184,6 +184,8 @@ class PluginProcess:
         if os.path.basename(directory).startswith("plugin-") and set(
             os.listdir(directory) if os.path.isdir(directory) else []
         ) <= {os.path.basename(self.address)}:
+            import shutil
+
             shutil.rmtree(directory, ignore_errors=True)
 
     def __enter__(self) -> PluginProcess:
@@ -194,6 +196,10 @@ class PluginProcess:
 
 
 def _pump_stderr(stream: IO[bytes], logger: logging.Logger, tail: collections.deque[str]) -> None:
+    # Imported on this thread, not with the module: a host starts its plugins before it loads the
+    # rest (driversdk.runner.prelaunch), and the hclog parser brings json and datetime.
+    from driversdk.plugin.log import parse_hclog_line
+
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
         if not line:
@@ -313,6 +319,8 @@ def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: fl
     """Connect again to a plugin launched by an earlier host process."""
     if not pid_alive(config.pid):
         raise PluginError(f"cannot reattach to plugin {name!r}: process {config.pid} is gone; launch it again")
+    import socket
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(timeout)
