@@ -45,10 +45,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lark import Lark
 
+    from driversdk.runner.hcl.tree import Tree
+
 ENV_CACHE_DIR = "DRIVERSDK_CACHE_DIR"
 FORMAT = "2"  # bumped when what a cache file holds changes (2: lark actions as globals)
 HCL1_FILE = "hcl1-tables.json"
 HCL2_FILE = "hcl2-lark.pickle"
+TREE_PREFIX = "hcl2-tree-"  # + the key's hash + ".json": one parsed job file each
+TREE_LIMIT = 128  # tree files kept; the oldest written go first
 
 
 def cache_dir() -> Path:
@@ -324,3 +328,82 @@ def hcl2_parser() -> Lark:
         return built  # a lark version whose parser does not pickle: no cache, same parser
     write(HCL2_FILE, key, out.getvalue())
     return built
+
+
+# --- parsed job files -----------------------------------------------------------------------
+#
+# A job file validated is usually run next, and run again: its parse tree is kept, as JSON (no
+# code can come from it), under a key made of the text and the parser's sources. The key is found
+# without importing lark or python-hcl2: a hit is the only case that needs neither.
+
+
+@functools.cache
+def _tree_sources_key() -> str:
+    from importlib.util import find_spec
+
+    files: list[str] = [__file__.removesuffix("parsecache.py") + "hcl/tree.py"]
+    for package, names in (
+        ("hcl2", ("parser.py", "hcl2.lark", "postlexer.py")),
+        ("lark", ("__init__.py", "lexer.py", "parsers/lalr_analysis.py", "parsers/lalr_parser.py")),
+    ):
+        spec = find_spec(package)
+        origin = spec.origin if spec is not None else None
+        if origin is None:
+            files.append(f"<no {package}>")
+            continue
+        here = os.path.dirname(origin)
+        files += [os.path.join(here, name) for name in names]
+    return _key(*files)
+
+
+def _tree_key(text: str) -> str:
+    return hashlib.sha256(f"{_tree_sources_key()}\n{text}".encode()).hexdigest()
+
+
+def read_tree(text: str) -> Tree | None:
+    """The parse tree kept for exactly this text by these parser versions, if any."""
+    from driversdk.runner.hcl.tree import from_plain
+
+    key = _tree_key(text)
+    payload = read(f"{TREE_PREFIX}{key}.json", key)
+    if payload is None:
+        return None
+    try:
+        return from_plain(json.loads(payload))
+    except (ValueError, RecursionError):  # damaged: parsed afresh and written again
+        return None
+
+
+def write_tree(text: str, tree: Tree) -> None:
+    """Keep ``tree`` for the next command that reads ``text``; the oldest trees beyond
+    TREE_LIMIT are removed. Failing to keep it changes nothing but the next command's speed."""
+    from driversdk.runner.hcl.tree import to_plain
+
+    key = _tree_key(text)
+    try:
+        payload = json.dumps(to_plain(tree), separators=(",", ":")).encode()
+    except RecursionError:
+        return
+    if write(f"{TREE_PREFIX}{key}.json", key, payload):
+        _prune_trees()
+
+
+def _prune_trees() -> None:
+    directory = _private_dir(create=False)
+    if directory is None:
+        return
+    try:
+        with os.scandir(directory) as entries:
+            kept = [
+                (entry.stat(follow_symlinks=False).st_mtime_ns, entry.name)
+                for entry in entries
+                if entry.name.startswith(TREE_PREFIX) and entry.name.endswith(".json")
+            ]
+    except OSError:
+        return
+    kept.sort()
+    for _, name in kept[: max(0, len(kept) - TREE_LIMIT)]:
+        try:
+            os.unlink(directory / name)
+        except OSError:
+            pass

@@ -2,12 +2,10 @@
 
 - :mod:`.values`: values, type constraints and cty's conversions;
 - :mod:`.functions`: the functions a job file may call;
+- :mod:`.tree`: the parse tree the evaluator walks (python-hcl2's, copied; kept on disk);
 - :mod:`.evaluator`: expressions and templates over python-hcl2's parse tree (why: see there);
 - :mod:`.document`: a whole file — variables and their values, locals, the job, dynamic blocks.
 """
-
-# python-hcl2 is the parser: imported first, so a missing runner extra is named by it.
-import hcl2  # noqa: F401  # isort: skip
 
 from driversdk.runner.hcl.document import Document, Inputs, evaluate
 from driversdk.runner.hcl.evaluator import Body, EvalError, HCLSyntaxError

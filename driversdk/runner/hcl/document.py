@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from difflib import get_close_matches
 from typing import Any
 
-from lark import Tree
-
 from driversdk.runner.hcl.evaluator import (
     Body,
     EvalError,
@@ -33,6 +31,7 @@ from driversdk.runner.hcl.evaluator import (
     type_expr,
 )
 from driversdk.runner.hcl.functions import table
+from driversdk.runner.hcl.tree import Tree
 from driversdk.runner.hcl.values import STRING, ConvertError, Type, convert, show_type, type_of
 
 VAR_ENV_PREFIX = "NOMAD_VAR_"
@@ -55,7 +54,7 @@ class Variable:
     type: Type | None = None
     description: str = ""
     values: list[tuple[str, Any]] = field(default_factory=list)  # (from, value)
-    validations: list[tuple[Tree[Any], str, int]] = field(default_factory=list)
+    validations: list[tuple[Tree, str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,17 +75,17 @@ def _literal_scope() -> Scope:
 
 
 class _DocEvaluator(Evaluator):
-    def e_identifier(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_identifier(self, node: Tree, scope: Scope) -> Any:
         if isinstance(scope, _Literal):
             raise self.fail(node, "variables may not be used here; give a literal value")
         return super().e_identifier(node, scope)
 
-    def _unknown_root(self, node: Tree[Any], scope: Scope) -> str | None:
+    def _unknown_root(self, node: Tree, scope: Scope) -> str | None:
         if isinstance(scope, _Literal):
             raise self.fail(node, "variables may not be used here; give a literal value")
         return super()._unknown_root(node, scope)
 
-    def e_function_call(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_function_call(self, node: Tree, scope: Scope) -> Any:
         if isinstance(scope, _Literal):
             raise self.fail(node, "functions may not be called here; give a literal value")
         return super().e_function_call(node, scope)
@@ -96,7 +95,7 @@ class _Run:
     def __init__(self, path: str, text: str, inputs: Inputs) -> None:
         self.path = path
         self.inputs = inputs
-        self.source = Source(text, parse(text))
+        self.source = Source(text, parse(text, keep=True))
         self.ev = _DocEvaluator(self.source)
         self.functions = table(os.path.dirname(os.path.abspath(path)))
         self.doc = Document(None)
@@ -106,7 +105,7 @@ class _Run:
 
     # --- bodies ----------------------------------------------------------------------------------
 
-    def body(self, node: Tree[Any], scope: Scope, line: int = 0) -> Body:
+    def body(self, node: Tree, scope: Scope, line: int = 0) -> Body:
         out = Body(line or self.ev.line(node))
         blocks_seen: set[str] = set()
         for child in trees(node):
@@ -136,7 +135,7 @@ class _Run:
                     out.lines.setdefault(kind, inner.line)
         return out
 
-    def block(self, node: Tree[Any], scope: Scope) -> list[tuple[str, list[str], Body]]:
+    def block(self, node: Tree, scope: Scope) -> list[tuple[str, list[str], Body]]:
         parts = trees(node)
         kind = name_of(parts[0])
         labels = [name_of(p) for p in parts[1:] if p.data != "body"]
@@ -145,9 +144,7 @@ class _Run:
             return [(kind, labels, self.body(inner, scope, self.ev.line(node)))]
         return self.dynamic(node, labels, inner, scope)
 
-    def dynamic(
-        self, node: Tree[Any], labels: list[str], inner: Tree[Any], scope: Scope
-    ) -> list[tuple[str, list[str], Body]]:
+    def dynamic(self, node: Tree, labels: list[str], inner: Tree, scope: Scope) -> list[tuple[str, list[str], Body]]:
         if len(labels) != 1:
             self.error(self.ev.fail(node, 'a dynamic block needs one label, the block type: dynamic "port" { … }'))
             return []
@@ -212,8 +209,8 @@ class _Run:
     def run(self) -> Document:
         top = trees(trees(self.source.tree)[0])
         variables: dict[str, Variable] = {}
-        locals_nodes: list[tuple[str, Tree[Any]]] = []
-        jobs: list[Tree[Any]] = []
+        locals_nodes: list[tuple[str, Tree]] = []
+        jobs: list[Tree] = []
         for child in top:
             if child.data == "attribute":
                 name = name_of(trees(child)[0])
@@ -288,9 +285,7 @@ class _Run:
         self.doc.body = out
         return self.doc
 
-    def variable_block(
-        self, node: Tree[Any], labels: list[str], inner: Tree[Any], variables: dict[str, Variable]
-    ) -> None:
+    def variable_block(self, node: Tree, labels: list[str], inner: Tree, variables: dict[str, Variable]) -> None:
         if len(labels) != 1:
             self.error(self.ev.fail(node, 'a variable block needs one label, its name: variable "image" { … }'))
             return
@@ -497,7 +492,7 @@ class _Run:
                     )
         return out
 
-    def locals(self, nodes: list[tuple[str, Tree[Any]]], values: dict[str, Any]) -> dict[str, Any]:
+    def locals(self, nodes: list[tuple[str, Tree]], values: dict[str, Any]) -> dict[str, Any]:
         done: dict[str, Any] = {}
         pending = list(nodes)
         while pending:

@@ -27,11 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lark import Token, Tree
-from lark.exceptions import LarkError
-
 from driversdk.errors import DriverSDKError
 from driversdk.runner.hcl.functions import LAZY, FunctionError
+from driversdk.runner.hcl.tree import Token, Tree
 from driversdk.runner.hcl.values import (
     ANY,
     BOOL,
@@ -74,46 +72,57 @@ class Source:
     """One parsed text: its lark tree and the text, for the source of expressions."""
 
     text: str
-    tree: Tree[Any]
+    tree: Tree
     line_offset: int = 0
 
 
 class HCLSyntaxError(DriverSDKError):
     """Text that is not HCL: lark's error with its line and column."""
 
-    def __init__(self, err: LarkError) -> None:
+    def __init__(self, err: Exception) -> None:
         super().__init__(str(err))
         self.line: int | None = getattr(err, "line", None)
         self.column: int | None = getattr(err, "column", None)
 
 
-def parse(text: str) -> Tree[Any]:
+def parse(text: str, *, keep: bool = False) -> Tree:
     """python-hcl2's parse tree of ``text``; HCLSyntaxError when it is not HCL.
 
     One process parses the same text more than once (``validate`` evaluates a job for its checks
     and again for placement; ``run`` validates, then starts): trees are kept by their text, which
-    is the whole key (the parser is python-hcl2's one per process). Trees are only ever read."""
-    try:
-        return _parse_text(text)
-    except LarkError as err:
-        raise HCLSyntaxError(err) from None
+    is the whole key. ``keep`` also keeps the tree on disk for the next command (a whole file:
+    not worth it for the small texts a variable's value is). Trees are only ever read."""
+    return _parse_text(text, keep)
 
 
 @functools.lru_cache(maxsize=64)
-def _parse_text(text: str) -> Tree[Any]:
-    # python-hcl2's parser, built once per process and cached between processes.
-    from driversdk.runner.parsecache import hcl2_parser
+def _parse_text(text: str, keep: bool) -> Tree:
+    from driversdk.runner import parsecache
 
-    tree: Tree[Any] = hcl2_parser().parse(text + "\n")
+    if keep:
+        stored = parsecache.read_tree(text)
+        if stored is not None:
+            return stored
+    # python-hcl2's parser, built once per process and cached between processes.
+    from lark.exceptions import LarkError
+
+    from driversdk.runner.hcl.tree import from_lark
+
+    try:
+        tree = from_lark(parsecache.hcl2_parser().parse(text + "\n"))
+    except LarkError as err:
+        raise HCLSyntaxError(err) from None
+    if keep:
+        parsecache.write_tree(text, tree)
     return tree
 
 
-def kids(node: Tree[Any]) -> list[Any]:
+def kids(node: Tree) -> list[Any]:
     """Children without newline/comment trees."""
     return [c for c in node.children if not (isinstance(c, Tree) and c.data == "new_line_or_comment")]
 
 
-def trees(node: Tree[Any]) -> list[Tree[Any]]:
+def trees(node: Tree) -> list[Tree]:
     return [c for c in kids(node) if isinstance(c, Tree)]
 
 
@@ -194,33 +203,33 @@ class Evaluator:
             raise self.fail(node, f"expression {node.data!r} is not supported")
         return method(node, scope)
 
-    def e_expr_term(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_expr_term(self, node: Tree, scope: Scope) -> Any:
         inner = trees(node)
         return self.value(inner[0], scope)
 
-    def e_identifier(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_identifier(self, node: Tree, scope: Scope) -> Any:
         name = str(node.children[0])
         if name in scope.variables:
             return scope.variables[name]
         return "${" + name + "}"
 
-    def e_keyword(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_keyword(self, node: Tree, scope: Scope) -> Any:
         return self.e_identifier(node, scope)
 
-    def e_literal_value(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_literal_value(self, node: Tree, scope: Scope) -> Any:
         return {"true": True, "false": False, "null": None}[str(node.children[0])]
 
-    def e_int_lit(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_int_lit(self, node: Tree, scope: Scope) -> Any:
         return int(str(node.children[0]))
 
-    def e_float_lit(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_float_lit(self, node: Tree, scope: Scope) -> Any:
         number = float(str(node.children[0]))
         return int(number) if number.is_integer() and abs(number) < 2**63 else number
 
-    def e_tuple(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_tuple(self, node: Tree, scope: Scope) -> Any:
         return [self.value(c, scope) for c in trees(node)]
 
-    def e_object(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_object(self, node: Tree, scope: Scope) -> Any:
         out: dict[str, Any] = {}
         for elem in trees(node):
             key_node, value_node = trees(elem)
@@ -228,7 +237,7 @@ class Evaluator:
             out[key] = self.value(value_node, scope)
         return out
 
-    def object_key(self, key_node: Tree[Any], scope: Scope) -> str:
+    def object_key(self, key_node: Tree, scope: Scope) -> str:
         inner = trees(key_node)[0] if trees(key_node) else key_node.children[0]
         if isinstance(inner, Tree) and inner.data == "keyword":
             return str(inner.children[0])
@@ -243,7 +252,7 @@ class Evaluator:
         except ConvertError as err:
             raise self.fail(key_node, f"an object key must be a string: {err}") from None
 
-    def e_conditional(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_conditional(self, node: Tree, scope: Scope) -> Any:
         cond, yes, no = trees(node)
         try:
             chosen = truthy(self.value(cond, scope))
@@ -251,7 +260,7 @@ class Evaluator:
             raise self.fail(cond, f"the condition is not a bool: {err}") from None
         return self.value(yes if chosen else no, scope)
 
-    def e_unary_op(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_unary_op(self, node: Tree, scope: Scope) -> Any:
         op = next(c for c in node.children if isinstance(c, Token))
         value = self.value(trees(node)[0], scope)
         try:
@@ -261,7 +270,7 @@ class Evaluator:
         except ConvertError as err:
             raise self.fail(node, f"invalid operand: {err}") from None
 
-    def e_binary_op(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_binary_op(self, node: Tree, scope: Scope) -> Any:
         lhs_node, term = trees(node)[:2]
         op_node, rhs_node = trees(term)
         op = next(c for c in op_node.children if isinstance(c, Token)).type
@@ -304,7 +313,7 @@ class Evaluator:
 
     # --- traversals ------------------------------------------------------------------------------
 
-    def _root(self, node: Tree[Any]) -> Tree[Any] | None:
+    def _root(self, node: Tree) -> Tree | None:
         """The root identifier of a static traversal (attributes and literal indexes), or None."""
         while True:
             if node.data == "expr_term":
@@ -324,13 +333,13 @@ class Evaluator:
             else:
                 return None
 
-    def _unknown_root(self, node: Tree[Any], scope: Scope) -> str | None:
+    def _unknown_root(self, node: Tree, scope: Scope) -> str | None:
         root = self._root(node)
         if root is not None and str(root.children[0]) not in scope.variables:
             return "${" + self.text(node) + "}"
         return None
 
-    def e_get_attr_expr_term(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_get_attr_expr_term(self, node: Tree, scope: Scope) -> Any:
         literal = self._unknown_root(node, scope)
         if literal is not None:
             return literal
@@ -347,7 +356,7 @@ class Evaluator:
                 raise self.fail(node, f'there is no {kind} named "{name}"{hint}')
         return self.get_attr(base, attr, node)
 
-    def get_attr(self, base: Any, attr: Tree[Any], where: Tree[Any]) -> Any:
+    def get_attr(self, base: Any, attr: Tree, where: Tree) -> Any:
         name = name_of(trees(attr)[0])
         if isinstance(base, dict):
             if name not in base:
@@ -357,14 +366,14 @@ class Evaluator:
             raise self.fail(where, f'cannot read attribute "{name}" of null')
         raise self.fail(where, f'cannot read attribute "{name}" of a {type_name(base)}')
 
-    def e_index_expr_term(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_index_expr_term(self, node: Tree, scope: Scope) -> Any:
         literal = self._unknown_root(node, scope)
         if literal is not None:
             return literal
         base_node, index = trees(node)
         return self.index(self.value(base_node, scope), index, scope, node)
 
-    def index(self, base: Any, index: Tree[Any], scope: Scope, where: Tree[Any]) -> Any:
+    def index(self, base: Any, index: Tree, scope: Scope, where: Tree) -> Any:
         if index.data == "short_index":
             key: Any = int(str(index.children[-1]))
         else:
@@ -387,7 +396,7 @@ class Evaluator:
             return base[k]
         raise self.fail(where, f"cannot index a {type_name(base)}")
 
-    def _splat(self, node: Tree[Any], scope: Scope) -> Any:
+    def _splat(self, node: Tree, scope: Scope) -> Any:
         base_node, splat = trees(node)
         base = self.value(base_node, scope)
         items = base if isinstance(base, list) else ([] if base is None else [base])
@@ -408,7 +417,7 @@ class Evaluator:
 
     # --- functions -------------------------------------------------------------------------------
 
-    def e_function_call(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_function_call(self, node: Tree, scope: Scope) -> Any:
         parts = kids(node)
         names = [p for p in parts if isinstance(p, Tree) and p.data == "identifier"]
         name = "::".join(str(n.children[0]) for n in names)
@@ -442,7 +451,7 @@ class Evaluator:
         except (ValueError, OverflowError, ArithmeticError) as err:
             raise self.fail(node, f"{name}(): {err}") from None
 
-    def lazy(self, name: str, node: Tree[Any], arg_nodes: list[Tree[Any]], scope: Scope) -> Any:
+    def lazy(self, name: str, node: Tree, arg_nodes: list[Tree], scope: Scope) -> Any:
         if name == "can":
             if len(arg_nodes) != 1:
                 raise self.fail(node, "can() takes exactly one argument")
@@ -461,7 +470,7 @@ class Evaluator:
 
     # --- for expressions -------------------------------------------------------------------------
 
-    def _for(self, node: Tree[Any], scope: Scope) -> Iterator[tuple[Scope, list[Tree[Any]]]]:
+    def _for(self, node: Tree, scope: Scope) -> Iterator[tuple[Scope, list[Tree]]]:
         parts = trees(node)
         intro = parts[0]
         names = [str(t.children[0]) for t in trees(intro) if t.data == "identifier"]
@@ -486,10 +495,10 @@ class Evaluator:
                     continue
             yield inner, body
 
-    def e_for_tuple_expr(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_for_tuple_expr(self, node: Tree, scope: Scope) -> Any:
         return [self.value(body[0], inner) for inner, body in self._for(node, scope)]
 
-    def e_for_object_expr(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_for_object_expr(self, node: Tree, scope: Scope) -> Any:
         group = any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in node.children)
         out: dict[str, Any] = {}
         for inner, body in self._for(node, scope):
@@ -508,18 +517,18 @@ class Evaluator:
 
     # --- templates -------------------------------------------------------------------------------
 
-    def e_string(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_string(self, node: Tree, scope: Scope) -> Any:
         parts = [p.children[0] for p in trees(node)]
         return self.template(parts, scope, node)
 
-    def e_template_string(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_template_string(self, node: Tree, scope: Scope) -> Any:
         raw = str(node.children[0])
         return _decode(raw[2:-2])
 
-    def e_interpolation(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_interpolation(self, node: Tree, scope: Scope) -> Any:
         return self.value(trees(node)[0], scope)
 
-    def template(self, parts: list[Any], scope: Scope, node: Tree[Any]) -> Any:
+    def template(self, parts: list[Any], scope: Scope, node: Tree) -> Any:
         """A quoted string's parts: literal text tokens and interpolation/directive trees."""
         items = [p for p in parts]
         if len(items) == 1 and isinstance(items[0], Tree) and items[0].data == "interpolation":
@@ -568,13 +577,13 @@ class Evaluator:
                 node, f"a {type_name(value)} cannot be part of a string; use jsonencode() or join()"
             ) from None
 
-    def e_heredoc_template(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_heredoc_template(self, node: Tree, scope: Scope) -> Any:
         return self.heredoc(node, scope, trim=False)
 
-    def e_heredoc_template_trim(self, node: Tree[Any], scope: Scope) -> Any:
+    def e_heredoc_template_trim(self, node: Tree, scope: Scope) -> Any:
         return self.heredoc(node, scope, trim=True)
 
-    def heredoc(self, node: Tree[Any], scope: Scope, *, trim: bool) -> Any:
+    def heredoc(self, node: Tree, scope: Scope, *, trim: bool) -> Any:
         raw = str(node.children[0])
         first_nl = raw.index("\n")
         lines = raw[first_nl + 1 :].split("\n")
@@ -616,7 +625,7 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _literal(node: Tree[Any]) -> bool:
+def _literal(node: Tree) -> bool:
     """A literal index key (number or plain string), which keeps a traversal static."""
     if node.data == "expr_term":
         inner = kids(node)
@@ -644,18 +653,18 @@ def _apply_strips(text: str) -> str:
     return re.sub(re.escape(_STRIP_RIGHT) + r"\s*", "", text)
 
 
-def _nest(items: list[Any], ev: Evaluator, node: Tree[Any]) -> list[Any]:
+def _nest(items: list[Any], ev: Evaluator, node: Tree) -> list[Any]:
     """Flat template parts → nested (lit / interp / if / for) items."""
     root: list[Any] = []
     stack: list[tuple[str, list[Any], Any]] = [("root", root, None)]
 
-    def strips(directive: Tree[Any]) -> tuple[bool, bool]:
+    def strips(directive: Tree) -> tuple[bool, bool]:
         toks = [c for c in directive.children if isinstance(c, Token)]
         left = len(toks) > 1 and toks[1].type == "STRIP_MARKER"
         right = len(toks) > 1 and toks[-2].type == "STRIP_MARKER"
         return left, right
 
-    def emit_strips(target: list[Any], directive: Tree[Any], before: bool) -> None:
+    def emit_strips(target: list[Any], directive: Tree, before: bool) -> None:
         left, right = strips(directive)
         if before and left:
             target.append(("lit", _STRIP_LEFT))
@@ -761,7 +770,7 @@ def _template_end(text: str, i: int) -> int:
 _PRIMITIVES: dict[str, Type] = {"string": STRING, "number": NUMBER, "bool": BOOL, "any": ANY}
 
 
-def type_expr(node: Tree[Any], ev: Evaluator) -> Type:
+def type_expr(node: Tree, ev: Evaluator) -> Type:
     """A ``type = …`` constraint: string, number, bool, any, list(T), set(T), map(T), tuple([…]),
     object({…})."""
     if node.data == "expr_term":
