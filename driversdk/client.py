@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import grpc
-from grpc_status import rpc_status
 
 from driversdk import convert
 from driversdk.errors import ConfigError, DriverSDKError, PluginCallError
@@ -64,6 +63,10 @@ class PluginInfo:
 
 
 def _recoverable(err: grpc.RpcError) -> bool:
+    # Only a failed call reads the status details: its module (and google.rpc's descriptors) is
+    # not worth importing into every command that never sees one.
+    from grpc_status import rpc_status
+
     call = rpc_call_of(err)
     status = rpc_status.from_call(call) if call is not None else None
     if status is None:
