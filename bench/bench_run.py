@@ -123,6 +123,7 @@ def main() -> None:
     print("   loaded while validation runs); the container's create, start and exit cost what they cost docker")
     print("   run: everything ours adds comes before the container's create)")
 
+
 def verdict(figure: float, goal: float) -> str:
     return "met" if figure <= goal else "NOT met"
 

@@ -362,7 +362,7 @@ def _tree_key(text: str) -> str:
 
 def read_tree(text: str) -> Tree | None:
     """The parse tree kept for exactly this text by these parser versions, if any."""
-    from driversdk.runner.hcl.tree import from_plain
+    from driversdk.runner.hcl.tree import TreeFormatError, from_plain
 
     key = _tree_key(text)
     payload = read(f"{TREE_PREFIX}{key}.json", key)
@@ -370,7 +370,7 @@ def read_tree(text: str) -> Tree | None:
         return None
     try:
         return from_plain(json.loads(payload))
-    except (ValueError, RecursionError):  # damaged: parsed afresh and written again
+    except (TreeFormatError, ValueError, RecursionError):  # damaged: parsed afresh and written again
         return None
 
 

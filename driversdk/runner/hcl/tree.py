@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from driversdk.errors import DriverSDKError
+
 
 class Token(str):
     """A terminal: its text (the ``str`` itself), its terminal type and the line it starts on."""
@@ -99,8 +101,8 @@ def to_plain(node: Tree) -> list[Any]:
     return out
 
 
-class TreeFormatError(ValueError):
-    """A stored tree that is not one this module wrote."""
+class TreeFormatError(DriverSDKError):
+    """A stored tree that is not one this module wrote (the cache then parses afresh)."""
 
 
 def from_plain(item: Any) -> Tree:
