@@ -341,7 +341,7 @@ def hcl2_parser() -> Lark:
 def _tree_sources_key() -> str:
     from importlib.util import find_spec
 
-    files: list[str] = [__file__.removesuffix("parsecache.py") + "hcl/tree.py"]
+    files: list[str] = [os.path.join(os.path.dirname(__file__), "hcl", "tree.py")]
     for package, names in (
         ("hcl2", ("parser.py", "hcl2.lark", "postlexer.py")),
         ("lark", ("__init__.py", "lexer.py", "parsers/lalr_analysis.py", "parsers/lalr_parser.py")),

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +35,29 @@ def test_the_socket_is_the_one_the_sdk_would_use() -> None:
         assert engine_socket("", {"DOCKER_HOST": target}) is None
 
 
+def bridge_gateway(engine: docker.DockerClient, within: float = 30.0) -> str:
+    """The default bridge's gateway as the engine reports it. Once, in CI, the shared engine
+    reported none for a while (to the SDK and the probe alike); wait for it rather than compare
+    two empty answers."""
+    deadline = time.monotonic() + within
+    while True:
+        configs = (engine.api.inspect_network("bridge").get("IPAM") or {}).get("Config") or []
+        gateway = next((c["Gateway"] for c in configs if c.get("Gateway")), None)
+        if gateway:
+            return str(gateway)
+        if time.monotonic() > deadline:
+            pytest.fail(f"the engine's default bridge reports no gateway after {within:.0f}s: {configs!r}")
+        time.sleep(0.5)
+
+
 def test_the_probe_fingerprints_as_the_sdk_does(engine: docker.DockerClient) -> None:
+    gateway = bridge_gateway(engine)
     config = PluginConfig.from_decoded({"allow_privileged": True, "volumes": {"enabled": True}})
     through_sdk = fingerprint(engine.api, config, detected_before=False)
     through_probe = fingerprint(EngineProbe(DEFAULT_SOCKET), config, detected_before=False)
     assert through_probe.health is HealthState.HEALTHY
     assert through_probe == through_sdk
-    # The bridge's gateway as the engine reports it now (an engine still setting up its default
-    # bridge may report none yet): the probe must carry exactly that.
-    configs = (engine.api.inspect_network("bridge").get("IPAM") or {}).get("Config") or []
-    gateway = next((c["Gateway"] for c in configs if c.get("Gateway")), None)
-    assert through_probe.attributes.get("driver.docker.bridge_ip") == gateway
+    assert through_probe.attributes["driver.docker.bridge_ip"] == gateway
     assert EngineProbe(DEFAULT_SOCKET).ping()
 
 
