@@ -347,12 +347,13 @@ def _plugin_options(file: str, name: str, config: dict[str, Any], problems: list
 
 def _parse(path: str | Path) -> dict[str, Any]:
     """An agent config file read as HCL1, as Nomad reads it (pyhcl's ``hcl.loads``, on the
-    process's one parser, its tables cached: :mod:`driversdk.runner.parsecache`)."""
+    process's one parser, its tables cached, and what a text parses to kept for the next command
+    that reads it: :mod:`driversdk.runner.parsecache`)."""
     from driversdk.runner.parsecache import hcl1_loads
 
     text = read_text(path)
     try:
-        data = hcl1_loads(text)
+        data = hcl1_loads(text, keep=True)
     except Exception as err:  # pyhcl raises ValueError (and lexer errors) for any syntax problem
         first = (str(err).strip().splitlines() or ["syntax error"])[0]
         raise HCLFileError(f"{path}: this is not valid HCL ({first}); fix the syntax there") from None

@@ -9,6 +9,9 @@ private cache dir:
 
 * pyhcl: the LALR tables and productions as JSON; the grammar actions are bound to a fresh
   ``HclParser`` again on load, so the file holds no code.
+* the results: an agent config's parsed value and a job file's parse tree, as JSON, one file
+  per text (the newest KEPT_LIMIT of each kind), under a key of the text and the parser's
+  sources: a command that reads a text read before imports no parser.
 * lark: the whole parser pickled (the C unpickler makes its objects several times faster than
   lark's own loader). A pickle can run code, so it is only read from a directory that is ours
   alone (0700, owned by this user, not a symlink), from a file that is ours and not writable by
@@ -52,7 +55,8 @@ FORMAT = "2"  # bumped when what a cache file holds changes (2: lark actions as 
 HCL1_FILE = "hcl1-tables.json"
 HCL2_FILE = "hcl2-lark.pickle"
 TREE_PREFIX = "hcl2-tree-"  # + the key's hash + ".json": one parsed job file each
-TREE_LIMIT = 128  # tree files kept; the oldest written go first
+HCL1_RESULT_PREFIX = "hcl1-result-"  # + the key's hash + ".json": one parsed agent config each
+KEPT_LIMIT = 128  # files kept of each prefix; the oldest written go first
 
 
 def cache_dir() -> Path:
@@ -223,15 +227,44 @@ def _hcl1_parser() -> Any:
 _hcl1_lock = threading.Lock()
 
 
-def hcl1_loads(text: str) -> Any:
+def hcl1_loads(text: str, keep: bool = False) -> Any:
     """``hcl.loads(text)`` on this process's one pyhcl parser (PLY's engine keeps its stacks on
-    the parser object, so parses take turns)."""
+    the parser object, so parses take turns).
+
+    With ``keep`` (an agent config, read by every command), what the text parses to is kept as
+    JSON under a key of the text and pyhcl's sources: the next command that reads the same text
+    imports no parser at all. Syntax errors are never kept."""
+    if keep:
+        kept = _read_kept(HCL1_RESULT_PREFIX, _hcl1_result_key(text))
+        if isinstance(kept, dict):
+            return kept
     from hcl.api import isHcl
 
     if not isHcl(text):
-        return json.loads(text)
-    with _hcl1_lock:
-        return _hcl1_parser().parse(text)
+        data = json.loads(text)
+    else:
+        with _hcl1_lock:
+            data = _hcl1_parser().parse(text)
+    if keep and isinstance(data, dict):
+        _keep(HCL1_RESULT_PREFIX, _hcl1_result_key(text), data)
+    return data
+
+
+@functools.cache
+def _hcl1_sources_key() -> str:
+    from importlib.util import find_spec
+
+    spec = find_spec("hcl")
+    origin = spec.origin if spec is not None else None
+    if origin is None:
+        return _key("<no hcl>")
+    here = os.path.dirname(origin)
+    names = ("api.py", "lexer.py", "parser.py", "ply/lex.py", "ply/yacc.py")
+    return _key(*(os.path.join(here, name) for name in names))
+
+
+def _hcl1_result_key(text: str) -> str:
+    return hashlib.sha256(f"{_hcl1_sources_key()}\n{text}".encode()).hexdigest()
 
 
 # --- HCL2 (python-hcl2's lark parser) -------------------------------------------------------
@@ -364,31 +397,53 @@ def read_tree(text: str) -> Tree | None:
     """The parse tree kept for exactly this text by these parser versions, if any."""
     from driversdk.runner.hcl.tree import TreeFormatError, from_plain
 
-    key = _tree_key(text)
-    payload = read(f"{TREE_PREFIX}{key}.json", key)
-    if payload is None:
+    plain = _read_kept(TREE_PREFIX, _tree_key(text))
+    if plain is None:
         return None
     try:
-        return from_plain(json.loads(payload))
+        return from_plain(plain)
     except (TreeFormatError, ValueError, RecursionError):  # damaged: parsed afresh and written again
         return None
 
 
 def write_tree(text: str, tree: Tree) -> None:
     """Keep ``tree`` for the next command that reads ``text``; the oldest trees beyond
-    TREE_LIMIT are removed. Failing to keep it changes nothing but the next command's speed."""
+    KEPT_LIMIT are removed. Failing to keep it changes nothing but the next command's speed."""
     from driversdk.runner.hcl.tree import to_plain
 
-    key = _tree_key(text)
     try:
-        payload = json.dumps(to_plain(tree), separators=(",", ":")).encode()
+        plain = to_plain(tree)
     except RecursionError:
         return
-    if write(f"{TREE_PREFIX}{key}.json", key, payload):
-        _prune_trees()
+    _keep(TREE_PREFIX, _tree_key(text), plain)
 
 
-def _prune_trees() -> None:
+# --- kept parse results: one JSON file per text, ``<prefix><key>.json`` --------------------------
+
+
+def _read_kept(prefix: str, key: str) -> Any:
+    """The JSON value kept for ``key``, or None (none kept, another key's, or not JSON)."""
+    payload = read(f"{prefix}{key}.json", key)
+    if payload is None:
+        return None
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _keep(prefix: str, key: str, value: Any) -> None:
+    try:
+        payload = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    except (ValueError, TypeError, RecursionError):
+        return  # not plain JSON: nothing is kept, the next command parses again
+    if json.loads(payload) != value:
+        return  # JSON would change it (a key that is not a string, a tuple): kept only if read back the same
+    if write(f"{prefix}{key}.json", key, payload):
+        _prune_kept(prefix)
+
+
+def _prune_kept(prefix: str) -> None:
     directory = _private_dir(create=False)
     if directory is None:
         return
@@ -397,12 +452,12 @@ def _prune_trees() -> None:
             kept = [
                 (entry.stat(follow_symlinks=False).st_mtime_ns, entry.name)
                 for entry in entries
-                if entry.name.startswith(TREE_PREFIX) and entry.name.endswith(".json")
+                if entry.name.startswith(prefix) and entry.name.endswith(".json")
             ]
     except OSError:
         return
     kept.sort()
-    for _, name in kept[: max(0, len(kept) - TREE_LIMIT)]:
+    for _, name in kept[: max(0, len(kept) - KEPT_LIMIT)]:
         try:
             os.unlink(directory / name)
         except OSError:

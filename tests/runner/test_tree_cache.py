@@ -146,7 +146,7 @@ def test_a_cache_dir_open_to_others_is_neither_read_nor_written(cache: Path) -> 
 
 
 def test_only_the_newest_trees_are_kept(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(parsecache, "TREE_LIMIT", 3)
+    monkeypatch.setattr(parsecache, "KEPT_LIMIT", 3)
     texts = [f'job "j{i}" {{}}\n' for i in range(5)]
     for i, text in enumerate(texts):
         evaluate("job.hcl", text)
