@@ -82,7 +82,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from driversdk.runner.prelaunch import start_early
 
     # The job's plugins boot while the parser and the validator are imported and the job parsed.
-    early = start_early([args.job], args.client)
+    # Validation only asks them questions: they need not warm up for tasks.
+    early = start_early([args.job], args.client, checks_only=True)
     try:
         from driversdk.runner.hcl import Inputs
         from driversdk.runner.validate import check_files

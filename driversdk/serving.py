@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from driversdk.plugin.handshake import ENV_CHECKS_ONLY
 from driversdk.plugin.server import serve_plugin
 
 if TYPE_CHECKING:
@@ -16,6 +18,14 @@ if TYPE_CHECKING:
     from driversdk.service import DriverSource
 
 log = logging.getLogger("driversdk.serve")
+
+
+def launched_for_checks() -> bool:
+    """True when the host launched this plugin only to ask for its schemas, its config and a
+    fingerprint (``driversdk validate`` does), never to start a task: a driver may skip warming up
+    what only tasks need (the docker driver does not load the docker SDK). A task call that comes
+    anyway must still work, only slower."""
+    return os.environ.get(ENV_CHECKS_ONLY) == "1"
 
 
 def serve(

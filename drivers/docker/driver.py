@@ -47,6 +47,7 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.mounts import ensure_mounts_usable
+from driversdk.serving import launched_for_checks
 from driversdk.signals import signal_name
 
 if TYPE_CHECKING:
@@ -126,7 +127,9 @@ class DockerDriver(DriverPlugin):
                 self._configured = True
             # The engine client (the SDK, a version request) is made now, on a thread, instead of by
             # the first StartTask; an engine that does not answer is the fingerprint's to report.
-            threading.Thread(target=self._warm_up, daemon=True, name="docker-client").start()
+            # A plugin that will start no task (launched for validation) leaves it to a first use.
+            if not launched_for_checks():
+                threading.Thread(target=self._warm_up, daemon=True, name="docker-client").start()
         # Nomad starts its reconciler on the first Fingerprint, for want of a post-config hook;
         # SetConfig is ours, and every host (Nomad, the runner, the test harness) sends it.
         if self._reconciler is not None:

@@ -9,6 +9,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from driversdk import serve
+from driversdk.serving import launched_for_checks
 
 if TYPE_CHECKING:
     from driversdk.driver import DriverPlugin
@@ -29,8 +30,10 @@ def _build() -> DriverPlugin:
 
     driver = DockerDriver()
     # The schemas, the config and a fingerprint are answered without the docker SDK; it loads on a
-    # thread of its own meanwhile, so the first StartTask finds it loaded.
-    threading.Thread(target=_load_sdk, daemon=True, name="docker-sdk-load").start()
+    # thread of its own meanwhile, so the first StartTask finds it loaded. A plugin launched only
+    # for those answers (`driversdk validate`) never needs it: loading it would only slow them.
+    if not launched_for_checks():
+        threading.Thread(target=_load_sdk, daemon=True, name="docker-sdk-load").start()
     return driver
 
 

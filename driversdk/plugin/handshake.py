@@ -25,6 +25,10 @@ ENV_UNIX_SOCKET_GROUP = "PLUGIN_UNIX_SOCKET_GROUP"
 ENV_CLIENT_CERT = "PLUGIN_CLIENT_CERT"
 ENV_MIN_PORT = "PLUGIN_MIN_PORT"
 ENV_MAX_PORT = "PLUGIN_MAX_PORT"
+# Ours, not go-plugin's: set to "1" on a plugin a host launches only to ask for its schemas, its
+# config and a fingerprint (`driversdk validate`), never to start a task. A driver may then skip
+# warming up what only tasks need; a task call that comes anyway still works, only slower.
+ENV_CHECKS_ONLY = "DRIVERSDK_PLUGIN_CHECKS_ONLY"
 
 # sun_path is 108 bytes including the terminating NUL.
 MAX_UNIX_PATH = 107

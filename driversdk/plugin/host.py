@@ -23,6 +23,7 @@ from driversdk.childwait import wait_child
 from driversdk.errors import HandshakeError, PluginError
 from driversdk.plugin.handshake import (
     APP_PROTOCOL_VERSION,
+    ENV_CHECKS_ONLY,
     ENV_MAX_PORT,
     ENV_MIN_PORT,
     ENV_PROTOCOL_VERSIONS,
@@ -287,14 +288,21 @@ class StartingPlugin:
 
 
 def spawn_plugin(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, name: str | None = None
+    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, name: str | None = None, checks_only: bool = False
 ) -> StartingPlugin:
-    """Start ``cmd`` as a go-plugin plugin; :meth:`StartingPlugin.connect` finishes the launch."""
+    """Start ``cmd`` as a go-plugin plugin; :meth:`StartingPlugin.connect` finishes the launch.
+    ``checks_only``: the plugin will only be asked for its schemas, config and fingerprint
+    (``ENV_CHECKS_ONLY``)."""
     label = name or os.path.basename(cmd[0])
+    environment = plugin_environment(env)
+    if checks_only:
+        environment[ENV_CHECKS_ONLY] = "1"
+    else:
+        environment.pop(ENV_CHECKS_ONLY, None)  # never inherited from a host that was itself so launched
     try:
         popen = subprocess.Popen(
             list(cmd),
-            env=plugin_environment(env),
+            env=environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -39,15 +39,17 @@ def named_drivers(text: str) -> list[str]:
 class Prelaunched:
     """Plugins started for the drivers named in job files, waiting to be taken by validation."""
 
-    def __init__(self) -> None:
+    def __init__(self, checks_only: bool = False) -> None:
         self._started: dict[str, tuple[list[str], StartingPlugin]] = {}
+        self.checks_only = checks_only
 
     @classmethod
-    def for_jobs(cls, paths: Iterable[str], client: ClientConfig) -> Prelaunched:
+    def for_jobs(cls, paths: Iterable[str], client: ClientConfig, checks_only: bool = False) -> Prelaunched:
         """Start the plugin of every driver the files name whose command the client config knows.
         Nothing here fails: an unreadable file or a plugin that cannot be started is left for the
-        parse and the real start to report."""
-        started = cls()
+        parse and the real start to report. ``checks_only``: the plugins will only be asked for
+        their schemas, config and fingerprint (``driversdk validate``), never to start a task."""
+        started = cls(checks_only)
         names: list[str] = []
         for path in paths:
             try:
@@ -67,7 +69,7 @@ class Prelaunched:
         from driversdk.plugin.host import spawn_plugin
 
         try:
-            self._started[driver] = (command, spawn_plugin(command, name=driver))
+            self._started[driver] = (command, spawn_plugin(command, name=driver, checks_only=self.checks_only))
         except DriverSDKError:
             pass  # the real start says why, with the job's context
 
@@ -93,7 +95,9 @@ class Prelaunched:
         return len(self._started)
 
 
-def start_early(paths: list[str], client_path: str | None) -> tuple[ClientConfig, Prelaunched] | None:
+def start_early(
+    paths: list[str], client_path: str | None, checks_only: bool = False
+) -> tuple[ClientConfig, Prelaunched] | None:
     """For a command's first steps, before the parser and the validator are imported: read the
     client config and start the plugins the job files name. None when the client config cannot be
     read; the caller's own load then reports why, as it always does."""
@@ -103,4 +107,4 @@ def start_early(paths: list[str], client_path: str | None) -> tuple[ClientConfig
         client = load_client(client_path)
     except DriverSDKError:
         return None
-    return client, Prelaunched.for_jobs(paths, client)
+    return client, Prelaunched.for_jobs(paths, client, checks_only)

@@ -161,7 +161,8 @@ def _driver_facts(
             if isinstance(pending, DriverSDKError):
                 raise pending  # it could not be started or connected to
             if pending is None or isinstance(pending, StartingPlugin):
-                plugin = connect_driver(pending or spawn_plugin(command, name=driver), command, timeout=60, name=driver)
+                started = pending or spawn_plugin(command, name=driver, checks_only=keep is None)
+                plugin = connect_driver(started, command, timeout=60, name=driver)
             else:
                 plugin = pending
             config = client.plugin_config(driver)
@@ -196,7 +197,7 @@ def _driver_facts(
 
 
 def _spawn_plugins(
-    job: Job, client: ClientConfig, prelaunched: Prelaunched | None
+    job: Job, client: ClientConfig, prelaunched: Prelaunched | None, checks_only: bool = False
 ) -> dict[str, StartingPlugin | DriverSDKError]:
     """Start the plugin of every driver the job names (or take the one started before the parse,
     :mod:`driversdk.runner.prelaunch`), all at once and before anything else is waited on: each
@@ -211,8 +212,10 @@ def _spawn_plugins(
             if command is None:
                 continue  # no driver, already started, or none configured (_driver_facts says so)
             try:
-                taken = prelaunched.take(task.driver, command) if prelaunched is not None else None
-                out[task.driver] = taken or spawn_plugin(command, name=task.driver)
+                # A plugin started for the other purpose (warming up for tasks or not) is not taken.
+                fits = prelaunched is not None and prelaunched.checks_only == checks_only
+                taken = prelaunched.take(task.driver, command) if prelaunched is not None and fits else None
+                out[task.driver] = taken or spawn_plugin(command, name=task.driver, checks_only=checks_only)
             except DriverSDKError as err:
                 out[task.driver] = err
     return out
@@ -487,7 +490,9 @@ def _validate(
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
                 report.problems.append(Problem(client.file or job.file, problem, **where))
     cache: dict[str, DriverFacts | Problem] = {}
-    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(_spawn_plugins(job, client, prelaunched))
+    # Plugins no caller keeps are only asked questions: they are told so, and skip warming up for tasks.
+    spawned = _spawn_plugins(job, client, prelaunched, checks_only=keep_plugins is None)
+    starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(spawned)
     try:
         _connect_plugins(starting, client)
         if starting:
@@ -680,7 +685,7 @@ def check_files(
             return Report(job="", problems=_once(err.problems))
         except DriverSDKError as err:
             return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
-        prelaunched = Prelaunched.for_jobs([job_path], client)
+        prelaunched = Prelaunched.for_jobs([job_path], client, checks_only=True)
     try:
         report = validate_job(job_path, client, inputs=inputs, prelaunched=prelaunched)
         report.notes = client.notes + report.notes

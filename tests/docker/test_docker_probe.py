@@ -147,3 +147,34 @@ def test_the_same_config_again_keeps_the_engine_client_and_another_makes_a_new_o
                 driver.set_config(bad, None)
     finally:
         driver.shutdown()
+
+
+WARMS_UP = """
+import json, sys, time
+from drivers.docker.main import _build
+driver = _build()
+driver.set_config({"gc": {"image": False}}, None)
+fp = driver.fingerprint()
+deadline = time.monotonic() + float(sys.argv[1])
+while "docker" not in sys.modules and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.2)  # a load begun by now would have put the package in sys.modules
+print(json.dumps({"health": fp.health.name, "sdk": "docker" in sys.modules}))
+driver.shutdown()
+"""
+
+
+@pytest.mark.parametrize("checks_only", [False, True])
+def test_a_plugin_launched_for_checks_never_loads_the_sdk(engine: docker.DockerClient, checks_only: bool) -> None:
+    from driversdk.plugin.handshake import ENV_CHECKS_ONLY
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", ENV_CHECKS_ONLY)}
+    env["PYTHONPATH"] = str(ROOT)
+    if checks_only:
+        env[ENV_CHECKS_ONLY] = "1"
+    wait = "1.0" if checks_only else "30"
+    done = subprocess.run([sys.executable, "-c", WARMS_UP, wait], capture_output=True, text=True, env=env, timeout=90)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # Launched to run tasks, the SDK loads on its own after the build; for checks, never.
+    assert seen == {"health": "HEALTHY", "sdk": not checks_only}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driversdk import cli
+from driversdk.client import DriverClient
 from driversdk.plugin import host
 from driversdk.plugin.host import StartingPlugin, pid_alive
 from driversdk.runner import jobspec, prelaunch, validate
@@ -160,4 +161,53 @@ def test_driversdk_run_kills_a_guess_the_jobs_do_not_use_before_anything_starts(
     job = job_file(tmp_path, NOT_A_DRIVER + HELLO_JOB.replace('"hello"', '"other"'))
     assert cli.main(["run", str(job), "--client", str(client)]) == 0, capsys.readouterr()
     assert sorted(p.label for p in spawned) == ["hello", "other"]
+    assert all(not pid_alive(p.pid) for p in spawned)
+
+
+DEFERRED = [sys.executable, str(ROOT / "tests" / "sdk" / "plugins" / "deferred_driver.py")]
+# The driver's name reaches the job only through a local: the early scan cannot see it, so
+# validation starts the plugin itself.
+COMPUTED_DRIVER_JOB = HELLO_JOB.replace('job "j" {\n', 'locals {\n  d = "hello"\n}\njob "j" {\n').replace(
+    'driver = "hello"', "driver = local.d"
+)
+
+
+@pytest.mark.parametrize("job_text", [HELLO_JOB, COMPUTED_DRIVER_JOB], ids=["started-early", "started-by-validation"])
+def test_validate_launches_its_plugins_for_checks_only_and_run_does_not(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    spawned: list[StartingPlugin],
+    capsys: pytest.CaptureFixture[str],
+    job_text: str,
+) -> None:
+    builds = tmp_path / "builds"
+    monkeypatch.setenv("DEFERRED_BUILDS", str(builds))
+    monkeypatch.setenv("DEFERRED_PRELOAD", "1")
+    # A host that was itself launched for checks must not hand that on to the plugins of its run.
+    monkeypatch.setenv(host.ENV_CHECKS_ONLY, "1")
+    client, job = client_file(tmp_path, DEFERRED), job_file(tmp_path, job_text)
+    assert cli.main(["validate", str(job), "--client", str(client)]) == 0, capsys.readouterr()
+    assert builds.read_text() == "built for checks\n"
+    builds.unlink()
+    assert cli.main(["run", str(job), "--client", str(client)]) == 0, capsys.readouterr()
+    assert builds.read_text() == "built\n"  # validation's plugin ran the task: warmed up for it
+    assert all(not pid_alive(p.pid) for p in spawned)
+    assert len(spawned) == 2
+
+
+def test_a_plugin_started_early_for_checks_is_not_taken_by_a_run(tmp_path: Path, spawned: list[StartingPlugin]) -> None:
+    client = load_client(client_file(tmp_path))
+    job = job_file(tmp_path, HELLO_JOB)
+    early = Prelaunched.for_jobs([str(job)], client, checks_only=True)
+    assert len(early) == 1
+    kept: dict[str, DriverClient] = {}
+    try:
+        report = validate.validate_job(str(job), client, keep_plugins=kept, prelaunched=early)
+        assert report.valid, report.problems
+        assert len(spawned) == 2  # the run's validation started its own, warmed-up plugin
+        assert len(early) == 1  # the one for checks is left to the caller, who abandons it
+    finally:
+        early.abandon()
+        for plugin in kept.values():
+            plugin.kill()
     assert all(not pid_alive(p.pid) for p in spawned)

@@ -3,7 +3,8 @@
 
 DEFERRED_MODE: "" (builds the hello driver), "fail" (the factory raises, as a missing heavy
 module would), "mismatch" (the built driver's version is not the one declared). Each build
-appends a line to DEFERRED_BUILDS so a test can see when, and how often, it happened.
+appends a line to DEFERRED_BUILDS so a test can see when, and how often, it happened: "built",
+or "built for checks" when the host launched it only for checks (launched_for_checks()).
 DEFERRED_PRELOAD=1 serves it with preload=True.
 """
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from driversdk import DriverPlugin, serve
+from driversdk.serving import launched_for_checks
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
@@ -21,7 +23,7 @@ if __name__ == "__main__":
 
     def build() -> DriverPlugin:
         with open(os.environ["DEFERRED_BUILDS"], "a") as fh:
-            fh.write("built\n")
+            fh.write("built for checks\n" if launched_for_checks() else "built\n")
         if mode == "fail":
             raise ModuleNotFoundError("No module named 'heavy_sdk'", name="heavy_sdk")
         from hello_driver import HelloDriver
