@@ -55,6 +55,10 @@ class PluginError(DriverSDKError):
     """Launching, handshaking with or talking to a plugin process failed (host side)."""
 
 
+class MissingExtraError(PluginError):
+    """A bundled driver needs a package that only its extra installs (``driversdk[docker]``)."""
+
+
 class HandshakeError(PluginError):
     """The plugin process did not complete the go-plugin handshake."""
 

@@ -47,7 +47,6 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.mounts import ensure_mounts_usable
-from driversdk.serving import launched_for_checks
 from driversdk.signals import signal_name
 
 if TYPE_CHECKING:
@@ -94,8 +93,10 @@ class DockerDriver(DriverPlugin):
     name = "docker"
     version = "0.1.0"
 
-    def __init__(self) -> None:
+    def __init__(self, warm_up: bool = True) -> None:
         super().__init__()
+        # False for a driver that will start no task (built for validation): nothing is made ahead.
+        self._warm_up_enabled = warm_up
         self.config = PluginConfig()
         self._api: Any = None
         self._api_lock = threading.Lock()
@@ -105,6 +106,7 @@ class DockerDriver(DriverPlugin):
         self._detected = False
         self._healthy: bool | None = None
         self._watcher: threading.Thread | None = None
+        self._shut_down = threading.Event()  # ends the engine watcher
         self._images = ImageGC()
         self._pulls = PullCoordinator()
         self._tls: sdk.docker.tls.TLSConfig | None = None
@@ -127,8 +129,8 @@ class DockerDriver(DriverPlugin):
                 self._configured = True
             # The engine client (the SDK, a version request) is made now, on a thread, instead of by
             # the first StartTask; an engine that does not answer is the fingerprint's to report.
-            # A plugin that will start no task (launched for validation) leaves it to a first use.
-            if not launched_for_checks():
+            # A driver that will start no task (built for validation) leaves it to a first use.
+            if self._warm_up_enabled:
                 threading.Thread(target=self._warm_up, daemon=True, name="docker-client").start()
         # Nomad starts its reconciler on the first Fingerprint, for want of a post-config hook;
         # SetConfig is ours, and every host (Nomad, the runner, the test harness) sends it.
@@ -138,6 +140,7 @@ class DockerDriver(DriverPlugin):
         self._reconciler.start()
 
     def shutdown(self) -> None:
+        self._shut_down.set()
         if self._reconciler is not None:
             self._reconciler.stop()
 
@@ -230,8 +233,7 @@ class DockerDriver(DriverPlugin):
 
     def _watch_engine(self) -> None:
         # Between the 30 s re-sends, notice an engine that stops or comes back within seconds.
-        while True:
-            time.sleep(2.0)
+        while not self._shut_down.wait(2.0):
             try:
                 self._engine_reader().ping()
                 healthy = True

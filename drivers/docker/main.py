@@ -9,6 +9,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from driversdk import serve
+from driversdk.errors import MissingExtraError
 from driversdk.serving import launched_for_checks
 
 if TYPE_CHECKING:
@@ -25,14 +26,30 @@ VERSION = "0.1.0"
 SDK_LOAD_SWITCH_INTERVAL = 0.0005
 
 
-def _build() -> DriverPlugin:
+def require_extra() -> None:
+    """Refuse, with the command that fixes it, when the docker extra is not installed. Only
+    looked up, not imported: the docker SDK itself loads after the handshake (see build)."""
+    for module in _EXTRA_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # an import hook that refuses it outright
+            found = False
+        if not found:
+            raise MissingExtraError(
+                f"driversdk-docker needs the docker extra ({module} is missing): pip install 'driversdk[docker]'"
+            )
+
+
+def build(for_checks: bool = False) -> DriverPlugin:
+    """The docker driver. Its schemas, its config and a fingerprint are answered without the
+    docker SDK; the SDK loads on a thread of its own meanwhile, so the first StartTask finds it
+    loaded. ``for_checks``: built only for those answers (``driversdk validate``), which never
+    need the SDK: it is left to a first use instead of slowing them."""
+    require_extra()
     from drivers.docker.driver import DockerDriver
 
-    driver = DockerDriver()
-    # The schemas, the config and a fingerprint are answered without the docker SDK; it loads on a
-    # thread of its own meanwhile, so the first StartTask finds it loaded. A plugin launched only
-    # for those answers (`driversdk validate`) never needs it: loading it would only slow them.
-    if not launched_for_checks():
+    driver = DockerDriver(warm_up=not for_checks)
+    if not for_checks:
         threading.Thread(target=_load_sdk, daemon=True, name="docker-sdk-load").start()
     return driver
 
@@ -54,17 +71,12 @@ def _load_sdk() -> None:
 
 def main() -> None:
     try:
-        # The docker SDK itself loads after the handshake (see _build); check now that it is installed.
-        for module in _EXTRA_MODULES:
-            if importlib.util.find_spec(module) is None:
-                raise ModuleNotFoundError(f"No module named {module!r}", name=module)
-    except ModuleNotFoundError as err:
-        if (err.name or "").partition(".")[0] not in _EXTRA_MODULES:
-            raise
-        # A sentence on stderr, which the host shows, instead of a traceback.
-        sys.exit(f"driversdk-docker needs the docker extra ({err.name} is missing): pip install 'driversdk[docker]'")
+        require_extra()
+    except MissingExtraError as err:
+        sys.exit(str(err))  # a sentence on stderr, which the host shows, instead of a traceback
     # Preloaded: the driver (and then the SDK) loads while the host is still busy with its own start.
-    serve(_build, name=NAME, version=VERSION, preload=True)
+    checks_only = launched_for_checks()
+    serve(lambda: build(for_checks=checks_only), name=NAME, version=VERSION, preload=True)
 
 
 if __name__ == "__main__":

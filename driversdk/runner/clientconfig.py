@@ -92,6 +92,12 @@ class ClientConfig:
             return list(BUNDLED[driver])
         return None
 
+    def runs_bundled(self, driver: str) -> bool:
+        """Whether ``driver`` is one that ships with driversdk, left at its bundled command (not
+        replaced by a plugin_dir binary or a ``command`` of the operator's own)."""
+        bundled = BUNDLED.get(driver)
+        return bundled is not None and self.driver_command(driver) == bundled
+
     def plugin_config(self, driver: str) -> dict[str, Any]:
         block = self.plugins.get(driver)
         return dict(block.config) if block else {}

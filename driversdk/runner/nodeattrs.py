@@ -26,6 +26,7 @@ from driversdk.runner.taskenv import Node
 if TYPE_CHECKING:
     from driversdk.client import DriverClient
     from driversdk.runner.allocrunner import AllocRunner
+    from driversdk.runner.inprocess import InProcessDriver
 
 # Go's names for machine architectures (runtime.GOARCH), which Nomad reports as cpu.arch.
 _GOARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386", "i386": "386", "ppc64le": "ppc64le",
@@ -137,7 +138,7 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def driver_attributes(name: str, plugin: DriverClient) -> dict[str, str]:
+def driver_attributes(name: str, plugin: DriverClient | InProcessDriver) -> dict[str, str]:
     """``driver.<name>`` (true when the plugin says it is healthy) and its ``driver.<name>.*``
     attributes, from the plugin's first fingerprint; nothing when it cannot be fingerprinted."""
     try:

@@ -61,6 +61,8 @@ class Prelaunched:
                 names += named_drivers(raw.decode("utf-8", errors="replace"))
         for name in dict.fromkeys(names):
             command = client.driver_command(name)
+            if checks_only and client.runs_bundled(name):
+                continue  # validation asks a bundled driver in its own process (driversdk.runner.inprocess)
             if command is not None:
                 started._start(name, command)
         return started

@@ -1,8 +1,9 @@
 """Everything that can be known before a task starts, checked at once.
 
-Nomad finds most of these only when the task starts on a client; we launch each driver plugin
-the job uses (as a client would), read its capabilities and task schema, and check the job's
-volumes and mounts against them and against this host.
+Nomad finds most of these only when the task starts on a client; we ask each driver the job
+uses (as a client would: a plugin launched for it, or a bundled driver built in this process when
+nothing is kept for a run, :mod:`driversdk.runner.inprocess`), read its capabilities and task
+schema, and check the job's volumes and mounts against them and against this host.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by c
 from driversdk.runner import constraints, nodeattrs, taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
+from driversdk.runner.inprocess import InProcessDriver, answers_here
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
 from driversdk.runner.prelaunch import Prelaunched
@@ -141,9 +143,6 @@ def _driver_facts(
 ) -> DriverFacts | Problem:
     if driver in cache:
         return cache[driver]
-    from driversdk.client import connect_driver
-    from driversdk.plugin.host import spawn_plugin
-
     command = client.driver_command(driver)
     result: DriverFacts | Problem
     if command is None:
@@ -155,12 +154,18 @@ def _driver_facts(
             field="driver",
         )
     else:
-        plugin: DriverClient | None = None
+        plugin: DriverClient | InProcessDriver | None = None
         try:
             pending = starting.pop(driver, None) if starting is not None else None
             if isinstance(pending, DriverSDKError):
                 raise pending  # it could not be started or connected to
-            if pending is None or isinstance(pending, StartingPlugin):
+            if keep is None and pending is None and answers_here(client, driver):
+                plugin = InProcessDriver(driver)  # checks only, of a bundled driver: asked here
+            elif pending is None or isinstance(pending, StartingPlugin):
+                # The gRPC client (and grpc with it) loads only for a plugin process to talk to.
+                from driversdk.client import connect_driver
+                from driversdk.plugin.host import spawn_plugin
+
                 started = pending or spawn_plugin(command, name=driver, checks_only=keep is None)
                 plugin = connect_driver(started, command, timeout=60, name=driver)
             else:
@@ -188,7 +193,7 @@ def _driver_facts(
             )  # fmt: skip
         finally:
             if plugin is not None:
-                if keep is not None and isinstance(result, DriverFacts):
+                if keep is not None and isinstance(result, DriverFacts) and not isinstance(plugin, InProcessDriver):
                     keep[driver] = plugin  # the caller (driversdk run) starts its tasks through it
                 else:
                     plugin.kill()
@@ -211,6 +216,8 @@ def _spawn_plugins(
             command = client.driver_command(task.driver) if task.driver and task.driver not in out else None
             if command is None:
                 continue  # no driver, already started, or none configured (_driver_facts says so)
+            if checks_only and answers_here(client, task.driver):
+                continue  # asked in this process: no plugin to start
             try:
                 # A plugin started for the other purpose (warming up for tasks or not) is not taken.
                 fits = prelaunched is not None and prelaunched.checks_only == checks_only
@@ -225,6 +232,8 @@ def _connect_plugins(starting: dict[str, StartingPlugin | DriverClient | DriverS
     """Connect to each started plugin (loading the gRPC client side while they boot) and ask for
     its config schema in the background, so what a plugin loads on that first call (the docker
     SDK) overlaps the caller's ``while_starting`` work. A failure is kept for the driver's turn."""
+    if not any(isinstance(pending, StartingPlugin) for pending in starting.values()):
+        return  # nothing launched (a job of bundled drivers, validated here): grpc is not loaded
     from driversdk.client import connect_driver
 
     for driver, pending in list(starting.items()):

@@ -151,8 +151,8 @@ def test_the_same_config_again_keeps_the_engine_client_and_another_makes_a_new_o
 
 WARMS_UP = """
 import json, sys, time
-from drivers.docker.main import _build
-driver = _build()
+from drivers.docker.main import build
+driver = build(for_checks=sys.argv[2] == "1")
 driver.set_config({"gc": {"image": False}}, None)
 fp = driver.fingerprint()
 deadline = time.monotonic() + float(sys.argv[1])
@@ -164,17 +164,13 @@ driver.shutdown()
 """
 
 
-@pytest.mark.parametrize("checks_only", [False, True])
-def test_a_plugin_launched_for_checks_never_loads_the_sdk(engine: docker.DockerClient, checks_only: bool) -> None:
-    from driversdk.plugin.handshake import ENV_CHECKS_ONLY
-
-    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", ENV_CHECKS_ONLY)}
-    env["PYTHONPATH"] = str(ROOT)
-    if checks_only:
-        env[ENV_CHECKS_ONLY] = "1"
-    wait = "1.0" if checks_only else "30"
-    done = subprocess.run([sys.executable, "-c", WARMS_UP, wait], capture_output=True, text=True, env=env, timeout=90)
+@pytest.mark.parametrize("for_checks", [False, True])
+def test_a_driver_built_for_checks_never_loads_the_sdk(engine: docker.DockerClient, for_checks: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"} | {"PYTHONPATH": str(ROOT)}
+    wait = "1.0" if for_checks else "30"
+    args = [sys.executable, "-c", WARMS_UP, wait, "1" if for_checks else "0"]
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=90)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    # Launched to run tasks, the SDK loads on its own after the build; for checks, never.
-    assert seen == {"health": "HEALTHY", "sdk": not checks_only}
+    # Built to run tasks, the SDK loads on its own after the build; for checks, never.
+    assert seen == {"health": "HEALTHY", "sdk": not for_checks}

@@ -41,8 +41,8 @@ def test_each_driver_is_started_once_and_a_failed_start_is_reported_in_its_turn(
     spawned: list[dict[str, object]] = []
     real = validate._spawn_plugins
 
-    def recorded(*args: object) -> dict[str, object]:
-        out = real(*args)  # type: ignore[arg-type]
+    def recorded(*args: object, **kwargs: object) -> dict[str, object]:
+        out = real(*args, **kwargs)  # type: ignore[arg-type]
         spawned.append(dict(out))
         return out  # type: ignore[return-value]
 
@@ -64,8 +64,8 @@ def test_a_plugin_never_connected_to_is_killed(tmp_path: Path, monkeypatch: pyte
     spawned: list[dict[str, object]] = []
     real = validate._spawn_plugins
 
-    def recorded(*args: object) -> dict[str, object]:
-        out = real(*args)  # type: ignore[arg-type]
+    def recorded(*args: object, **kwargs: object) -> dict[str, object]:
+        out = real(*args, **kwargs)  # type: ignore[arg-type]
         spawned.append(dict(out))
         return out  # type: ignore[return-value]
 
