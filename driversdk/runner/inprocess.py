@@ -15,8 +15,8 @@ and a failed call reads as the plugin's status would.
 from __future__ import annotations
 
 import importlib
-from dataclasses import replace
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from driversdk.errors import ConfigError, DriverError, DriverSDKError, PluginCallError

@@ -197,6 +197,7 @@ def test_a_missing_extra_is_named_by_validate(
 def test_run_still_runs_a_bundled_drivers_tasks_through_its_plugin(
     tmp_path: Path, spawned: list[StartingPlugin], engine: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["run", str(docker_job(tmp_path)), "--client", str(client_file(tmp_path))]) == 0, capsys.readouterr()
+    args = ["run", str(docker_job(tmp_path)), "--client", str(client_file(tmp_path))]
+    assert cli.main(args) == 0, capsys.readouterr()
     assert [p.label for p in spawned] == ["docker"]
     assert not pid_alive(spawned[0].pid)
