@@ -117,6 +117,23 @@ def _makedirs(path: str) -> None:
                 raise
 
 
+# The layout's own directories under a plugin's mount root: fixed names that hold nothing of a
+# volume, made by the first mount and kept (as Nomad keeps them) rather than made and removed again
+# by every mount and unmount. Everything below them that a volume or an allocation names goes.
+LAYOUT_DIRS = ("staging", "per-alloc")
+
+
+def _remove_empty_below(leaf: str, real_root: str) -> None:
+    """Remove ``leaf`` and its empty parents, down to the layout dir it is under (kept), or to
+    the root when it is under none (a tree the resolver found through a symlink inside the root)."""
+    for name in LAYOUT_DIRS:
+        kept = os.path.join(real_root, name)
+        if leaf.startswith(kept + "/"):
+            NodeVolumeManager._remove_empty_from(leaf, kept)
+            return
+    NodeVolumeManager._remove_empty_from(leaf, real_root)
+
+
 class NodeVolumeManager:
     def __init__(
         self,
@@ -250,8 +267,8 @@ class NodeVolumeManager:
                             keep = True
                     if keep:
                         self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, True)
-                self._remove_empty_from(paths.host_target, paths.real_root)
-                self._remove_empty_from(paths.host_stage, paths.real_root)
+                _remove_empty_below(paths.host_target, paths.real_root)
+                _remove_empty_below(paths.host_stage, paths.real_root)
                 raise
             self.store.finish_mount(replace(row, phase="mounted"), staged=staged_here)
             return MountInfo(source=host_target)
@@ -293,11 +310,11 @@ class NodeVolumeManager:
             key = (self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
             if not (self.requires_staging and self.store.others_using(*key) == 0):
                 self.store.drop_usage(*key)
-                self._remove_empty_from(host_target, paths.real_root)
-                self._remove_empty_from(paths.host_stage, paths.real_root)
+                _remove_empty_below(host_target, paths.real_root)
+                _remove_empty_below(paths.host_stage, paths.real_root)
                 return
             # The publish side's empty directories go while NodeUnstageVolume runs.
-            target_side = self._beside_rpc(lambda: self._remove_empty_from(host_target, paths.real_root))
+            target_side = self._beside_rpc(lambda: _remove_empty_below(host_target, paths.real_root))
             try:
                 self._unstage(volume, paths)
             finally:
@@ -329,7 +346,7 @@ class NodeVolumeManager:
             os.rmdir(paths.host_stage)
         except FileNotFoundError:
             pass
-        self._remove_empty_from(os.path.dirname(paths.host_stage), paths.real_root)
+        _remove_empty_below(os.path.dirname(paths.host_stage), paths.real_root)
 
     @staticmethod
     def _remove_empty_from(leaf: str, real_root: str) -> None:
@@ -411,9 +428,10 @@ def forget_node_use(
         if store.staged(plugin_id, volume.namespace, volume.id, usage.key):
             store.set_staged(plugin_id, volume.namespace, volume.id, usage.key, False)
             not_undone.append(f"NodeUnstageVolume of {stage} (the plugin was not asked; the path is no mount)")
-    for leaf in (target, stage if left == 0 else ""):
-        path = leaf
-        while path and path.startswith(host_root.rstrip("/") + "/"):
+    for leaf, layout_dir in ((target, "per-alloc"), (stage if left == 0 else "", "staging")):
+        path, kept = leaf, os.path.join(host_root.rstrip("/"), layout_dir)
+        stop = kept if leaf.startswith(kept + "/") else host_root.rstrip("/")  # the layout dir is kept
+        while path and path.startswith(stop + "/"):
             try:
                 if os.path.isdir(path) and not is_mount_point(path, entries):
                     os.rmdir(path)

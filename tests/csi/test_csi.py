@@ -163,7 +163,7 @@ def test_csi_non_retryable_failure_is_not_retried_and_leaves_nothing(
     # The stage made for this alloc alone was undone; no mount, no claim, no dirs.
     assert mounts_under(tmp_path / "csi") == []
     assert store.usages("hostpath") == []
-    assert not os.path.exists(tmp_path / "csi" / "per-alloc")
+    assert os.listdir(tmp_path / "csi" / "per-alloc") == [] and os.listdir(tmp_path / "csi" / "staging") == []
 
 
 def test_csi_internal_error_sentence_keeps_code_and_cleans_detail() -> None:
@@ -265,7 +265,9 @@ def test_csi_stage_once_publish_per_alloc(plugin: HostPathPlugin, tmp_path: Path
     assert mounts_under(root) == [] and calls(client, "NodeUnstageVolume") == 1
     manager.unmount(volume, "alloc-b", MULTI)  # already gone: still fine
     controller_unpublish(client, volume, node.node_id)
-    assert not (root / "per-alloc").exists() and not (root / "staging").exists()
+    # Only the layout's own two dirs are kept, empty: nothing of the volume or its allocs.
+    assert sorted(os.listdir(root)) == ["per-alloc", "staging"]
+    assert os.listdir(root / "per-alloc") == [] and os.listdir(root / "staging") == []
 
 
 def test_csi_controller_publish_uses_the_csi_node_id(plugin: HostPathPlugin) -> None:

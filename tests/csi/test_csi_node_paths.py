@@ -253,5 +253,24 @@ def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, t
         manager.mount(volume, alloc, MULTI)
     manager.unmount(volume, "alloc-a", MULTI)  # not the last: the stage stays
     manager.unmount(volume, "alloc-b", MULTI)
-    assert not root.exists() or os.listdir(root) == []
+    # The layout's own dirs stay (empty), as Nomad keeps them; nothing below them does.
+    assert sorted(os.listdir(root)) == ["per-alloc", "staging"]
+    assert os.listdir(root / "per-alloc") == [] and os.listdir(root / "staging") == []
     assert _fds_under(root) == []  # nothing of the tree is held open once unmount returns
+
+
+def test_remove_empty_keeps_the_layout_dirs_and_falls_back_to_the_root(tmp_path: Path) -> None:
+    from driversdk.csi.manager import _remove_empty_below
+
+    root = tmp_path / "root"
+    for leaf in (root / "staging" / "default" / "vol" / "usage", root / "per-alloc" / "alloc" / "vol" / "usage"):
+        leaf.mkdir(parents=True)
+        _remove_empty_below(str(leaf), str(root))
+    assert sorted(os.listdir(root)) == ["per-alloc", "staging"]  # made once, kept: fixed names only
+    assert os.listdir(root / "staging") == [] and os.listdir(root / "per-alloc") == []
+    # A tree the resolver reached through a symlink inside the root is under no layout dir: it goes
+    # up to the root, as before.
+    other = root / "elsewhere" / "vol" / "usage"
+    other.mkdir(parents=True)
+    _remove_empty_below(str(other), str(root))
+    assert sorted(os.listdir(root)) == ["per-alloc", "staging"]
