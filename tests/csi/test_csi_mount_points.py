@@ -54,11 +54,11 @@ def test_csi_failed_unstage_keeps_the_stage_and_clears_the_publish_side(
     with pytest.raises(CSIError) as info:
         manager.unmount(volume, "alloc-a", MULTI)
     assert info.value.call == "NodeUnstageVolume"
-    assert not os.path.exists(root / "per-alloc")
+    assert os.listdir(root / "per-alloc") == []  # the layout dir alone, kept empty
     assert mounts_under(root) == [str(root / "staging" / "default" / volume.id / MULTI.key)]
     assert store.staged("hostpath", "default", volume.id, MULTI.key)
     manager.unmount(volume, "alloc-a", MULTI)
-    assert mounts_under(root) == [] and not os.path.exists(root / "staging")
+    assert mounts_under(root) == [] and os.listdir(root / "staging") == []
     assert not store.staged("hostpath", "default", volume.id, MULTI.key)
     assert store.usages("hostpath") == []
 
@@ -82,6 +82,6 @@ def test_csi_failed_unstage_is_finished_by_resume_teardowns(
     fresh = NodeVolumeManager(CSIClient(p.socket), plugin_id="hostpath", host_root=str(root), store=StateStore(db),
                               requires_staging=True)  # fmt: skip
     assert fresh.resume_teardowns() == ["alloc-a"]
-    assert mounts_under(root) == [] and not os.path.exists(root / "staging")
+    assert mounts_under(root) == [] and os.listdir(root / "staging") == []
     assert fresh.store.usages("hostpath") == []
     assert not fresh.store.staged("hostpath", "default", volume.id, MULTI.key)
