@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hcl
@@ -134,20 +134,23 @@ def test_a_syntax_error_is_never_kept(cache: Path) -> None:
     assert kept_files(cache) == []
 
 
-@pytest.mark.parametrize("damage", ["not-json", "a-list", "other-key", "world-writable"])
+PLANTED = json.dumps({"data_dir": "/planted", "plugin_dir": "/planted/plugins"}).encode()
+# Each damage: what the kept file becomes, from its key line and its payload.
+DAMAGES: dict[str, Callable[[bytes, bytes], bytes]] = {
+    "not-json": lambda key, payload: key + b"\n" + payload[: len(payload) // 2],
+    "a-list": lambda key, payload: key + b"\n[1, 2]",
+    "other-key": lambda key, payload: b"0" * len(key) + b"\n" + PLANTED,
+    "world-writable": lambda key, payload: key + b"\n" + PLANTED,  # the right key, but anyone could write it
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
 def test_a_damaged_or_planted_result_is_not_read(cache: Path, parses: list[str], damage: str) -> None:
     parsecache.hcl1_loads(AGENT, keep=True)
     (path,) = kept_files(cache)
     key, _, payload = path.read_bytes().partition(b"\n")
-    planted = json.dumps({"data_dir": "/planted", "plugin_dir": "/planted/plugins"}).encode()
-    if damage == "not-json":
-        path.write_bytes(key + b"\n" + payload[: len(payload) // 2])
-    elif damage == "a-list":
-        path.write_bytes(key + b"\n[1, 2]")
-    elif damage == "other-key":
-        path.write_bytes(b"0" * len(key) + b"\n" + planted)
-    else:  # the right key, but anyone could have written it
-        path.write_bytes(key + b"\n" + planted)
+    path.write_bytes(DAMAGES[damage](key, payload))
+    if damage == "world-writable":
         path.chmod(0o666)
     parses.clear()
     assert parsecache.hcl1_loads(AGENT, keep=True) == hcl.loads(AGENT)
