@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from driversdk.errors import ConfigError, DriverError, DriverSDKError, PluginCallError
 from driversdk.hclspec import Spec, decode, encode
@@ -35,23 +35,6 @@ BUILDERS = {
     "exec": "drivers.exec.main",
     "raw_exec": "drivers.raw_exec.main",
 }
-
-
-class AskedDriver(Protocol):
-    """What validation asks of a driver, over gRPC (:class:`driversdk.client.DriverClient`) or
-    here (:class:`InProcessDriver`)."""
-
-    def config_schema(self) -> Spec | None: ...
-
-    def set_config(self, config: Mapping[str, Any] | None = None, agent: AgentConfig | None = None) -> None: ...
-
-    def capabilities(self) -> Capabilities: ...
-
-    def task_config_schema(self) -> Spec: ...
-
-    def fingerprint(self) -> Iterator[Fingerprint]: ...
-
-    def kill(self) -> None: ...
 
 
 def answers_here(client: ClientConfig, driver: str) -> bool:
