@@ -56,6 +56,15 @@ else:
 
 log = logging.getLogger("driversdk.docker")
 
+# Connections kept per engine connection pool (the docker SDK keeps one pool per request URL, 10
+# by default). Every task's StartTask asks for its image at the same URL: a group of 100 tasks
+# starting together returns 100 connections to that pool at once, and beyond the bound urllib3
+# discards them with a warning that reads the pool's size, racing the SDK's closing of pools it
+# evicts (its least recently used, past 25): the StartTask then fails with "'NoneType' object has
+# no attribute 'qsize'". The bound is kept above what a host starts at once (a pool only keeps the
+# connections that were in use at the same time).
+ENGINE_POOL_SIZE = 512
+
 PAUSE_PREFIX = "nomad_init_"
 # How long a stats request waits for an engine that went away before ending the stream.
 STATS_ENGINE_WAIT = 60.0
@@ -181,18 +190,22 @@ class DockerDriver(DriverPlugin):
     def _client(self, version: str, timeout: int) -> Any:
         if self.config.endpoint:
             if self._tls is None:
-                return sdk.docker.APIClient(base_url=self.config.endpoint, version=version, timeout=timeout, tls=False)
+                return sdk.docker.APIClient(
+                    base_url=self.config.endpoint, version=version, timeout=timeout, tls=False,
+                    max_pool_size=ENGINE_POOL_SIZE,
+                )  # fmt: skip
             fixed = sdk.MINIMUM_DOCKER_API_VERSION if version == "auto" else version
             client: Any = sdk.docker.APIClient(
-                base_url=self.config.endpoint, version=fixed, timeout=timeout, tls=self._tls
-            )
+                base_url=self.config.endpoint, version=fixed, timeout=timeout, tls=self._tls,
+                max_pool_size=ENGINE_POOL_SIZE,
+            )  # fmt: skip
             # requests lets REQUESTS_CA_BUNDLE (and friends) in the environment replace the session's
             # CA: the configured tls.ca must be what verifies the engine, so the version is asked after.
             client.trust_env = False
             if version == "auto":
                 client._version = client._retrieve_server_version()
             return client
-        return sdk.docker.from_env(version=version, timeout=timeout).api
+        return sdk.docker.from_env(version=version, timeout=timeout, max_pool_size=ENGINE_POOL_SIZE).api
 
     def api(self) -> Any:
         with self._api_lock:
