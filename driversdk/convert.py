@@ -90,7 +90,7 @@ def duration_from_proto(d: duration_pb2.Duration) -> float:
 
 
 def attribute_to_proto(value: Attribute | AttributeValue) -> attribute_pb2.Attribute:
-    attr = value if isinstance(value, Attribute) else Attribute(value)
+    attr = Attribute.of(value)
     out = attribute_pb2.Attribute(unit=attr.unit)
     v = attr.value
     # bool first: bool is a subclass of int in Python.
@@ -101,7 +101,7 @@ def attribute_to_proto(value: Attribute | AttributeValue) -> attribute_pb2.Attri
     elif isinstance(v, float):
         out.float_val = v
     else:
-        out.string_val = str(v)
+        out.string_val = v
     return out
 
 

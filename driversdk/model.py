@@ -99,6 +99,15 @@ class Attribute:
     value: AttributeValue
     unit: str = ""
 
+    @classmethod
+    def of(cls, value: Attribute | AttributeValue) -> Attribute:
+        """``value`` as the wire carries it: an Attribute whose value is a bool, a whole or a real
+        number, or else its text (a fingerprint may give plain values, or values of other types)."""
+        attr = value if isinstance(value, Attribute) else cls(value)
+        if isinstance(attr.value, bool | int | float | str):
+            return attr
+        return cls(str(attr.value), attr.unit)
+
 
 @dataclass(frozen=True)
 class Fingerprint:

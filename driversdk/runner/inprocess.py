@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from driversdk.errors import ConfigError, DriverError, DriverSDKError, PluginCallError
 from driversdk.hclspec import Spec, decode, encode
-from driversdk.model import AgentConfig, Attribute, AttributeValue, Capabilities, Fingerprint
+from driversdk.model import AgentConfig, Attribute, Capabilities, Fingerprint
 from driversdk.runner.clientconfig import ClientConfig
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class InProcessDriver:
     def fingerprint(self) -> Iterator[Fingerprint]:
         fp = self._ask("Fingerprint", self._driver.fingerprint)
         # As the wire carries them: every attribute an Attribute, its value a bool, number or text.
-        yield replace(fp, attributes={k: _as_sent(v) for k, v in fp.attributes.items()})
+        yield replace(fp, attributes={k: Attribute.of(v) for k, v in fp.attributes.items()})
 
     def kill(self) -> None:
         """The driver's shutdown hook (its reconciler stops); never raises, as killing a plugin does not."""
@@ -104,10 +104,3 @@ class InProcessDriver:
             self._driver.shutdown()
         except Exception:  # a failing hook must not hide the checks' verdict
             pass
-
-
-def _as_sent(value: Attribute | AttributeValue) -> Attribute:
-    attr = value if isinstance(value, Attribute) else Attribute(value)
-    if isinstance(attr.value, bool | int | float | str):
-        return attr
-    return Attribute(str(attr.value), attr.unit)

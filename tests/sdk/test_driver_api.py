@@ -21,6 +21,8 @@ from driversdk import hclspec as hs
 from driversdk.errors import PluginCallError
 from driversdk.model import (
     GO_ZERO_TIME_SECONDS,
+    Attribute,
+    Fingerprint,
     HealthState,
     MountConfigSupport,
     NetworkIsolationMode,
@@ -371,3 +373,13 @@ def test_hello_host_reattaches_without_set_config(tmp_path: Path) -> None:
     finally:
         client.process.kill()
         alloc.remove()
+
+
+def test_attributes_read_back_from_the_wire_as_attribute_of_gives_them() -> None:
+    # What driversdk.runner.inprocess hands validation must be what a plugin's fingerprint reads
+    # as on the host: plain values, Attributes with units, and values of other types as text.
+    attrs = {"b": True, "i": 7, "f": 1.5, "s": "x", "u": Attribute(2048, "MiB"), "p": Path("/srv")}
+    sent = Fingerprint(HealthState.HEALTHY, "Healthy", attrs)  # type: ignore[arg-type]
+    received = convert.fingerprint_from_proto(convert.fingerprint_to_proto(sent))
+    assert received.attributes == {k: Attribute.of(v) for k, v in attrs.items()}  # type: ignore[arg-type]
+    assert Attribute.of(Path("/srv")) == Attribute("/srv")  # type: ignore[arg-type]
