@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -104,29 +104,31 @@ def test_an_edited_file_is_parsed_afresh(cache: Path) -> None:
     assert len(tree_files(cache)) == 2
 
 
-@pytest.mark.parametrize(
-    "damage",
-    ["truncated", "not-json", "wrong-shape", "planted-tree", "other-key"],
-)
+def _planted(header: bytes, payload: bytes) -> bytes:
+    # A well-formed tree of another text under this text's name: the key in the file's first line
+    # is the text's, so only someone who can write the private dir could plant it, and the file
+    # must not be writable by others; the test makes it so, and it must be refused.
+    return header + b"\n" + json.dumps(to_plain(parse('locals {\n  n = 1\n}\njob "x" {}\n'))).encode()
+
+
+# Each damage: what the kept tree file becomes, from its key line and its payload.
+TREE_DAMAGES: dict[str, Callable[[bytes, bytes], bytes]] = {
+    "truncated": lambda header, payload: header + b"\n" + payload[: len(payload) // 2],
+    "not-json": lambda header, payload: header + b"\n{not json",
+    "wrong-shape": lambda header, payload: header + b'\n["body", "one", 0, 0]',
+    "planted-tree": _planted,
+    "other-key": lambda header, payload: b"0" * 64 + b"\n" + payload,
+}
+
+
+@pytest.mark.parametrize("damage", sorted(TREE_DAMAGES))
 def test_a_damaged_or_planted_tree_is_not_used(cache: Path, damage: str) -> None:
     assert evaluate("job.hcl", JOB).locals == {"n": 6}
     (path,) = tree_files(cache)
     header, _, payload = path.read_bytes().partition(b"\n")
-    if damage == "truncated":
-        path.write_bytes(header + b"\n" + payload[: len(payload) // 2])
-    elif damage == "not-json":
-        path.write_bytes(header + b"\n{not json")
-    elif damage == "wrong-shape":
-        path.write_bytes(header + b'\n["body", "one", 0, 0]')
-    elif damage == "planted-tree":
-        # A well-formed tree of another text under this text's name: the key in the file's first
-        # line is the text's, so only someone who can write the private dir could plant it, and
-        # the file must not be writable by others; here it is made so and must be refused.
-        other = to_plain(parse('locals {\n  n = 1\n}\njob "x" {}\n'))
-        path.write_bytes(header + b"\n" + json.dumps(other).encode())
+    path.write_bytes(TREE_DAMAGES[damage](header, payload))
+    if damage == "planted-tree":
         path.chmod(0o666)
-    else:
-        path.write_bytes(b"0" * 64 + b"\n" + payload)
     evaluator._parse_text.cache_clear()
     doc = evaluate("job.hcl", JOB)
     assert doc.locals == {"n": 6} and not doc.errors
