@@ -215,10 +215,13 @@ class NodeVolumeManager:
         context = dict(publish_context or {})
         capability = usage.capability(volume)
         with self._lock(volume):
+            # Resolved before anything is recorded: a path the plugin's tree makes unsafe (a
+            # symlink out of the root) refuses the mount with nothing to undo, no "mounting" use
+            # left to hold the stage of the volume's other allocations.
+            paths = self._op_paths(volume, alloc_id, usage)
             row = self._usage_row(volume, alloc_id, usage, "mounting")
             self.store.set_usage(row)
             staged_here = False
-            paths = self._op_paths(volume, alloc_id, usage)
             host_stage, plugin_stage = paths.host_stage, paths.plugin_stage
             host_target, plugin_target = paths.host_target, paths.plugin_target
 

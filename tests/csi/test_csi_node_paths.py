@@ -16,7 +16,7 @@ import driversdk.mountinfo as mountinfo_mod
 from driversdk.csi.manager import NodeVolumeManager, UsageOptions
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.csi.state import StateStore
-from driversdk.mountinfo import is_mounted_at, mount_points, statx_mount_root
+from driversdk.mountinfo import is_mounted_at, mount_points, read_mountinfo, statx_mount_root
 from driversdk.paths import UnsafePathError, resolve_under
 
 from .conftest import HostPathPlugin
@@ -274,3 +274,36 @@ def test_remove_empty_keeps_the_layout_dirs_and_falls_back_to_the_root(tmp_path:
     other.mkdir(parents=True)
     _remove_empty_below(str(other), str(root))
     assert sorted(os.listdir(root)) == ["per-alloc", "staging"]
+
+
+def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_and_leaves_nothing(
+    plugin: HostPathPlugin, tmp_path: Path
+) -> None:
+    # The layout dirs outlive a mount, in a tree the plugin can write: a hostile plugin replaces
+    # staging/ with a symlink out of the root between two mounts.
+    from driversdk.csi.client import CSIClient
+
+    from .test_csi import MULTI, make_volume
+
+    client = CSIClient(plugin.socket, plugin="hostpath")
+    root = tmp_path / "csi"
+    store = StateStore(str(tmp_path / "state.db"))
+    manager = NodeVolumeManager(client, plugin_id="hostpath", host_root=str(root), store=store, requires_staging=True)
+    volume = make_volume(client)
+    manager.mount(volume, "alloc-a", MULTI)
+    manager.unmount(volume, "alloc-a", MULTI)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "staging").rmdir()
+    (root / "staging").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match=f'the staging path of volume "{volume.id}" resolves to .* outside'):
+        manager.mount(volume, "alloc-b", MULTI)
+    assert os.listdir(outside) == []
+    assert store.usages("hostpath") == []  # no "mounting" use left to hold a later stage
+    assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(tmp_path))] == []
+    # Once the symlink is gone, the volume mounts and unmounts cleanly again.
+    (root / "staging").unlink()
+    manager.mount(volume, "alloc-c", MULTI)
+    manager.unmount(volume, "alloc-c", MULTI)
+    assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(tmp_path))] == []
+    assert store.usages("hostpath") == []
