@@ -14,31 +14,52 @@ if TYPE_CHECKING:
 
 # Installed by the `exec` extra, not by `pip install driversdk`.
 _EXTRA_MODULES = ("pyroute2",)
+# What PluginInfo answers before the driver is built; the SDK checks that ExecDriver says the
+# same once it is.
+NAME = "exec"
+VERSION = "0.1.0"
 
 
 def build(for_checks: bool = False) -> DriverPlugin:
     """The exec driver (``for_checks`` changes nothing: it warms up nothing before a task)."""
+    # pyroute2 itself is imported with the first network; check now that it is installed.
+    require_extra()
     try:
-        # pyroute2 itself is imported with the first network; check now that it is installed.
-        for module in _EXTRA_MODULES:
-            if importlib.util.find_spec(module) is None:
-                raise ModuleNotFoundError(f"No module named {module!r}", name=module)
         from drivers.exec.driver import ExecDriver
     except ModuleNotFoundError as err:
         if (err.name or "").partition(".")[0] not in _EXTRA_MODULES:
             raise
-        raise MissingExtraError(
-            f"driversdk-exec needs the exec extra ({err.name} is missing): pip install 'driversdk[exec]'"
-        ) from None
+        raise _missing(err.name or _EXTRA_MODULES[0]) from None
     return ExecDriver()
+
+
+def _missing(module: str) -> MissingExtraError:
+    return MissingExtraError(
+        f"driversdk-exec needs the exec extra ({module} is missing): pip install 'driversdk[exec]'"
+    )
+
+
+def require_extra() -> None:
+    """Refuse, with the command that fixes it, when the exec extra is not installed: looked up
+    before the handshake, so the host shows the sentence instead of a plugin that fails every call."""
+    for module in _EXTRA_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # an import hook that refuses it outright
+            found = False
+        if not found:
+            raise _missing(module)
 
 
 def main() -> None:
     try:
-        driver = build()
+        require_extra()
     except MissingExtraError as err:
         sys.exit(str(err))  # a sentence on stderr, which the host shows, instead of a traceback
-    serve(driver)
+    # Built on a thread of its own once the handshake is out: importing the driver (its OCI
+    # bundle, cgroup and reconcile modules, ~0.1 s) overlaps the host's own start instead of
+    # delaying the handshake.
+    serve(build, name=NAME, version=VERSION, preload=True)
 
 
 if __name__ == "__main__":

@@ -294,10 +294,16 @@ PLUGIN_IMAGE = "driversdk-test/csi-hostpath:local"
 def privileged_allowed(engine: docker.DockerClient) -> bool:
     """Whether this engine can start a privileged container at all (a sandbox whose own bounding
     set lacks a capability cannot: runc fails to apply the full set)."""
+    # Created and started by hand: containers.run leaves the container behind when its start
+    # fails, which is exactly the case this asks about.
+    probe = engine.containers.create("driversdk-test/busybox:local", "true", privileged=True)
     try:
-        engine.containers.run("driversdk-test/busybox:local", "true", privileged=True, remove=True)
+        probe.start()
+        probe.wait(timeout=60)
     except docker.errors.APIError:
         return False
+    finally:
+        probe.remove(force=True)
     return True
 
 

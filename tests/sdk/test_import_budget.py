@@ -9,6 +9,7 @@ answer, so pinning which ones are not loaded keeps start-up fast without measuri
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -127,14 +128,15 @@ def test_the_example_driver_loads_only_what_serving_needs(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("driver", "also_not"),
     [
-        # The docker driver is built on the first call needing it: neither it nor the data model yet.
+        # Each bundled driver is built after the handshake (on its preload thread, held back
+        # here): neither it nor the data model is loaded before the first answer.
         ("docker", ("drivers.docker.driver", "drivers.docker.config", "driversdk.model")),
-        ("exec", ()),
-        ("raw_exec", ()),
+        ("exec", ("drivers.exec.driver", "drivers.exec.bundle", "drivers.exec.cgroups", "driversdk.model")),
+        ("raw_exec", ("drivers.raw_exec.driver", "drivers.exec.cgroups", "driversdk.model")),
     ],
 )
 def test_a_bundled_driver_defers_its_heavy_imports(tmp_path: Path, driver: str, also_not: tuple[str, ...]) -> None:
-    extra = {"DRIVERSDK_TEST_NO_PRELOAD": "1"} if driver == "docker" else {}
+    extra = {"DRIVERSDK_TEST_NO_PRELOAD": "1"}
     modules = modules_at_first_rpc([sys.executable, "-m", f"drivers.{driver}"], tmp_path, **extra)
     assert f"drivers.{driver}.main" in modules
     _assert_none_loaded(modules, NEVER_BEFORE_FIRST_RPC + also_not)
@@ -209,10 +211,15 @@ def test_a_deferred_driver_that_cannot_be_built_fails_every_call_with_why(tmp_pa
         client.kill()
 
 
-def test_the_docker_plugin_declares_the_name_and_version_its_driver_has() -> None:
-    # PluginInfo answers with what main.py declares; the SDK refuses a driver that disagrees.
-    pytest.importorskip("docker")
-    from drivers.docker import main
-    from drivers.docker.driver import DockerDriver
-
-    assert (DockerDriver.name, DockerDriver.version) == (main.NAME, main.VERSION)
+@pytest.mark.parametrize(("driver", "extra"), [("docker", "docker"), ("exec", "pyroute2"), ("raw_exec", None)])
+def test_each_bundled_plugin_declares_the_name_and_version_its_driver_has(driver: str, extra: str | None) -> None:
+    # PluginInfo answers with what main.py declares before the driver is built; the SDK refuses a
+    # driver that disagrees once it is.
+    if extra is not None:
+        pytest.importorskip(extra)
+    main = importlib.import_module(f"drivers.{driver}.main")
+    built = main.build(for_checks=True)
+    try:
+        assert (built.name, built.version) == (main.NAME, main.VERSION)
+    finally:
+        built.shutdown()
