@@ -42,6 +42,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 2**31 - 1),
 ]
 STDERR_TAIL_LINES = 10
+# How long a plugin that will not be connected to has to stop on SIGTERM before it is killed.
+ABANDON_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,37 @@ class ReattachConfig:
             protocol=str(data.get("protocol", "grpc")),
             app_version=int(data.get("app_version", APP_PROTOCOL_VERSION)),
         )
+
+
+def remove_dead_plugin_socket(config: ReattachConfig) -> bool:
+    """Remove the private socket dir (``plugin-*``, made by the plugin with mkdtemp) of a plugin
+    that died without removing it: SIGKILLed, or killed with the host that launched it, whose
+    next run finds only the reattach config in its state. Whether something was removed.
+
+    Only what such a plugin leaves is touched: the process is gone, the directory is a real
+    directory of ours named ``plugin-*``, and it holds nothing but the socket, which is a socket.
+    A plugin that lives on, a socket in a shared ``PLUGIN_UNIX_SOCKET_DIR``, or a directory holding
+    anything else is left alone."""
+    import stat
+
+    if config.network != "unix" or pid_alive(config.pid):
+        return False
+    directory, name = os.path.split(config.address)
+    if not os.path.basename(directory).startswith("plugin-"):
+        return False
+    try:
+        info = os.lstat(directory)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+        entries = os.listdir(directory)
+        if entries and (entries != [name] or not stat.S_ISSOCK(os.lstat(config.address).st_mode)):
+            return False
+        if entries:
+            os.unlink(config.address)
+        os.rmdir(directory)
+    except OSError:
+        return False  # gone already, or changed under us: leave it
+    return True
 
 
 def plugin_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -179,15 +212,8 @@ class PluginProcess:
 
     def _remove_orphaned_socket(self) -> None:
         """A plugin that was SIGKILLed could not remove its private socket dir; do it for it."""
-        if self.alive() or self.reattach_config.network != "unix":
-            return
-        directory = os.path.dirname(self.address)
-        if os.path.basename(directory).startswith("plugin-") and set(
-            os.listdir(directory) if os.path.isdir(directory) else []
-        ) <= {os.path.basename(self.address)}:
-            import shutil
-
-            shutil.rmtree(directory, ignore_errors=True)
+        if not self.alive():
+            remove_dead_plugin_socket(self.reattach_config)
 
     def __enter__(self) -> PluginProcess:
         return self
@@ -237,9 +263,10 @@ class StartingPlugin:
         logger = logging.getLogger(f"driversdk.plugin.{label}")
         assert popen.stdout is not None and popen.stderr is not None
         self._err_thread = threading.Thread(target=_pump_stderr, args=(popen.stderr, logger, self._tail), daemon=True)
-        out_thread = threading.Thread(target=_pump_stdout, args=(popen.stdout, self._lines), daemon=True)
+        self._out_thread = threading.Thread(target=_pump_stdout, args=(popen.stdout, self._lines), daemon=True)
         self._err_thread.start()
-        out_thread.start()
+        self._out_thread.start()
+        self._handshake_line: str | None = None  # once connect has read it
 
     @property
     def pid(self) -> int:
@@ -252,11 +279,31 @@ class StartingPlugin:
         return HandshakeError(message)
 
     def abandon(self) -> None:
-        """Kill a plugin that will not be connected to, and reap it."""
+        """Stop a plugin that will not be connected to, and reap it.
+
+        SIGTERM first: a driversdk plugin that is serving stops and removes its private socket
+        dir, and one still importing dies of it before it has made one. Whatever has not exited
+        within ABANDON_GRACE is killed; the socket dir its handshake named, if it printed one, is
+        then removed for it (:func:`remove_dead_plugin_socket`)."""
         if self._popen.poll() is None:
-            self._popen.kill()
+            self._popen.terminate()
+            try:
+                self._popen.wait(ABANDON_GRACE)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
         self._popen.wait()
         self._err_thread.join(timeout=2)
+        self._out_thread.join(timeout=2)
+        line = self._handshake_line
+        if line is None:
+            with contextlib.suppress(queue.Empty):
+                line = self._lines.get_nowait()
+        if line:
+            try:
+                handshake = Handshake.parse(line)
+            except HandshakeError:
+                return  # no handshake of ours: nothing we know of to remove
+            remove_dead_plugin_socket(ReattachConfig(self._popen.pid, handshake.network, handshake.address))
 
     def connect(self, timeout: float = 60.0) -> PluginProcess:
         """Wait for the handshake (at most ``timeout`` seconds), check it, and connect."""
@@ -267,6 +314,7 @@ class StartingPlugin:
             raise self._give_up(
                 f"plugin {label!r} did not print its handshake within {timeout:.0f}s; it was killed"
             ) from None
+        self._handshake_line = first
         if first is None:
             code = self._popen.wait()
             raise self._give_up(

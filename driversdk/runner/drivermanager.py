@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from driversdk.client import DriverClient, launch, reattach
 from driversdk.errors import DriverSDKError
 from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
-from driversdk.plugin.host import ReattachConfig, pid_alive
+from driversdk.plugin.host import ReattachConfig, pid_alive, remove_dead_plugin_socket
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.events import Emit, RunEvent
 from driversdk.runner.runstate import RunState
@@ -152,10 +152,14 @@ class DriverManager:
         return None
 
     def _try_reattach(self, driver: str, saved: str) -> DriverClient | None:
+        config = ReattachConfig.from_json(saved)
         try:
-            plugin = reattach(ReattachConfig.from_json(saved), name=driver)
+            plugin = reattach(config, name=driver)
         except DriverSDKError:
-            return None  # it died with the run: a new one is launched and RecoverTask finds the tasks
+            # It died with the run: a new one is launched and RecoverTask finds the tasks. Killed
+            # with its host, it could not remove its socket dir, and nobody else knows of it.
+            remove_dead_plugin_socket(config)
+            return None
         self.emit(RunEvent("driver", "reattached to its running plugin", name=driver))
         return plugin
 
@@ -163,10 +167,11 @@ class DriverManager:
         """Per-allocation plugins of an older run: their tasks were recovered through the shared
         instance (or are gone), so the processes only hold memory now."""
         for alloc_id, saved in self.state.retired_plugins(driver):
+            config = ReattachConfig.from_json(saved)
             try:
-                reattach(ReattachConfig.from_json(saved), name=driver).kill()
+                reattach(config, name=driver).kill()
             except DriverSDKError:
-                pass  # already gone
+                remove_dead_plugin_socket(config)  # already gone, maybe with its socket dir left
             self.state.retired_plugin_gone(alloc_id, driver)
 
     # --- task events ---------------------------------------------------------------------------

@@ -198,10 +198,11 @@ def _kill_during_start(
     whole_group: bool,
     made: Callable[[], object] | None = None,
     known_to_plugin: bool = False,
-) -> None:
+) -> str:
     """SIGKILL the run while its StartTask call is under way (the 'starting' row is written just
     before the call); with ``whole_group`` its plugin dies with it; with ``known_to_plugin`` the
-    live plugin has finished that StartTask (the run frozen meanwhile, so it could not record it)."""
+    live plugin has finished that StartTask (the run frozen meanwhile, so it could not record it).
+    Returns the plugin's socket dir."""
     proc = subprocess.Popen(
         cli("run", str(job), "--client", str(client)),
         stdout=subprocess.DEVNULL,
@@ -219,6 +220,8 @@ def _kill_during_start(
             wait_for("the driver to create the task", made, every=0.002)
         if known_to_plugin:
             _freeze_once_the_plugin_knows_the_task(proc, data)
+        [(saved,)] = db_rows(data, "SELECT reattach FROM run_plugins")
+        socket_dir = os.path.dirname(ReattachConfig.from_json(str(saved)).address)
         if whole_group:
             os.killpg(proc.pid, signal.SIGKILL)
         else:
@@ -228,6 +231,7 @@ def _kill_during_start(
         if proc.poll() is None:
             proc.kill()
     assert db_rows(data, "SELECT state FROM run_tasks") == [("starting",)], "the kill came after StartTask returned"
+    return socket_dir
 
 
 def _run_again_and_count(engine: docker.DockerClient, job: Path, client: Path, data: Path) -> str:
@@ -265,11 +269,13 @@ def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
     engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     job, client, data = write_job(tmp_path, "echo up; sleep 300")
-    _kill_during_start(job, client, data, whole_group=True)
+    socket_dir = _kill_during_start(job, client, data, whole_group=True)
+    assert os.path.isdir(socket_dir), "a plugin killed with its run cannot remove its own socket dir"
     out = _run_again_and_count(engine, job, client, data)
     assert "recovering alloc" in out
     assert "replacing it" not in out  # the new plugin did not know it: docker adopted the container by its id
     assert leaks(engine, tmp_path) == []
+    assert not os.path.exists(socket_dir), "the run that found the plugin dead removes its socket dir"
 
 
 def _exec_task_processes(tmp_path: Path) -> list[str]:
@@ -279,7 +285,7 @@ def _exec_task_processes(tmp_path: Path) -> list[str]:
 
 def test_exec_run_and_plugin_killed_inside_start_task_leave_one_task(tmp_path: Path) -> None:
     job, client, data = write_job(tmp_path, "echo up; sleep 300", driver="exec")
-    _kill_during_start(
+    socket_dir = _kill_during_start(
         job, client, data, whole_group=True, made=lambda: list((tmp_path / "exec-state" / "tasks").glob("*.json"))
     )
     proc = start_run(job, client)
@@ -300,3 +306,4 @@ def test_exec_run_and_plugin_killed_inside_start_task_leave_one_task(tmp_path: P
             proc.kill()
     assert "Traceback" not in out + err
     assert leaks(None, tmp_path) == []
+    assert not os.path.exists(socket_dir), "the run that found the plugin dead removes its socket dir"
