@@ -3,7 +3,9 @@
 Layout for allocation A on bridge B with subnet N:
 - a named netns ``dsx-<alloc id prefix>`` (/var/run/netns/...), loopback up;
 - a veth pair: ``dsv<hash>`` on the host, enslaved to B; its peer is ``eth0`` inside the netns;
-- eth0 gets the lowest free address of N, the default route goes via B's address (N's first host).
+- eth0 gets the lowest free address of N, the default route goes via B's address (N's first host);
+- traffic from N out of the host is masqueraded and forwarded, as Nomad's bridge does
+  (driversdk.netegress), while B exists.
 Which address each allocation holds is recorded in ``<state_dir>/networks/<alloc id>.json`` so a
 relaunched plugin neither hands it out twice nor forgets to free it. The record is written, in
 phase "creating" and naming the plugin process that builds the namespace, before anything is
@@ -20,6 +22,7 @@ import fcntl
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import subprocess
 import threading
@@ -29,12 +32,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from drivers.exec.owner import ProcessIdentity
+from driversdk import netegress
 from driversdk.errors import DriverError
 from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
 
 if TYPE_CHECKING:
     # pyroute2 loads with the first network a task asks for, not with the plugin.
     from pyroute2 import IPRoute
+
+log = logging.getLogger("driversdk.exec.network")
 
 NETNS_DIR = "/var/run/netns"
 LABEL_ALLOC = "driversdk.exec.alloc_id"
@@ -299,6 +305,7 @@ class NetworkManager:
                 ipr.addr("add", index=idx, address=str(self.gateway), prefixlen=self.subnet.prefixlen)
             ipr.link("set", index=idx, state="up")
         self._allow_forwarding()
+        netegress.allow(self.bridge, self.subnet)  # beyond the host, as Nomad's bridge (ipMasq)
 
     def _iptables_rule(self) -> list[str]:
         return ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
@@ -366,3 +373,5 @@ class NetworkManager:
             rule = self._iptables_rule()
             while subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode == 0:
                 subprocess.run(["iptables", "-D", *rule], capture_output=True)
+        for failure in netegress.remove(self.bridge, self.subnet):
+            log.warning("bridge egress rule not removed", extra={"bridge": self.bridge, "error": failure})

@@ -1,7 +1,8 @@
 """An address for a group network namespace that its driver left without one (docker's pause
 container runs with network "none"; Nomad's client gives it one with the CNI bridge plugin):
 a veth pair, ``eth0`` inside with the lowest free address of the subnet and a default route,
-the host end on a bridge of ours (``dsdkbr0``, 172.26.64.0/20 as Nomad's ``nomad`` bridge).
+the host end on a bridge of ours (``dsdkbr0``, 172.26.64.0/20 as Nomad's ``nomad`` bridge), whose
+traffic out of the host is masqueraded as Nomad's is (:mod:`driversdk.netegress`).
 
 Which address each allocation holds is a record under ``/run/driversdk/bridge/`` (one per host,
 as the bridge is: every run and data dir shares it) written before anything is built, so a
@@ -20,6 +21,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 
+from driversdk import netegress
 from driversdk.errors import DriverSDKError
 
 BRIDGE = "dsdkbr0"
@@ -96,6 +98,7 @@ def attach(data_dir: str, alloc_id: str, netns: str) -> str:
                 _must(_ip("link", "add", BRIDGE, "type", "bridge"), f"creating bridge {BRIDGE}")
                 _must(_ip("addr", "add", f"{GATEWAY}/{SUBNET.prefixlen}", "dev", BRIDGE), "addressing the bridge")
             _must(_ip("link", "set", BRIDGE, "up"), "bringing the bridge up")
+            netegress.allow(BRIDGE, SUBNET)  # beyond the host, as Nomad's bridge (ipMasq)
             # Both ends made inside the namespace; the host end then moved to ours (by our pid).
             _must(_ip("link", "add", "eth0", "type", "veth", "peer", "name", veth, "netns", str(os.getpid()),
                       netns=netns), "creating the veth pair")  # fmt: skip
@@ -123,3 +126,6 @@ def _detach_locked(data_dir: str, alloc_id: str) -> None:
         os.remove(path)
     if not _records(data_dir):
         _ip("link", "del", BRIDGE)
+        failed = netegress.remove(BRIDGE, SUBNET)
+        if failed:
+            raise BridgeFailed(f"removing the egress rules of bridge {BRIDGE} failed: {'; '.join(failed)}")

@@ -18,6 +18,7 @@ import pytest
 
 from drivers.exec.cgroups import cgroup_mounts
 from drivers.exec.network import netns_name, netns_path, veth_name
+from driversdk import netegress
 from driversdk.mountinfo import read_mountinfo
 from driversdk.testing import AllocDir, DriverHarness
 
@@ -75,6 +76,7 @@ class Tracker:
         tasks_dir = self.base / "state" / "tasks"
         task_dirs = sorted(os.listdir(tasks_dir)) if tasks_dir.is_dir() else []
         found = {
+            "egress rules": netegress.rules_of(BRIDGE),
             "containers": containers,
             "mounts": mounts,
             "cgroups": cgroups,

@@ -1,6 +1,7 @@
 """Group networking: per-allocation netns with a veth on our own bridge, reachable peer to peer.
 
-Traffic stays between namespaces these tests create, on the test subnet of our own bridge.
+Traffic stays between namespaces these tests create: the test subnet of our own bridge, and an
+"outside" host that is one more namespace on this machine (tests/outside.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import Any
 
 import pytest
 
+from driversdk import netegress
 from driversdk.errors import PluginCallError
 from driversdk.model import NetworkIsolationMode, NetworkIsolationSpec
 from driversdk.testing import AllocDir, DriverHarness
 from tests.exec.conftest import BRIDGE, PLUGIN, Tracker, sh
+from tests.outside import outside_host
 
 pytestmark = pytest.mark.root
 
@@ -65,6 +68,30 @@ def test_exec_group_network_isolated_and_reaches_peer(
         client.destroy_network(alloc.alloc_id, spec)
         client.destroy_network(peer_alloc, peer)
     assert not _bridge_exists()
+
+
+def test_exec_group_network_reaches_beyond_the_host_masqueraded_and_the_rules_go_with_the_bridge(
+    net_harness: DriverHarness, alloc: AllocDir, track: Tracker
+) -> None:
+    # As Nomad's bridge (ipMasq): the outside host has no route back to the group's subnet, so
+    # only a masqueraded request gets its answer, and the answer names the host's own address.
+    client = net_harness.client
+    with outside_host() as outside:
+        spec, _ = client.create_network(alloc.alloc_id, "")
+        try:
+            assert len(netegress.rules_of(BRIDGE)) == 3
+            task = alloc.task_config("web", driver_config=sh(outside.request_script()), network=spec)
+            net_harness.start(task)
+            result = client.wait_task(task.id, timeout=TIMEOUT)
+            out = alloc.wait_for_output("web", b"seen-from", timeout=10).decode()
+            assert result.exit_code == 0, out
+            assert out.splitlines()[-1] == f"seen-from {outside.host_side}", out
+            client.destroy_task(task.id)
+            net_harness.forget(task.id)
+        finally:
+            client.destroy_network(alloc.alloc_id, spec)
+    assert not _bridge_exists()
+    assert netegress.rules_of(BRIDGE) == []
 
 
 def test_exec_network_exhausted_subnet_leaves_nothing(

@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from driversdk.runner import nodeattrs, portalloc
+from tests.outside import outside_host
 from tests.runner.test_run_csi import IMAGE, Env, demo, plugin_group, write_job
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runc, iptables and mounts: root only")
@@ -41,6 +42,7 @@ def no_forwarding_rules() -> None:
     for table in ("nat", "filter"):
         out = subprocess.run(["iptables", "-w", "-t", table, "-S"], capture_output=True, text=True).stdout
         assert "driversdk alloc" not in out and "DSDK-PORTMAP" not in out, out
+        assert "driversdk egress" not in out, out
 
 
 def get(url: str, timeout: float = 30) -> str:
@@ -337,6 +339,33 @@ def test_docker_bridge_group_is_reachable_on_its_static_port_and_leaves_nothing(
         not os.path.exists("/run/driversdk/bridge")
         or [n for n in os.listdir("/run/driversdk/bridge") if n.endswith(".json")] == []
     )
+
+
+@pytest.mark.parametrize("driver", ["docker", "exec"])
+def test_bridge_group_without_ports_reaches_beyond_the_host_masqueraded(env: Env, driver: str) -> None:
+    """As Nomad's bridge (CNI ipMasq): a bridge-mode group has an address and a way out of the
+    host whether or not it has ports. The outside host has no route back to the group's subnet,
+    so only a masqueraded request is answered, and the answer names the host's address."""
+    with outside_host() as outside:
+        # The script as an HCL string: its backslashes and quotes escaped.
+        script = outside.request_script().replace("\\", "\\\\").replace('"', '\\"')
+        if driver == "docker":
+            config = f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "{script}"]'
+        else:
+            config = f'command = "/bin/busybox"\n        args = ["sh", "-c", "{script}"]'
+        job = env.work / f"egress-{driver}.hcl"
+        job.write_text(
+            f'job "egress-{driver}" {{\n  type = "batch"\n  group "out" {{\n    network {{\n      mode = "bridge"\n'
+            f'    }}\n    task "ask" {{\n      driver = "{driver}"\n      config {{\n        {config}\n      }}\n'
+            "    }\n  }\n}\n"
+        )
+        done = env.cli("run", str(job), "--client", str(env.client))
+        assert done.returncode == 0, done.stdout + done.stderr
+        [log] = list((env.data / "allocs").glob("*/alloc/logs/ask.stdout.0"))
+        assert log.read_text().splitlines()[-1] == f"seen-from {outside.host_side}", log.read_text()
+    env.assert_clean()
+    no_forwarding_rules()
+    assert subprocess.run(["ip", "link", "show", "dsdkbr0"], capture_output=True).returncode != 0
 
 
 def test_raw_exec_gets_host_paths_in_its_environment_and_args(env: Env) -> None:

@@ -1,7 +1,12 @@
-"""Port forwarding hook (bridge mode): each group port's host port forwarded to the group
-namespace's address and ``to`` port, as Nomad's CNI portmap does (iptables DNAT for traffic
-arriving and generated here, masquerade for the host's own 127.0.0.1); the rules carry the
-allocation's id and are removed at postrun, also for an allocation a killed run left."""
+"""Bridge-mode hook: the group namespace's address and its ports.
+
+A namespace its driver left without an address (docker's pause container runs with network
+"none") is given one on our bridge, with or without ports, as Nomad's CNI bridge gives every
+bridge-mode allocation one (and its way out of the host, driversdk.netegress). Each group port's
+host port is then forwarded to that address and its ``to`` port, as Nomad's CNI portmap does
+(iptables DNAT for traffic arriving and generated here, masquerade for the host's own 127.0.0.1);
+the rules carry the allocation's id and are removed at postrun, also for an allocation a killed
+run left, and the address is released with them."""
 
 from __future__ import annotations
 
@@ -25,15 +30,18 @@ class PortForwardHook(AllocHook):
 
     def prerun(self, alloc: AllocRunner) -> None:
         spec = alloc.network
-        if (alloc.group.network_mode or "host") != "bridge" or not alloc.ports or spec is None:
+        if (alloc.group.network_mode or "host") != "bridge" or spec is None:
+            return
+        address = spec.labels.get("address") or (spec.hosts.address if spec.hosts is not None else "")
+        if not address and spec.path and os.path.exists(spec.path):
+            # docker's pause container has no network: give it one as Nomad's CNI bridge does
+            # (the record a killed run left is taken over as it is).
+            address = bridgenet.attach("", alloc.alloc_id, spec.path)
+            alloc.event("group", f"network namespace given {address} on bridge {bridgenet.BRIDGE}")
+        if not alloc.ports:
             return
         if alloc.restoring is not None and portalloc.rules_of(alloc.alloc_id):
             return  # the killed run's rules are still in place
-        address = spec.labels.get("address") or (spec.hosts.address if spec.hosts is not None else "")
-        if not address and spec.path and os.path.exists(spec.path):
-            # docker's pause container has no network: give it one as Nomad's CNI bridge does.
-            address = bridgenet.attach("", alloc.alloc_id, spec.path)
-            alloc.event("group", f"network namespace given {address} on bridge {bridgenet.BRIDGE}")
         if not address:
             raise NoGroupAddress(
                 f'group "{alloc.group.name}": its bridge network has no address and no namespace the host can reach '
@@ -44,9 +52,9 @@ class PortForwardHook(AllocHook):
         alloc.event("group", f"ports forwarded from the host to {address}")
 
     def postrun(self, alloc: AllocRunner) -> None:
-        if (alloc.group.network_mode or "host") != "bridge" or not alloc.ports:
+        if (alloc.group.network_mode or "host") != "bridge":
             return
-        if portalloc.rules_of(alloc.alloc_id):
+        if alloc.ports and portalloc.rules_of(alloc.alloc_id):
             for failure in portalloc.unforward(alloc.alloc_id):
                 alloc.event("group", f"port forwarding rule could not be removed: {failure}")
         if bridgenet.address_of("", alloc.alloc_id) is not None:  # ours, also when a killed run made it
