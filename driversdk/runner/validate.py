@@ -611,6 +611,44 @@ def _placement(
             if note and note not in report.notes:
                 report.notes.append(note)
     report.problems.extend(_static_port_collisions(job))
+    report.problems.extend(_host_volume_fit(job, client))
+
+
+def _host_volume_fit(job: Job, client: ClientConfig) -> list[Problem]:
+    """Nomad's scheduler places a group only on a client that has each host volume the group
+    asks for, mounted by a task or not, and read-write unless the request is read-only (its host
+    volume checker). A missing volume that a task mounts is reported with that mount instead,
+    which names the task."""
+    out: list[Problem] = []
+    for group in job.groups:
+        mounted = {m.volume for t in group.tasks for m in t.volume_mounts}
+        for req in group.volumes.values():
+            if req.type != "host":
+                continue
+            where = {"job": job.name, "group": group.name, "field": f"volume {show(req.name)}"}
+            volume = client.host_volumes.get(req.source)
+            if volume is None and req.name not in mounted:
+                known = ", ".join(sorted(client.host_volumes)) or "none"
+                out.append(
+                    Problem(
+                        job.file,
+                        f'host volume "{req.source}" (volume "{req.name}") is not in the client config, and Nomad '
+                        f'places the group only where it is, mounted or not; add a host_volume "{req.source}" '
+                        f"block with its path, or remove the volume (configured: {known})",
+                        **where,
+                    )
+                )
+            elif volume is not None and volume.read_only and not req.read_only:
+                out.append(
+                    Problem(
+                        job.file,
+                        f'host volume "{req.source}" is read-only in the client config, but volume "{req.name}" '
+                        "asks for it read-write, and Nomad does not place such a group; set read_only = true on "
+                        "the volume",
+                        **where,
+                    )
+                )
+    return out
 
 
 def _static_port_collisions(job: Job) -> list[Problem]:

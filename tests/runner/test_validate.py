@@ -130,6 +130,47 @@ def test_validate_missing_host_volume(tmp_path: Path) -> None:
     )
 
 
+def test_a_group_host_volume_no_task_mounts_must_still_be_on_the_client(tmp_path: Path) -> None:
+    # Nomad's scheduler checks every host volume a group asks for, mounted or not.
+    job = write_job(tmp_path, "", HOST_VOLUME)
+    done = run(str(job), "--client", str(write_client(tmp_path, {})))
+    assert done.returncode == 1, done.stdout
+    assert (
+        'group "web", volume "data": host volume "shared" (volume "data") is not in the client config, and Nomad '
+        "places the group only where it is, mounted or not" in done.stdout
+    )
+    assert done.stdout.count('host volume "shared"') == 1
+    assert run(str(job), "--client", str(write_client(tmp_path, {"shared": str(tmp_path)}))).returncode == 0
+
+
+def test_a_mounted_missing_host_volume_is_reported_once_with_its_mount(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path, 'volume_mount {\n        volume = "data"\n        destination = "/data"\n      }', HOST_VOLUME
+    )
+    done = run(str(job), "--client", str(write_client(tmp_path, {})))
+    assert done.stdout.count('host volume "shared"') == 1, done.stdout
+    assert 'task "web", volume_mount[0]: host volume "shared"' in done.stdout
+
+
+@pytest.mark.parametrize(("request_read_only", "valid"), [(False, False), (True, True)])
+def test_a_read_only_host_volume_is_placed_only_for_a_read_only_request(
+    tmp_path: Path, request_read_only: bool, valid: bool
+) -> None:
+    flag = str(request_read_only).lower()
+    volume = HOST_VOLUME.replace('source = "shared"', f'source = "shared"\n      read_only = {flag}')
+    job = write_job(tmp_path, "", volume)
+    client = write_client(tmp_path, {})
+    client.write_text(
+        client.read_text().replace(
+            "client {\n", f'client {{\n  host_volume "shared" {{\n    path = "{tmp_path}"\n    read_only = true\n  }}\n'
+        )
+    )
+    done = run(str(job), "--client", str(client))
+    assert (done.returncode == 0) is valid, done.stdout
+    sentence = 'host volume "shared" is read-only in the client config, but volume "data" asks for it read-write'
+    assert (sentence in done.stdout) is not valid
+
+
 def test_validate_reports_every_problem_at_once(tmp_path: Path) -> None:
     volumes = HOST_VOLUME + '\n    volume "db" {\n      type = "csi"\n      source = "pg"\n    }'
     task = (
