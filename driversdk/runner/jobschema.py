@@ -100,7 +100,7 @@ PORT = blk(NO, 1, static=N, to=N, host_network=S, ignore_collision=B)
 GROUP_PORT = Block({**attrs(static=N, to=N), **attrs(NO, host_network=S, ignore_collision=B)}, labels=1)
 DNS = blk(NO, servers=L, searches=L, options=L)
 NETWORK = Block({
-    "mode": Attr(S), "device": Attr(S, NO), "cidr": Attr(S, NO), "ip": Attr(S, NO), "hostname": Attr(S, NO),
+    "mode": Attr(S), "device": Attr(S, NO), "cidr": Attr(S, NO), "ip": Attr(S, NO), "hostname": Attr(S),
     "mbits": Attr(N, NO), "dns": DNS, "port": GROUP_PORT, "reserved_ports": Block(PORT.fields, acted=NO),
     "cni": Block({"args": Block(open=True, as_map=Kind.STRING, acted=NO)}, acted=NO),
 })  # fmt: skip

@@ -132,6 +132,7 @@ class Group:
     volumes: dict[str, VolumeRequest] = field(default_factory=dict)
     tasks: list[Task] = field(default_factory=list)
     network_mode: str = "host"
+    network_hostname: str = ""  # as written: interpolated with the allocation's environment
     ports: list[Port] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
     # A Connect gateway group: Nomad injects its Envoy task; `run` starts none.
@@ -266,6 +267,13 @@ class _Parser:
             )
         network = single(body.get("network"))
         group.network_mode = self.text(network.get("mode"), "network.mode", **where) or "host"
+        group.network_hostname = self.text(network.get("hostname"), "network.hostname", **where)
+        if group.network_hostname and "${" not in group.network_hostname:
+            # Nomad checks a literal hostname at submit time; an interpolated one when it is used.
+            why = hostname_problem(group.network_hostname)
+            if why is not None:
+                message = f"{show(group.network_hostname)} is {why}"
+                self.problems.append(Problem(self.file, message, **{**where, "field": "network.hostname"}))
         for label, pbody in labelled(network.get("port")):
             group.ports.append(
                 Port(
@@ -553,6 +561,19 @@ def path_names(job: Job) -> list[tuple[str, str]]:
             if task.csi_plugin is not None and task.csi_plugin.id:
                 out.append((task.csi_plugin.id, "csi_plugin.id"))
     return out
+
+
+def hostname_problem(hostname: str) -> str | None:
+    """Why ``hostname`` is no DNS name, as a phrase (Nomad checks ``network.hostname`` so: labels
+    of 1 to 63 bytes joined by dots, 255 bytes in all; no space, slash or NUL here either, as the
+    name reaches a hosts file), or None."""
+    name = hostname[:-1] if hostname.endswith(".") else hostname
+    labels = name.split(".") if name else []
+    if len(hostname.encode()) > 255 or not labels or any(not 0 < len(label.encode()) <= 63 for label in labels):
+        return "not a valid DNS name: use labels of 1 to 63 characters joined by dots, 255 in all"
+    if any(c.isspace() or c in "\\/\x00" for c in hostname):
+        return "not a valid DNS name: it may not hold spaces, slashes or control characters"
+    return None
 
 
 def static_problems(job: Job) -> list[Problem]:

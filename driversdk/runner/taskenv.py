@@ -112,6 +112,34 @@ def build(
         "NOMAD_ALLOC_DIR": alloc_dir,
         "NOMAD_TASK_DIR": task_dir,
         "NOMAD_SECRETS_DIR": secrets_dir,
+        "NOMAD_TASK_NAME": task.name,
+        "NOMAD_CPU_LIMIT": str(task.cpu),
+        "NOMAD_MEMORY_LIMIT": str(task.memory),
+    }
+    if task.memory_max:
+        env["NOMAD_MEMORY_MAX_LIMIT"] = str(task.memory_max)
+    # Meta merges job, then group, then task; each key as written and upper-cased.
+    env.update(_alloc_vars(job, group, alloc, node, {**job.meta, **group.meta, **task.meta}))
+    if task.csi_plugin is not None:
+        env["CSI_ENDPOINT"] = f"unix://{task.csi_plugin.mount_dir.rstrip('/')}/{CSI_SOCKET}"
+    base = TaskEnv(env, node.lookup())
+    # The task's own env is interpolated against what is known so far, and may not replace the
+    # client's variables' meaning for later keys (Nomad applies it last, values interpolated).
+    for key, value in task.env.items():
+        env[key] = base.replace(value)
+    return TaskEnv(env, node.lookup())
+
+
+def for_alloc(job: Job, group: Group, alloc: Alloc, *, node: Node | None = None) -> TaskEnv:
+    """The allocation's environment, before any task: what Nomad interpolates group-level
+    values with (``network.hostname``): the allocation, job and group, their meta, the ports and
+    the node, but no task's dirs, name or limits."""
+    node = node or Node()
+    return TaskEnv(_alloc_vars(job, group, alloc, node, {**job.meta, **group.meta}), node.lookup())
+
+
+def _alloc_vars(job: Job, group: Group, alloc: Alloc, node: Node, meta: Mapping[str, str]) -> dict[str, str]:
+    env: dict[str, str] = {
         "NOMAD_ALLOC_ID": alloc.id,
         "NOMAD_SHORT_ALLOC_ID": alloc.id[:8],
         "NOMAD_ALLOC_INDEX": str(alloc.index),
@@ -119,19 +147,13 @@ def build(
         "NOMAD_JOB_ID": job.id or job.name,
         "NOMAD_JOB_NAME": job.name,
         "NOMAD_GROUP_NAME": group.name,
-        "NOMAD_TASK_NAME": task.name,
         "NOMAD_NAMESPACE": job.namespace,
         "NOMAD_DC": node.datacenter,
         "NOMAD_REGION": job.region or node.region,
-        "NOMAD_CPU_LIMIT": str(task.cpu),
-        "NOMAD_MEMORY_LIMIT": str(task.memory),
     }
     if alloc.parent_job_id:
         env["NOMAD_JOB_PARENT_ID"] = alloc.parent_job_id
-    if task.memory_max:
-        env["NOMAD_MEMORY_MAX_LIMIT"] = str(task.memory_max)
-    # Meta merges job, then group, then task; each key as written and upper-cased.
-    for key, value in {**job.meta, **group.meta, **task.meta}.items():
+    for key, value in meta.items():
         env[f"NOMAD_META_{clean_key(key)}"] = value
         env[f"NOMAD_META_{clean_key(key).upper()}"] = value
     for port in alloc.ports:
@@ -144,14 +166,7 @@ def build(
         env[f"NOMAD_HOST_IP_{label}"] = port.host_ip
         env[f"NOMAD_HOST_PORT_{label}"] = str(port.value)
         env[f"NOMAD_HOST_ADDR_{label}"] = f"{port.host_ip}:{port.value}"
-    if task.csi_plugin is not None:
-        env["CSI_ENDPOINT"] = f"unix://{task.csi_plugin.mount_dir.rstrip('/')}/{CSI_SOCKET}"
-    base = TaskEnv(env, node.lookup())
-    # The task's own env is interpolated against what is known so far, and may not replace the
-    # client's variables' meaning for later keys (Nomad applies it last, values interpolated).
-    for key, value in task.env.items():
-        env[key] = base.replace(value)
-    return TaskEnv(env, node.lookup())
+    return env
 
 
 def dry(job: Job, group: Group, task: Task, *, fs_isolation: bool = True) -> TaskEnv:

@@ -145,3 +145,29 @@ def test_restart_policy_merges_job_type_default_group_and_task(tmp_path: Path) -
     assert policy_for(job.type, group.restart, b.restart) == RestartPolicy(5, day, 15.0, "delay")
     assert policy_for(job.type, group.restart, a.restart) == RestartPolicy(5, day, 1.0, "delay", render_templates=True)
     assert default_policy("service") == RestartPolicy(2, 30 * 60.0, 15.0, "fail")
+
+
+def _hostname_job(tmp_path: Path, hostname: str) -> Path:
+    return write(
+        tmp_path,
+        f'job "j" {{\n group "g" {{\n network {{\n mode = "bridge"\n hostname = "{hostname}"\n }}\n'
+        ' task "t" {\n driver = "exec"\n }\n }\n}\n',
+    )
+
+
+def test_network_hostname_is_acted_on_and_checked_as_nomad_checks_it(tmp_path: Path) -> None:
+    for good in ("web", "web-1.example.internal", "${NOMAD_JOB_NAME}-${NOMAD_ALLOC_INDEX}", "a" * 63):
+        job, problems = parse_job(_hostname_job(tmp_path, good))
+        assert problems == [], good
+        assert job.groups[0].network_hostname == good
+        assert not any("hostname" in n for n in job.notes)
+    for bad, why in (
+        ("a" * 64, "labels of 1 to 63 characters"),
+        ("web..internal", "labels of 1 to 63 characters"),
+        ("web host", "may not hold spaces"),
+        ("web\\nhost", "may not hold spaces"),  # a newline, as HCL reads the escape
+        ("web\\\\host", "may not hold spaces, slashes"),  # a backslash
+        ("web/etc", "may not hold spaces, slashes"),
+    ):
+        _, problems = parse_job(_hostname_job(tmp_path, bad))
+        assert [(p.field, why in p.message) for p in problems] == [("network.hostname", True)], (bad, problems)

@@ -107,3 +107,15 @@ def test_dry_uses_static_ports_only() -> None:
     assert env["NOMAD_HOST_PORT_http"] == "8080"
     assert "NOMAD_PORT_dyn" not in env
     assert env["NOMAD_ALLOC_ID"] == "00000000-0000-0000-0000-000000000000"
+
+
+def test_the_allocation_environment_has_no_task_in_it() -> None:
+    # What group-level values (network.hostname) are interpolated with, as Nomad's.
+    from driversdk.runner.taskenv import for_alloc
+
+    job, group, _ = sample()
+    env = for_alloc(job, group, Alloc(id="0123456789abcdef", index=3, ports=(PortValue("http", 8080, 80),))).env
+    assert env["NOMAD_ALLOC_NAME"] == "shop.web[3]" and env["NOMAD_GROUP_NAME"] == "web"
+    assert env["NOMAD_META_tier"] == "group" and "NOMAD_META_rack_id" not in env
+    assert env["NOMAD_PORT_http"] == "80"
+    assert not [k for k in env if k.startswith(("NOMAD_TASK", "NOMAD_ALLOC_DIR", "NOMAD_CPU", "NOMAD_MEMORY"))]

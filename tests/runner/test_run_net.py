@@ -368,6 +368,46 @@ def test_bridge_group_without_ports_reaches_beyond_the_host_masqueraded(env: Env
     assert subprocess.run(["ip", "link", "show", "dsdkbr0"], capture_output=True).returncode != 0
 
 
+@pytest.mark.parametrize("driver", ["docker", "exec"])
+def test_bridge_group_hostname_is_interpolated_for_the_allocation(env: Env, driver: str) -> None:
+    """network.hostname, as Nomad: interpolated with the allocation's environment, the name the
+    group's tasks see."""
+    if driver == "docker":
+        config = f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "hostname"]'
+    else:
+        config = 'command = "/bin/busybox"\n        args = ["hostname"]'
+    job = env.work / f"hn-{driver}.hcl"
+    job.write_text(
+        f'job "hn-{driver}" {{\n  type = "batch"\n  group "g" {{\n    network {{\n      mode = "bridge"\n'
+        '      hostname = "${NOMAD_JOB_NAME}-${NOMAD_ALLOC_INDEX}"\n    }\n'
+        f'    task "t" {{\n      driver = "{driver}"\n      config {{\n        {config}\n      }}\n    }}\n  }}\n}}\n'
+    )
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 0, done.stdout + done.stderr
+    [log] = list((env.data / "allocs").glob("*/alloc/logs/t.stdout.0"))
+    assert log.read_text().strip() == f"hn-{driver}-0"
+    env.assert_clean()
+
+
+def test_a_hostname_that_interpolates_to_no_dns_name_is_refused_and_leaves_nothing(env: Env) -> None:
+    job = env.work / "badhn.hcl"
+    job.write_text(
+        'job "badhn" {\n  type = "batch"\n  meta {\n    site = "two words"\n  }\n  group "g" {\n    network {\n'
+        '      mode = "bridge"\n      hostname = "web-${NOMAD_META_site}"\n    }\n    task "t" {\n'
+        '      driver = "exec"\n      config {\n        command = "/bin/busybox"\n        args = ["true"]\n'
+        "      }\n    }\n  }\n}\n"
+    )
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode != 0
+    assert (
+        'group "g" network.hostname "web-${NOMAD_META_site}" came to "web-two words", which is not a valid DNS name'
+        in done.stdout + done.stderr
+    ), done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    env.assert_clean()
+    no_forwarding_rules()
+
+
 def test_raw_exec_gets_host_paths_in_its_environment_and_args(env: Env) -> None:
     """A driver without filesystem isolation gets the dirs as host paths, in env and in args."""
     with env.client.open("a") as fh:

@@ -1,6 +1,8 @@
 """Group network hook: ``network { mode = "bridge" }`` asks the first task driver that creates
 group networks for one (docker: a pause container; exec: a network namespace) and every task of
-the group joins it; the network is recorded so a restarted run finds it, and removed at postrun."""
+the group joins it; the network is recorded so a restarted run finds it, and removed at postrun.
+Its hostname is ``network.hostname`` interpolated with the allocation's environment, as Nomad's;
+without one, the driver's own (docker: the pause container's id; exec: the task's name)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
+from driversdk.paths import show
+from driversdk.runner import nodeattrs, taskenv
 from driversdk.runner.hooks import AllocHook
 from driversdk.runner.hooks.ports import ports_json
-from driversdk.runner.jobspec import Group
+from driversdk.runner.jobspec import Group, hostname_problem
 
 if TYPE_CHECKING:
     from driversdk.runner.allocrunner import AllocRunner
@@ -52,7 +56,7 @@ class NetworkHook(AllocHook):
             plugin = alloc.drivers.dispense(task.driver)
             caps = plugin.capabilities()
             if caps.must_create_network and NetworkIsolationMode.GROUP in caps.network_isolation_modes:
-                self.spec, _ = plugin.create_network(alloc.alloc_id, f"{alloc.group.name}-{alloc.index}")
+                self.spec, _ = plugin.create_network(alloc.alloc_id, self.hostname(alloc))
                 self.owner = task.driver
                 alloc.state.alloc_update(alloc.alloc_id, network=json.dumps(self._json(alloc)))
                 alloc.event("group", f"network created by the {task.driver} driver")
@@ -62,6 +66,29 @@ class NetworkHook(AllocHook):
             f'group "{alloc.group.name}": network mode "bridge" needs a task driver that creates group networks, and '
             f'none of {drivers} does; use docker or exec, or mode = "host"'
         )
+
+    @staticmethod
+    def hostname(alloc: AllocRunner) -> str:
+        """``network.hostname`` with the allocation's ``${…}`` filled in; refused (with the value it
+        came to) when that is no DNS name, since it reaches the driver's hosts file and UTS name."""
+        written = alloc.group.network_hostname
+        if not written:
+            return ""
+        env = taskenv.for_alloc(
+            alloc.job,
+            alloc.group,
+            taskenv.Alloc(id=alloc.alloc_id, index=alloc.index, dir=alloc.alloc_dir, ports=tuple(alloc.ports)),
+            node=nodeattrs.for_alloc(alloc),
+        )
+        where = f'group "{alloc.group.name}" network.hostname {show(written)}'
+        unknown = env.unresolved(written)
+        if unknown:
+            raise NetworkRefused(f"{where} names what an allocation does not know: {', '.join(unknown)}")
+        hostname = env.replace(written)
+        why = hostname_problem(hostname)
+        if why is not None:
+            raise NetworkRefused(f"{where} came to {show(hostname)}, which is {why}")
+        return hostname
 
     def _json(self, alloc: AllocRunner) -> dict[str, Any]:
         assert self.spec is not None
