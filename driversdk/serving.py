@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from driversdk.plugin.handshake import ENV_CHECKS_ONLY
@@ -26,6 +26,21 @@ def launched_for_checks() -> bool:
     what only tasks need (the docker driver does not load the docker SDK). A task call that comes
     anyway must still work, only slower."""
     return os.environ.get(ENV_CHECKS_ONLY) == "1"
+
+
+def first_missing(modules: Iterable[str]) -> str | None:
+    """The first of ``modules`` that is not installed, or None. Only looked up, not imported: a
+    plugin checks its extra before the handshake and loads the module itself afterwards."""
+    import importlib.util
+
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # an import hook that refuses it outright
+            found = False
+        if not found:
+            return module
+    return None
 
 
 def serve(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import sys
 import threading
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from driversdk import serve
 from driversdk.errors import MissingExtraError
-from driversdk.serving import launched_for_checks
+from driversdk.serving import first_missing, launched_for_checks
 
 if TYPE_CHECKING:
     from driversdk.driver import DriverPlugin
@@ -29,15 +28,11 @@ SDK_LOAD_SWITCH_INTERVAL = 0.0005
 def require_extra() -> None:
     """Refuse, with the command that fixes it, when the docker extra is not installed. Only
     looked up, not imported: the docker SDK itself loads after the handshake (see build)."""
-    for module in _EXTRA_MODULES:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # an import hook that refuses it outright
-            found = False
-        if not found:
-            raise MissingExtraError(
-                f"driversdk-docker needs the docker extra ({module} is missing): pip install 'driversdk[docker]'"
-            )
+    module = first_missing(_EXTRA_MODULES)
+    if module is not None:
+        raise MissingExtraError(
+            f"driversdk-docker needs the docker extra ({module} is missing): pip install 'driversdk[docker]'"
+        )
 
 
 def build(for_checks: bool = False) -> DriverPlugin:

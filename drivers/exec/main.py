@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from typing import TYPE_CHECKING
 
 from driversdk import serve
 from driversdk.errors import MissingExtraError
+from driversdk.serving import first_missing
 
 if TYPE_CHECKING:
     from driversdk.driver import DriverPlugin
@@ -42,13 +42,9 @@ def _missing(module: str) -> MissingExtraError:
 def require_extra() -> None:
     """Refuse, with the command that fixes it, when the exec extra is not installed: looked up
     before the handshake, so the host shows the sentence instead of a plugin that fails every call."""
-    for module in _EXTRA_MODULES:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # an import hook that refuses it outright
-            found = False
-        if not found:
-            raise _missing(module)
+    module = first_missing(_EXTRA_MODULES)
+    if module is not None:
+        raise _missing(module)
 
 
 def main() -> None:
