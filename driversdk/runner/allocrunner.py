@@ -62,6 +62,8 @@ class NodeServices:
     supervisors: list[PluginSupervisor] = field(default_factory=list)
     # driver.<name>.* attributes of each driver's plugin, fingerprinted once per run (nodeattrs).
     driver_attributes: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Set when the run is told to stop (Ctrl-C): a task waiting out a restart delay gives up.
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def plugin_failure(self, plugin_id: str) -> str | None:
         """Why this run's own instance of a plugin failed, when every one of them did."""
@@ -127,6 +129,10 @@ class AllocRunner:
     def failure(self) -> str:
         """Why the allocation failed as a whole (a prestart task failed), else ""."""
         return self.lifecycle.failure
+
+    def stop_requested(self) -> bool:
+        """Whether this allocation, or the whole run, is being stopped."""
+        return self._stopping.is_set() or self.node.stopping.is_set()
 
     @property
     def provides_plugins(self) -> bool:

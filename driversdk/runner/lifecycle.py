@@ -13,8 +13,8 @@
    failure too); the allocation's run is done when they have exited.
 
 The first stage is started by the caller's thread, so a task that cannot start (an image that
-cannot be pulled) is the run's error as before; the later stages run in the coordinator's
-thread, and a start failure there fails the allocation with a sentence.
+cannot be pulled), once its restart policy gives up on it, is the run's error; the later stages
+run in the coordinator's thread, and a start failure there fails the allocation with a sentence.
 """
 
 from __future__ import annotations

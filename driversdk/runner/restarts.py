@@ -37,6 +37,7 @@ TERMINATED = "Terminated"
 KILLED = "Killed"
 SIBLING_FAILED = "Sibling Task Failed"
 MAIN_DEAD = "Main Tasks Dead"
+DRIVER_FAILURE = "Driver Failure"
 
 JITTER = 0.25  # the share of the delay added at random
 REASON_NO_RESTARTS = "Policy allows no restarts"

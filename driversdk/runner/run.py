@@ -211,6 +211,7 @@ def run_jobs(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     node = NodeServices.open(client.data_dir)
+    node.stopping = stop
     node.driver_attributes.update(attributes)  # fingerprinted by the plugins the driver manager takes over
     drivers = node.drivers = DriverManager(client, node.state, emit, spare)
     allocs: list[AllocRunner] = []

@@ -134,9 +134,38 @@ class TaskRunner:
         elif record is not None:
             self._recover(record)
         else:
-            self._start(None)
+            self._first_start()
 
-    def _start(self, task_id: str | None) -> None:
+    def _first_start(self) -> None:
+        """Start the task; a start that fails goes under the restart policy as an exit does, as in
+        Nomad's task runner: one the driver calls recoverable (a registry down, an engine
+        restarting) is tried again after the policy's delay; an unrecoverable one, or one past
+        the policy's attempts, is the task's failure (raised). Without a restart block, or while
+        the run is being stopped, the first failure is raised at once."""
+        count = 0
+        while True:
+            try:
+                self._start(None, count)
+                return
+            except DriverSDKError as err:
+                if self.tracker is None or self.alloc.stop_requested() or self._stopping.is_set():
+                    raise
+                self.event(f"{restarts.DRIVER_FAILURE}: {err}")
+                kind, delay = self.tracker.start_failed(getattr(err, "recoverable", False)).state()
+                self.event(f"{kind}: {restarts.event_message(kind, reason=self.tracker.reason, delay=delay)}")
+                if kind != restarts.RESTARTING or self._sleep_unless_stopped(delay):
+                    raise
+                count = self.tracker.restarts
+
+    def _sleep_unless_stopped(self, delay: float) -> bool:
+        """Wait ``delay`` seconds; True as soon as the task, its allocation or the run is stopped."""
+        deadline = time.monotonic() + delay
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stopping.wait(min(left, 0.2)) or self.alloc.stop_requested():
+                return True
+        return False
+
+    def _start(self, task_id: str | None, restarts_done: int = 0) -> None:
         state, a = self.alloc.state, self.alloc
         recorded = False
         try:
@@ -144,7 +173,7 @@ class TaskRunner:
             self.config = self._task_config(task_id)
             self.config.env.update(self.template_env)
             state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id,
-                           a.alloc_dir, self.logmon.pid if self.logmon else 0)  # fmt: skip
+                           a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
             recorded = True
             handle = self.alloc.drivers.dispense(self.task.driver).start_task(self.config)
         except BaseException:
@@ -155,8 +184,8 @@ class TaskRunner:
         self.started, self.handle = True, handle
         proto = convert.task_handle_to_proto(handle).SerializeToString()
         state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id, proto,
-                      a.alloc_dir, self.logmon.pid if self.logmon else 0)  # fmt: skip
-        self.event(f"started ({self.label})")
+                      a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
+        self.event(f"started ({self.label})" + (f", restart {restarts_done}" if restarts_done else ""))
         self._follow()
 
     def interpolate(self, value: Any) -> Any:

@@ -5,6 +5,7 @@ prove what happened when; each test ends with nothing of it left on the host."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 from pathlib import Path
@@ -272,3 +273,88 @@ def test_run_killed_during_a_restart_delay_restarts_the_task_when_run_again(
     assert logs.read_text() == "run 1\nrun 2\n"
     assert "complete exit=0 restarts=1" in status(client)
     assert leaks(engine, tmp_path) == []
+
+
+# --- a first start that fails, under the restart policy (Nomad's SetStartError) ------------------
+
+
+def _unreachable_image() -> str:
+    """An image reference on a registry port nothing listens on: the pull fails at once, and the
+    docker driver calls that recoverable (a registry may come back)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"127.0.0.1:{port}/dsx-later:1"
+
+
+def _lines_until(proc: subprocess.Popen[str], needle: str) -> list[str]:
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while not seen or needle not in seen[-1]:
+        line = proc.stdout.readline()
+        assert line, "the run ended before: " + needle + "\n" + "".join(seen) + proc.communicate()[1]
+        seen.append(line)
+    return seen
+
+
+def test_a_recoverable_first_start_failure_is_restarted_by_the_policy(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    image = _unreachable_image()
+    body = task("later", "echo up").replace(f'"{IMAGE}"', f'"{image}"')
+    job, client, data = write(tmp_path, body, group_extra=RESTART.format(attempts=2).replace('"1s"', '"3s"'))
+    proc = start_run(job, client)
+    try:
+        before = _lines_until(proc, '==> task "later" Restarting: Task restarting in 3')
+        # The registry "comes back": the image is there when the policy starts the task again.
+        engine.images.get(IMAGE).tag(image)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        engine.images.remove(image, force=False, noprune=True)
+    text = "".join(before) + out
+    assert proc.returncode == 0, text + err
+    assert f"==> task \"later\" Driver Failure: task 'later': Failed to pull `{image}`" in text
+    assert '==> task "later" started (docker' in text and "restart 1" in text
+    assert '==> task "later" finished with exit code 0' in text
+    assert "Traceback" not in text + err
+    assert "complete exit=0 restarts=1" in status(client)
+    assert ours(engine, data) == []
+
+
+def test_a_stop_during_a_first_start_restart_delay_ends_the_run_at_once(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    image = _unreachable_image()
+    body = task("later", "echo up").replace(f'"{IMAGE}"', f'"{image}"')
+    job, client, data = write(
+        tmp_path, body, group_extra=RESTART.format(attempts=2).replace('"1s"', '"5m"').replace('"1m"', '"1h"')
+    )
+    proc = start_run(job, client)
+    try:
+        _lines_until(proc, '==> task "later" Restarting: Task restarting in ')  # 5m plus jitter
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # not the five minutes of the delay
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in out + err
+    assert "started (docker" not in out
+    assert ours(engine, data) == []
+    assert leaks(engine, tmp_path) == []
+
+
+def test_without_a_restart_block_a_first_start_failure_fails_the_run_at_once(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    image = _unreachable_image()
+    job, client, data = write(tmp_path, task("later", "echo up").replace(f'"{IMAGE}"', f'"{image}"'))
+    done = run(job, client)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"Failed to pull `{image}`" in done.stdout + done.stderr
+    assert "Restarting" not in done.stdout and "Driver Failure" not in done.stdout
+    assert ours(engine, data) == []
