@@ -150,6 +150,14 @@ _AGENT_KEYS = frozenset(
         "host_volume",
     ]
 )
+# Keys Nomad's agent accepts at the top level without using them there: HCL1 reports the keys of
+# nested blocks (client.meta, server.retry_join, …) as unknown top-level keys too, so Nomad drops
+# these names from its unknown-key check, and a file that writes one at the top level loads (the
+# value is ignored). Refusing them would refuse configs that Nomad runs.
+_LEAKED_KEYS = frozenset(
+    ["options", "meta", "chroot_env", "servers", "server_join", "template", "enabled_schedulers", "start_join",
+     "retry_join", "datadog_tags", "license", "service_identity", "task_identity", "default_identity"]
+)  # fmt: skip
 _CLIENT_KEYS = frozenset(
     [
         "enabled",
@@ -227,6 +235,20 @@ def _body(value: Any) -> dict[str, Any] | None:
     return None
 
 
+def hcl1_bool(value: Any) -> bool | None:
+    """A bool as Nomad's agent config decoder (HCL1) reads one: true or false, or a string or
+    number that says so ("true", "FALSE", "1", 0); None for anything else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        text = str(value).strip('"').lower()
+        if text in ("1", "true"):
+            return True
+        if text in ("0", "false"):
+            return False
+    return None
+
+
 def _absolute(value: Any, what: str) -> str | None:
     """Why ``value`` is not an absolute path string, or None."""
     if not isinstance(value, str):
@@ -247,9 +269,16 @@ def _host_volume(file: str, name: str, body: dict[str, Any], problems: list[Prob
         problems.append(Problem(file, problem, field=where))
     for key in sorted(set(body) - _HOST_VOLUME_KEYS):
         problems.append(Problem(file, f"unsupported argument {key!r}; use path and read_only", field=where))
-    read_only = body.get("read_only", False)
-    if not isinstance(read_only, bool):
-        problems.append(Problem(file, f"read_only must be true or false, not {_shown(read_only)}", field=where))
+    read_only = hcl1_bool(body.get("read_only", False))
+    if read_only is None:
+        problems.append(
+            Problem(
+                file,
+                f"read_only must be true or false, not {_shown(body.get('read_only'))} (Nomad also reads "
+                '"true", "false", 1 and 0)',
+                field=where,
+            )
+        )
     path = body.get("path")
     if path is None or path == "":
         problems.append(Problem(file, "Missing path in host_volume config; set path", field=where))
@@ -272,7 +301,7 @@ def _host_volume(file: str, name: str, body: dict[str, Any], problems: list[Prob
         )
     if len(problems) > before:
         return None
-    return HostVolume(name, path, read_only, resolved)
+    return HostVolume(name, path, bool(read_only), resolved)
 
 
 def _plugin(file: str, name: str, body: dict[str, Any], problems: list[Problem]) -> PluginBlock | None:
@@ -433,7 +462,7 @@ def load_client(path: str | Path | None) -> ClientConfig:
     for key in data:
         if key in ("data_dir", "plugin_dir", "client", "plugin", "host_volume", *_NODE_KEYS):
             continue
-        if key in _AGENT_KEYS:
+        if key in _AGENT_KEYS or key in _LEAKED_KEYS:
             unused.append(key)
             continue
         close = get_close_matches(key, sorted(_AGENT_KEYS), n=1)

@@ -157,7 +157,10 @@ def test_an_unknown_agent_option_is_a_problem(tmp_path: Path) -> None:
     ("text", "sentence"),
     [
         ("data_dir = 42", "data_dir must be an absolute path in quotes, not 42"),
-        ('host_volume "s" {\n  path = "/srv"\n  read_only = "true"\n}', 'read_only must be true or false, not "true"'),
+        (
+            'host_volume "s" {\n  path = "/srv"\n  read_only = "yes"\n}',
+            'read_only must be true or false, not "yes" (Nomad also reads "true", "false", 1 and 0)',
+        ),
         ('plugin "x" {\n  command = "/bin/x"\n}', 'command must be a list of strings, not "/bin/x"'),
     ],
 )
@@ -167,3 +170,23 @@ def test_values_of_the_wrong_type_are_refused_not_coerced(tmp_path: Path, text: 
     with pytest.raises(ValidationFailed) as caught:
         load_client(path)
     assert [p.message for p in caught.value.problems] == [sentence]
+
+
+@pytest.mark.parametrize(("written", "read_only"), [('"true"', True), ('"FALSE"', False), ("1", True), ("0", False)])
+def test_a_bool_written_as_nomads_agent_decoder_reads_one_is_accepted(
+    tmp_path: Path, written: str, read_only: bool
+) -> None:
+    # HCL1, which decodes Nomad's agent config, reads "true"/"false" (any case) and 1/0 as bools:
+    # real configs write read_only = "false" and Nomad runs them.
+    path = tmp_path / "c.hcl"
+    path.write_text(f'client {{\n  host_volume "s" {{\n    path = "/srv"\n    read_only = {written}\n  }}\n}}\n')
+    assert load_client(path).host_volumes["s"].read_only is read_only
+
+
+def test_keys_nomad_accepts_at_the_top_level_without_using_them_load(tmp_path: Path) -> None:
+    # Nomad drops these names from its unknown-key check (HCL1 reports nested keys at the top
+    # level too), so a file that writes one at the top level loads there, and here.
+    path = tmp_path / "c.hcl"
+    path.write_text('server_join {\n  retry_join = ["10.0.0.1"]\n}\nmeta {\n  rack = "r1"\n}\n')
+    cfg = load_client(path)
+    assert cfg.meta == {}  # ignored at the top level, as Nomad ignores it

@@ -213,7 +213,7 @@ def test_a_volume_file_that_is_not_utf8(tmp_path: Path) -> None:
         ("data_dir = true", "data_dir must be an absolute path in quotes, not True"),
         (
             'host_volume "s" {\n  path = "/srv"\n  read_only = "yes"\n}',
-            'host_volume "s": read_only must be true or false, not "yes"',
+            'host_volume "s": read_only must be true or false, not "yes" (Nomad also reads "true", "false", 1 and 0)',
         ),
         ('plugin "x" {\n  command = "/bin/x"\n}', 'plugin "x": command must be a list of strings, not "/bin/x"'),
         (
