@@ -185,8 +185,10 @@ def convert(value: Any, typ: HclType, where: str) -> Any:
     if typ.kind == "bool":
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value in ("true", "false"):
-            return value == "true"
+        # cty's string-to-bool conversion, which Nomad's decoding of plugin and task configs uses:
+        # "true" and "1", "false" and "0" (nothing else, and only in lower case).
+        if isinstance(value, str) and value in ("true", "false", "1", "0"):
+            return value in ("true", "1")
         raise _mismatch(where, value, typ)
     if typ.kind in ("list", "set"):
         if not isinstance(value, list | tuple):

@@ -267,6 +267,11 @@ def test_conversions_like_hcl() -> None:
     spec = hs.obj({"s": hs.attr("string"), "n": hs.attr("number"), "b": hs.attr("bool"), "l": hs.attr("list(string)")})
     value = msgpack.unpackb(hs.encode(spec, {"s": True, "n": "5", "b": "false", "l": [1, 2.5]}, what="cfg"))
     assert value == {"s": "true", "n": 5, "b": False, "l": ["1", "2.5"]}
+    # As cty converts a string to a bool: "1" and "0" too, but not "TRUE" or "yes".
+    assert msgpack.unpackb(hs.encode(spec, {"b": "1"}, what="cfg"))["b"] is True
+    assert msgpack.unpackb(hs.encode(spec, {"b": "0"}, what="cfg"))["b"] is False
+    with pytest.raises(ConfigError, match="b is a string, expected a bool"):
+        hs.encode(spec, {"b": "TRUE"}, what="cfg")
     with pytest.raises(ConfigError) as info:
         hs.encode(spec, {"b": "yes", "n": [1], "l": "x"}, what="task 'web' config")
     text = str(info.value)
