@@ -53,9 +53,10 @@ def _iptables(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def allow(bridge: str, subnet: str | ipaddress.IPv4Network) -> None:
-    """Let namespaces on ``bridge`` reach beyond the host; idempotent. On failure, whatever part
-    of it was made is removed again."""
+    """Let namespaces on ``bridge`` reach beyond the host; idempotent. On failure, the rules this
+    call inserted are removed again (those already there serve other allocations on the bridge)."""
     network = ipaddress.IPv4Network(subnet)
+    inserted: list[tuple[str, str, list[str]]] = []
     try:
         _forwarding_on()
         for table, chain, rule in _rules(bridge, network):
@@ -68,8 +69,10 @@ def allow(bridge: str, subnet: str | ipaddress.IPv4Network) -> None:
                     f"could not let bridge {bridge} reach beyond the host: iptables -t {table} -I {chain} failed: "
                     f"{done.stderr.strip() or done.returncode}"
                 )
+            inserted.append((table, chain, rule))
     except BaseException:
-        remove(bridge, network)
+        for table, chain, rule in inserted:
+            _iptables("-t", table, "-D", chain, *rule)
         raise
 
 

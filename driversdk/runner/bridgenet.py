@@ -115,10 +115,14 @@ def attach(data_dir: str, alloc_id: str, netns: str) -> str:
 
 def detach(data_dir: str, alloc_id: str) -> None:
     with _locked(data_dir):
-        _detach_locked(data_dir, alloc_id)
+        failed = _detach_locked(data_dir, alloc_id)
+    if failed:
+        raise BridgeFailed(f"removing the egress rules of bridge {BRIDGE} failed: {'; '.join(failed)}")
 
 
-def _detach_locked(data_dir: str, alloc_id: str) -> None:
+def _detach_locked(data_dir: str, alloc_id: str) -> list[str]:
+    """Release the allocation's address (and the bridge after its last user); returns the egress
+    rules that could not be removed, for the caller to report without hiding its own error."""
     path = os.path.join(_dir(data_dir), f"{alloc_id}.json")
     if _ip("link", "show", _veth(alloc_id)).returncode == 0:
         _must(_ip("link", "del", _veth(alloc_id)), f"removing veth {_veth(alloc_id)}")
@@ -126,6 +130,5 @@ def _detach_locked(data_dir: str, alloc_id: str) -> None:
         os.remove(path)
     if not _records(data_dir):
         _ip("link", "del", BRIDGE)
-        failed = netegress.remove(BRIDGE, SUBNET)
-        if failed:
-            raise BridgeFailed(f"removing the egress rules of bridge {BRIDGE} failed: {'; '.join(failed)}")
+        return netegress.remove(BRIDGE, SUBNET)
+    return []

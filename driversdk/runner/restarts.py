@@ -38,6 +38,7 @@ KILLED = "Killed"
 SIBLING_FAILED = "Sibling Task Failed"
 MAIN_DEAD = "Main Tasks Dead"
 DRIVER_FAILURE = "Driver Failure"
+SETUP_FAILURE = "Setup Failure"
 
 JITTER = 0.25  # the share of the delay added at random
 REASON_NO_RESTARTS = "Policy allows no restarts"

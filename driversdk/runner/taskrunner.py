@@ -150,7 +150,9 @@ class TaskRunner:
             except DriverSDKError as err:
                 if self.tracker is None or self.alloc.stop_requested() or self._stopping.is_set():
                     raise
-                self.event(f"{restarts.DRIVER_FAILURE}: {err}")
+                # Nomad's event types: the driver's StartTask failed, or a hook before it did.
+                failure = restarts.DRIVER_FAILURE if isinstance(err, PluginCallError) else restarts.SETUP_FAILURE
+                self.event(f"{failure}: {err}")
                 kind, delay = self.tracker.start_failed(getattr(err, "recoverable", False)).state()
                 self.event(f"{kind}: {restarts.event_message(kind, reason=self.tracker.reason, delay=delay)}")
                 if kind != restarts.RESTARTING or self._sleep_unless_stopped(delay):
