@@ -565,13 +565,13 @@ def path_names(job: Job) -> list[tuple[str, str]]:
 
 def hostname_problem(hostname: str) -> str | None:
     """Why ``hostname`` is no DNS name, as a phrase (Nomad checks ``network.hostname`` so: labels
-    of 1 to 63 bytes joined by dots, 255 bytes in all; no space, slash or NUL here either, as the
-    name reaches a hosts file), or None."""
+    of 1 to 63 bytes joined by dots, 255 bytes in all; no space, slash or control character here
+    either, as the name reaches a hosts file), or None."""
     name = hostname[:-1] if hostname.endswith(".") else hostname
     labels = name.split(".") if name else []
     if len(hostname.encode()) > 255 or not labels or any(not 0 < len(label.encode()) <= 63 for label in labels):
         return "not a valid DNS name: use labels of 1 to 63 characters joined by dots, 255 in all"
-    if any(c.isspace() or c in "\\/\x00" for c in hostname):
+    if any(c.isspace() or not c.isprintable() or c in "\\/" for c in hostname):
         return "not a valid DNS name: it may not hold spaces, slashes or control characters"
     return None
 

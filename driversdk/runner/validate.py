@@ -617,8 +617,9 @@ def _placement(
 def _host_volume_fit(job: Job, client: ClientConfig) -> list[Problem]:
     """Nomad's scheduler places a group only on a client that has each host volume the group
     asks for, mounted by a task or not, and read-write unless the request is read-only (its host
-    volume checker). A missing volume that a task mounts is reported with that mount instead,
-    which names the task."""
+    volume checker). A missing volume that a task mounts is reported with that mount instead (it
+    names the task), once that task's driver has loaded: a driver that does not load is the
+    problem reported first."""
     out: list[Problem] = []
     for group in job.groups:
         mounted = {m.volume for t in group.tasks for m in t.volume_mounts}

@@ -167,6 +167,8 @@ def test_network_hostname_is_acted_on_and_checked_as_nomad_checks_it(tmp_path: P
         ("web host", "may not hold spaces"),
         ("web\\nhost", "may not hold spaces"),  # a newline, as HCL reads the escape
         ("web\\\\host", "may not hold spaces, slashes"),  # a backslash
+        ("web\\u0001host", "control characters"),
+        ("web\\u007fhost", "control characters"),
         ("web/etc", "may not hold spaces, slashes"),
     ):
         _, problems = parse_job(_hostname_job(tmp_path, bad))
