@@ -118,18 +118,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run jobs' tasks here through their driver plugins; Ctrl-C stops them cleanly. Exit 0 when
     every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
     from driversdk.runner.clientconfig import load_client
+    from driversdk.runner.linger import linger_seconds
     from driversdk.runner.prelaunch import Prelaunched
 
     client = load_client(args.client)
-    # The jobs' plugins boot while the runner is imported and the jobs parsed.
-    prelaunched = Prelaunched.for_jobs(args.job, client)
+    linger = linger_seconds()
+    # The jobs' plugins boot (or are taken over from the last run) while the runner is imported
+    # and the jobs parsed.
+    prelaunched = Prelaunched.for_jobs(args.job, client, linger=linger)
     try:
         from driversdk.runner.events import printer
         from driversdk.runner.run import EXIT_REFUSED, RunRefused, run_jobs
 
         try:
             emit = printer(args.json, lambda s: print(s, flush=True))
-            return run_jobs(list(args.job), client, emit, prelaunched=prelaunched)
+            return run_jobs(list(args.job), client, emit, prelaunched=prelaunched, linger=linger)
         except RunRefused as err:  # before anything started
             print(f"error: {err}", file=sys.stderr)
             return EXIT_REFUSED

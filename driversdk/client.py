@@ -374,6 +374,12 @@ class DriverClient:
     def close(self) -> None:
         self.kill()
 
+    def disconnect(self) -> None:
+        """Let go of the plugin without stopping it (a later host reattaches): this client's
+        streams are cancelled and its channel closed; the process runs on."""
+        self._cancel_streams()
+        self.process.disconnect()
+
     def __enter__(self) -> DriverClient:
         return self
 
@@ -387,9 +393,12 @@ def launch(
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
     name: str | None = None,
+    idle_exit: float | None = None,
 ) -> DriverClient:
-    """Launch a driver plugin through the go-plugin handshake and return a client for it."""
-    return connect_driver(spawn_plugin(cmd, env=env, name=name), cmd, timeout=timeout, name=name)
+    """Launch a driver plugin through the go-plugin handshake and return a client for it
+    (``idle_exit``: see :func:`~driversdk.plugin.host.spawn_plugin`)."""
+    starting = spawn_plugin(cmd, env=env, name=name, idle_exit=idle_exit)
+    return connect_driver(starting, cmd, timeout=timeout, name=name)
 
 
 def connect_driver(

@@ -349,8 +349,16 @@ class DockerDriver(DriverPlugin):
 
     @staticmethod
     def _network_override(api: Any, container_id: str, cfg: TaskDockerConfig) -> NetworkOverride | None:
-        """The address the task is reached at: the first network's IP (global IPv6 when asked)."""
-        networks = (api.inspect_container(container_id).get("NetworkSettings") or {}).get("Networks") or {}
+        """The address the task is reached at: the first network's IP (global IPv6 when asked).
+
+        Read from the engine's container list, not an inspect: the list answers from the engine's
+        snapshot of its containers, while an inspect takes the container's lock, which the engine
+        holds while it handles an exit. A task that exits at once (a batch job's ``echo``) would
+        have its StartTask wait ~0.1 s for that cleanup, only to find its address already gone.
+        """
+        listed = api.containers(all=True, filters={"id": container_id})
+        mine = [c for c in listed if c.get("Id") == container_id]
+        networks = (mine[0].get("NetworkSettings") or {}).get("Networks") or {} if mine else {}
         for name, net in networks.items():
             addr = net.get("GlobalIPv6Address") if cfg.advertise_ipv6_address else net.get("IPAddress")
             if addr:

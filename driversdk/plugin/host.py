@@ -24,6 +24,7 @@ from driversdk.errors import HandshakeError, PluginError
 from driversdk.plugin.handshake import (
     APP_PROTOCOL_VERSION,
     ENV_CHECKS_ONLY,
+    ENV_IDLE_EXIT,
     ENV_MAX_PORT,
     ENV_MIN_PORT,
     ENV_PROTOCOL_VERSIONS,
@@ -161,6 +162,9 @@ class PluginProcess:
         self._popen = popen
         self._stderr_tail = stderr_tail if stderr_tail is not None else collections.deque(maxlen=STDERR_TAIL_LINES)
         self._killed = False
+        # The idle exit the plugin was launched with (ENV_IDLE_EXIT): such a plugin may be left
+        # running by its host, since it stops by itself once nothing uses it.
+        self.idle_exit: float | None = None
 
     @property
     def address(self) -> str:
@@ -209,6 +213,11 @@ class PluginProcess:
                 self._wait_exit(5.0)
         self.channel.close()
         self._remove_orphaned_socket()
+
+    def disconnect(self) -> None:
+        """Close our channel and leave the process running (a later host reattaches to it)."""
+        self._killed = True  # nothing of ours to stop any more
+        self.channel.close()
 
     def _remove_orphaned_socket(self) -> None:
         """A plugin that was SIGKILLed could not remove its private socket dir; do it for it."""
@@ -267,6 +276,7 @@ class StartingPlugin:
         self._err_thread.start()
         self._out_thread.start()
         self._handshake_line: str | None = None  # once connect has read it
+        self.idle_exit: float | None = None  # as launched (spawn_plugin)
 
     @property
     def pid(self) -> int:
@@ -332,21 +342,35 @@ class StartingPlugin:
         config = ReattachConfig(
             self._popen.pid, handshake.network, handshake.address, handshake.protocol, handshake.app_version
         )
-        return PluginProcess(channel, config, self._popen, label, self._tail)
+        process = PluginProcess(channel, config, self._popen, label, self._tail)
+        process.idle_exit = self.idle_exit
+        return process
 
 
 def spawn_plugin(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, name: str | None = None, checks_only: bool = False
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+    checks_only: bool = False,
+    idle_exit: float | None = None,
 ) -> StartingPlugin:
     """Start ``cmd`` as a go-plugin plugin; :meth:`StartingPlugin.connect` finishes the launch.
     ``checks_only``: the plugin will only be asked for its schemas, config and fingerprint
-    (``ENV_CHECKS_ONLY``)."""
+    (``ENV_CHECKS_ONLY``). ``idle_exit``: seconds after which a driversdk plugin left with
+    nothing to do stops by itself (``ENV_IDLE_EXIT``; for plugins kept between runs)."""
     label = name or os.path.basename(cmd[0])
     environment = plugin_environment(env)
+    # Neither is ever inherited from a host that was itself so launched (an explicit ``env`` is
+    # the caller's to give).
     if checks_only:
         environment[ENV_CHECKS_ONLY] = "1"
     else:
-        environment.pop(ENV_CHECKS_ONLY, None)  # never inherited from a host that was itself so launched
+        environment.pop(ENV_CHECKS_ONLY, None)
+    if idle_exit is not None:
+        environment[ENV_IDLE_EXIT] = f"{idle_exit:g}"
+    elif env is None or ENV_IDLE_EXIT not in env:
+        environment.pop(ENV_IDLE_EXIT, None)
     try:
         popen = subprocess.Popen(
             list(cmd),
@@ -357,7 +381,9 @@ def spawn_plugin(
         )
     except OSError as err:
         raise PluginError(f"cannot start plugin {cmd[0]!r}: {err.strerror}") from None
-    return StartingPlugin(popen, label)
+    starting = StartingPlugin(popen, label)
+    starting.idle_exit = idle_exit
+    return starting
 
 
 def launch_plugin(

@@ -194,10 +194,13 @@ def run_jobs(
     emit: Emit,
     stop: threading.Event | None = None,
     prelaunched: Prelaunched | None = None,
+    linger: float = 0.0,
 ) -> int:
     """Run the jobs' allocations in this process until their tasks finish (or ``stop``); returns
     the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED). ``prelaunched``: plugins the caller
-    started for the jobs' drivers before they were parsed (:mod:`driversdk.runner.prelaunch`)."""
+    started for the jobs' drivers before they were parsed (:mod:`driversdk.runner.prelaunch`).
+    ``linger``: how long the bundled plugins are kept for the next run once this one is done with
+    them (:mod:`driversdk.runner.linger`); 0 shuts them down."""
     emit = _one_at_a_time(emit)  # tasks start and exit in threads of their own: one line at a time
     jobs, spare, attributes = _validate(paths, client, emit, prelaunched)
     if not jobs:
@@ -213,7 +216,7 @@ def run_jobs(
     node = NodeServices.open(client.data_dir)
     node.stopping = stop
     node.driver_attributes.update(attributes)  # fingerprinted by the plugins the driver manager takes over
-    drivers = node.drivers = DriverManager(client, node.state, emit, spare)
+    drivers = node.drivers = DriverManager(client, node.state, emit, spare, linger)
     allocs: list[AllocRunner] = []
     bounds: list[int] = []  # where each batch's allocations end in ``allocs``
     try:

@@ -203,14 +203,15 @@ def _driver_facts(
 
 def _spawn_plugins(
     job: Job, client: ClientConfig, prelaunched: Prelaunched | None, checks_only: bool = False
-) -> dict[str, StartingPlugin | DriverSDKError]:
+) -> dict[str, StartingPlugin | DriverClient | DriverSDKError]:
     """Start the plugin of every driver the job names (or take the one started before the parse,
     :mod:`driversdk.runner.prelaunch`), all at once and before anything else is waited on: each
     boots (an interpreter, its imports) while this process loads its gRPC client side and checks
     the other drivers. A start that failed is kept to be reported in its turn."""
     from driversdk.plugin.host import spawn_plugin
+    from driversdk.runner.linger import kept_for
 
-    out: dict[str, StartingPlugin | DriverSDKError] = {}
+    out: dict[str, StartingPlugin | DriverClient | DriverSDKError] = {}
     for group in job.groups:
         for task in group.tasks:
             command = client.driver_command(task.driver) if task.driver and task.driver not in out else None
@@ -222,7 +223,10 @@ def _spawn_plugins(
                 # A plugin started for the other purpose (warming up for tasks or not) is not taken.
                 fits = prelaunched is not None and prelaunched.checks_only == checks_only
                 taken = prelaunched.take(task.driver, command) if prelaunched is not None and fits else None
-                out[task.driver] = taken or spawn_plugin(command, name=task.driver, checks_only=checks_only)
+                linger = prelaunched.linger if prelaunched is not None and not checks_only else 0.0
+                out[task.driver] = taken or spawn_plugin(
+                    command, name=task.driver, checks_only=checks_only, idle_exit=kept_for(client, task.driver, linger)
+                )
             except DriverSDKError as err:
                 out[task.driver] = err
     return out

@@ -99,11 +99,22 @@ def _v4_task_restarts(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE run_tasks ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0")
 
 
+def _v5_idle_plugins(db: sqlite3.Connection) -> None:
+    """Plugins a finished run kept for the next one (``driversdk run`` plugin linger): the
+    fingerprint of the command and plugin config they were configured with (only a run with the
+    same one may take them), their reattach config, and since when they wait."""
+    db.execute(
+        "CREATE TABLE idle_plugins (reattach TEXT PRIMARY KEY, driver TEXT NOT NULL, fingerprint TEXT NOT NULL, "
+        "since REAL NOT NULL)"
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_unversioned_schema,
     _v2_one_plugin_per_driver,
     _v3_claims_that_end,
     _v4_task_restarts,
+    _v5_idle_plugins,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

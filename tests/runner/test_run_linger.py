@@ -1,0 +1,185 @@
+"""`driversdk run` keeps its bundled plugins for the next run of the data dir
+(driversdk.runner.linger): real runs through the CLI, real docker and exec plugin processes, the
+state.db they record in, and a Docker engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from driversdk.client import reattach
+from driversdk.errors import DriverSDKError
+from driversdk.plugin.host import ReattachConfig, pid_alive
+from driversdk.runner.linger import ENV_LINGER
+from tests.hostcheck import processes
+from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, write_job
+
+pytestmark = [pytest.mark.docker, pytest.mark.root]
+
+# Polled as liveness checks, never measured: a plugin kept for LINGER that nobody uses is gone
+# well within PATIENCE.
+LINGER = "1s"
+PATIENCE = 30.0
+
+
+def run(job: Path, client: Path, linger: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cli("run", str(job), "--client", str(client)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, ENV_LINGER: linger},
+        timeout=240,
+    )
+
+
+def kept(data: Path, driver: str) -> list[ReattachConfig]:
+    rows = db_rows(data, f"SELECT reattach FROM idle_plugins WHERE driver='{driver}'")
+    return [ReattachConfig.from_json(str(r[0])) for r in rows]
+
+
+def plugin_processes(driver: str) -> set[int]:
+    module = f"drivers.{driver}"
+    return {int(p.split(":")[0]) for p in processes(module) if p.split(": ", 1)[1].split()[-1] == module}
+
+
+def gone_within(pid: int, timeout: float = PATIENCE) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def stop_kept(data: Path, driver: str) -> None:
+    for config in kept(data, driver):
+        try:
+            reattach(config, name=driver).kill()
+        except DriverSDKError:
+            pass
+
+
+@pytest.fixture
+def engine() -> docker.DockerClient:
+    try:
+        client = docker.from_env(timeout=10)
+        client.images.get("driversdk-test/busybox:local")
+        return client
+    except Exception:
+        pytest.skip("no Docker engine with the test images answers; run hack/docker-up.sh")
+
+
+@pytest.mark.parametrize("driver", ["docker", "exec"])
+def test_the_next_run_of_the_data_dir_takes_the_plugin_the_last_one_kept(
+    engine: docker.DockerClient, tmp_path: Path, driver: str
+) -> None:
+    job, client, data = write_job(tmp_path, "echo ran-$NOMAD_ALLOC_ID", driver)
+    try:
+        first = run(job, client, "5m")
+        assert first.returncode == 0, first.stdout + first.stderr
+        [plugin] = kept(data, driver)
+        assert pid_alive(plugin.pid), "the kept plugin is not running"
+        assert os.path.exists(plugin.address)
+        assert db_rows(data, f"SELECT * FROM run_plugins WHERE driver='{driver}'") == []
+
+        before = plugin_processes(driver)
+        second = run(job, client, "5m")
+        assert second.returncode == 0, second.stdout + second.stderr
+        # The same process ran the second run's task: no plugin was launched for it.
+        assert [k.pid for k in kept(data, driver)] == [plugin.pid]
+        assert plugin_processes(driver) == before
+        logs = sorted(data.glob("allocs/*/alloc/logs/work.stdout.0"))
+        assert len(logs) == 2 and all("ran-" in p.read_text() for p in logs)
+
+        # A run that keeps nothing (linger 0) launches its own and leaves the kept one alone.
+        third = run(job, client, "0")
+        assert third.returncode == 0, third.stdout + third.stderr
+        assert [k.pid for k in kept(data, driver)] == [plugin.pid] and pid_alive(plugin.pid)
+    finally:
+        stop_kept(data, driver)
+    assert leaks(engine, tmp_path) == []
+
+
+def test_a_kept_plugin_is_not_used_under_another_plugin_config_and_is_stopped(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    """It would run the tasks under the config it was given; nothing will ever take it."""
+    job, client, data = write_job(tmp_path, "echo hi")
+    try:
+        assert run(job, client, "5m").returncode == 0
+        [old] = kept(data, "docker")
+        socket_dir = os.path.dirname(old.address)
+        client.write_text(client.read_text().replace("image = false", "image = true"))
+        changed = run(job, client, "5m")
+        assert changed.returncode == 0, changed.stdout + changed.stderr
+        assert gone_within(old.pid), "the plugin kept under the old config is still running"
+        assert not os.path.exists(socket_dir)
+        [new] = kept(data, "docker")
+        assert new.pid != old.pid
+    finally:
+        stop_kept(data, "docker")
+    assert leaks(engine, tmp_path) == []
+
+
+def test_a_kept_plugin_nobody_takes_stops_by_itself_and_the_next_run_starts_afresh(
+    engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    job, client, data = write_job(tmp_path, "echo hi")
+    try:
+        assert run(job, client, LINGER).returncode == 0
+        [old] = kept(data, "docker")
+        assert gone_within(old.pid), f"a plugin kept for {LINGER} was still running after {PATIENCE}s"
+        assert not os.path.exists(os.path.dirname(old.address)), "it left its socket dir"
+        again = run(job, client, "5m")
+        assert again.returncode == 0, again.stdout + again.stderr
+        [new] = kept(data, "docker")  # the stale record is gone; the fresh plugin is kept
+        assert new.pid != old.pid and pid_alive(new.pid)
+    finally:
+        stop_kept(data, "docker")
+    assert leaks(engine, tmp_path) == []
+
+
+def test_a_plugin_of_the_operators_own_is_never_kept(engine: docker.DockerClient, tmp_path: Path) -> None:
+    """It may not know the idle exit, and would then run forever: shut down as before."""
+    job, client, data = write_job(tmp_path, "echo hi")
+    own = [sys.executable, "-X", "utf8", "-m", "drivers.docker"]  # the same code, not the bundled command
+    client.write_text(
+        client.read_text().replace('plugin "docker" {\n', f'plugin "docker" {{\n  command = {json.dumps(own)}\n')
+    )
+    before = plugin_processes("docker")
+    result = run(job, client, "5m")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert kept(data, "docker") == []
+    assert not {int(p.split(":")[0]) for p in processes("-X utf8 -m drivers.docker")}
+    assert plugin_processes("docker") <= before
+    assert leaks(engine, tmp_path) == []
+
+
+def test_a_linger_that_is_no_duration_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    job, client, data = write_job(tmp_path, "echo hi")
+    result = run(job, client, "a while")
+    assert result.returncode != 0
+    assert f"{ENV_LINGER} 'a while' is not a duration" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (data / "allocs").exists()
+
+
+def test_the_kept_plugin_record_says_what_it_was_kept_with(tmp_path: Path) -> None:
+    """state.db holds only the command and config's digest, never the config itself (it may
+    carry credentials, e.g. a docker auth block)."""
+    job, client, data = write_job(tmp_path, "echo hi")
+    try:
+        assert run(job, client, "5m").returncode == 0
+        [(fingerprint, reattach_json)] = db_rows(data, "SELECT fingerprint, reattach FROM idle_plugins")
+        assert len(str(fingerprint)) == 64 and "gc" not in str(fingerprint)
+        assert set(json.loads(str(reattach_json))) >= {"pid", "address"}
+    finally:
+        stop_kept(data, "docker")
