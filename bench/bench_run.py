@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from keptplugins import stop_kept_plugins
+
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "driversdk-test/busybox:local"
 GOAL_RUN_RATIO = 2.0
@@ -77,24 +79,6 @@ def check_ran(work: Path) -> None:
         raise SystemExit("driversdk run did not collect the task's output: the run did not really happen")
 
 
-def stop_kept_plugins(work: Path) -> None:
-    """The docker plugin the last kept run left idle: stopped now, not when its linger runs out."""
-    sys.path.insert(0, str(ROOT))
-    from driversdk.client import reattach
-    from driversdk.errors import DriverSDKError
-    from driversdk.plugin.host import ReattachConfig
-    from driversdk.runner.runstate import RunState
-
-    state = RunState(str(work / "data"))
-    for saved, _ in state.idle_plugins("docker"):
-        if state.take_idle_plugin(saved):
-            try:
-                reattach(ReattachConfig.from_json(saved), name="docker").kill()
-            except DriverSDKError:
-                pass  # already gone
-    state.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
@@ -123,7 +107,7 @@ def main() -> None:
             grpc.append(timed(grpc_cmd))
         check_ran(work)
     finally:
-        stop_kept_plugins(work)
+        stop_kept_plugins(work / "data")
         shutil.rmtree(work, ignore_errors=True)
     ratios = [o / r for o, r in zip(ours, raw, strict=True)]
     median = statistics.median

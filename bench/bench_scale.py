@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from keptplugins import stop_kept_plugins
+
 ROOT = Path(__file__).resolve().parents[1]
 # Measured with this script's process finder, count = 100, on the 2-core test machine at commit
 # ad6c7c7 (one driver plugin per allocation), with all 100 tasks running: the run, 100 exec
@@ -161,6 +163,7 @@ def main() -> None:
             proc.kill()
             proc.wait()
         reader.join(5)
+        stop_kept_plugins(work / "data")
         shutil.rmtree(work, ignore_errors=True)
     if not all_running:
         raise SystemExit(f"the run ended (exit {proc.returncode}) before all tasks ran:\n" + "".join(lines[-30:]))

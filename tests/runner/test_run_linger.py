@@ -129,6 +129,27 @@ def test_a_kept_plugin_is_not_used_under_another_plugin_config_and_is_stopped(
     assert leaks(engine, tmp_path) == []
 
 
+def test_a_kept_plugin_is_not_used_once_the_code_changed(engine: docker.DockerClient, tmp_path: Path) -> None:
+    """After an upgrade, or an edit of a checkout, the next run must run the new code: the kept
+    plugin (old code in memory) is stopped, not taken."""
+    job, client, data = write_job(tmp_path, "echo hi")
+    source = ROOT / "drivers" / "docker" / "driver.py"
+    before = source.stat()
+    try:
+        assert run(job, client, "5m").returncode == 0
+        [old] = kept(data, "docker")
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))  # as an edit would
+        changed = run(job, client, "5m")
+        assert changed.returncode == 0, changed.stdout + changed.stderr
+        assert gone_within(old.pid), "the plugin running the old code is still running"
+        [new] = kept(data, "docker")
+        assert new.pid != old.pid
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+        stop_kept(data, "docker")
+    assert leaks(engine, tmp_path) == []
+
+
 def test_a_kept_plugin_nobody_takes_stops_by_itself_and_the_next_run_starts_afresh(
     engine: docker.DockerClient, tmp_path: Path
 ) -> None:

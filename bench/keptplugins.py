@@ -1,0 +1,33 @@
+"""For benches that time `driversdk run` with its default plugin linger: the plugins the last run
+kept idle (driversdk.runner.linger) are stopped when the bench ends, not when their linger runs
+out, since the bench removes the data dir they were kept for."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stop_kept_plugins(data_dir: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from driversdk.client import reattach
+    from driversdk.errors import DriverSDKError
+    from driversdk.plugin.host import ReattachConfig
+    from driversdk.runner.runstate import RunState
+
+    if not (data_dir / "state.db").exists():
+        return
+    state = RunState(str(data_dir))
+    try:
+        for driver in ("docker", "exec", "raw_exec"):
+            for saved, _ in state.idle_plugins(driver):
+                if not state.take_idle_plugin(saved):
+                    continue
+                try:
+                    reattach(ReattachConfig.from_json(saved), name=driver).kill()
+                except DriverSDKError:
+                    pass  # already gone
+    finally:
+        state.close()
