@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from keptplugins import stop_kept_plugins
+from keptplugins import stop_kept_plugins, stop_run_servers
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "driversdk-test/busybox:local"
@@ -69,7 +69,7 @@ def ours(tasks: int) -> tuple[float, float]:
     begin = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
-        cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT, env=ENV | {"DRIVERSDK_CACHE_DIR": str(work / "cache")}, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         while running_tasks(work / "data") < tasks:
@@ -87,6 +87,7 @@ def ours(tasks: int) -> tuple[float, float]:
             proc.kill()
             proc.wait()
         log.close()
+        stop_run_servers(work / "cache")
         stop_kept_plugins(work / "data")
         shutil.rmtree(work, ignore_errors=True)
 

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from keptplugins import stop_kept_plugins
+from keptplugins import stop_kept_plugins, stop_run_servers
 
 ROOT = Path(__file__).resolve().parents[1]
 # Measured with this script's process finder, count = 100, on the 2-core test machine at commit
@@ -128,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dsx-scale-", dir="/tmp"))
     job, client = write_files(work, args.count)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DRIVERSDK_CACHE_DIR=str(work / "cache"))
     begin = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
@@ -163,6 +163,7 @@ def main() -> None:
             proc.kill()
             proc.wait()
         reader.join(5)
+        stop_run_servers(work / "cache")
         stop_kept_plugins(work / "data")
         shutil.rmtree(work, ignore_errors=True)
     if not all_running:

@@ -1,6 +1,6 @@
-"""For benches that time `driversdk run` with its default plugin linger: the plugins the last run
-kept idle (driversdk.runner.linger) are stopped when the bench ends, not when their linger runs
-out, since the bench removes the data dir they were kept for."""
+"""For benches that time `driversdk run` with its default linger: the plugins the last run kept
+idle (driversdk.runner.linger) and the run server (driversdk.runner.runserver) are stopped when the
+bench ends, not when their linger runs out, since the bench removes the dirs they were kept for."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def stop_run_servers(cache_dir: Path) -> None:
+    """The run servers listening in the bench's cache dir (driversdk.runner.runserver)."""
+    sys.path.insert(0, str(ROOT))
+    from driversdk.runner.runwire import stop_servers
+
+    stop_servers(str(cache_dir))
 
 
 def stop_kept_plugins(data_dir: Path) -> None:

@@ -778,7 +778,16 @@ def entry() -> NoReturn:
     Tearing down the ~400 modules a validate or run loads (the HCL parsers' tables, grpc,
     protobuf) takes ~0.1 s after the last line is printed; nothing needs it once the exit handlers
     (logging's flush, weakref finalizers) have run and no thread of ours is left. With a
-    non-daemon thread still running, the interpreter exits as usual, waiting for it."""
+    non-daemon thread still running, the interpreter exits as usual, waiting for it.
+
+    ``driversdk run`` is first offered to the run server of this process context
+    (driversdk.runner.runclient), which runs it in a copy of a process with driversdk loaded."""
+    if sys.argv[1:2] == ["run"]:
+        from driversdk.runner.runclient import run_by_server
+
+        served = run_by_server(sys.argv[0], sys.argv[1:])
+        if served is not None:
+            os._exit(served)  # this process printed nothing and holds nothing: the run's copy did it all
     code = main()
     if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         sys.exit(code)

@@ -9,19 +9,19 @@ agent. The plugin is launched with :data:`~driversdk.plugin.handshake.ENV_IDLE_E
 run has used it for the linger time it stops by itself; a plugin with tasks or networks left (its
 run was killed) is never idle and waits to be reattached, as before.
 
-``DRIVERSDK_PLUGIN_LINGER`` sets the time as a Go duration ("5m", the default; "0" keeps nothing).
+``DRIVERSDK_LINGER`` sets the time as a Go duration ("5m", the default; "0" keeps nothing).
 Only bundled plugins are kept: a plugin of the operator's own may not know the idle exit, and it
 would then live on forever.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from driversdk.codeid import code_identity
 from driversdk.durations import parse_duration
 from driversdk.errors import DriverSDKError
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from driversdk.runner.clientconfig import ClientConfig
     from driversdk.runner.runstate import RunState
 
-ENV_LINGER = "DRIVERSDK_PLUGIN_LINGER"
+ENV_LINGER = "DRIVERSDK_LINGER"
 DEFAULT_LINGER = "5m"
 
 
@@ -53,39 +53,6 @@ def fingerprint(client: ClientConfig, driver: str) -> str:
     code changed (an upgrade, or an edit of a checkout: it would run the old code)."""
     what = {"command": client.driver_command(driver), "config": client.plugin_config(driver), "code": code_identity()}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
-
-
-@functools.cache
-def code_identity() -> str:
-    """A digest of the code a bundled plugin runs: every source file of driversdk and the bundled
-    drivers (path, size, mtime), the interpreter, and the directories its packages are installed
-    in (their mtimes change when a package is installed, upgraded or removed). ~2 ms of stat."""
-    import sys
-
-    import drivers
-    import driversdk
-
-    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode())
-    for package in (driversdk, drivers):
-        root = os.path.dirname(os.path.abspath(package.__file__ or ""))
-        for folder, subdirs, files in sorted(os.walk(root)):
-            subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    _add_stat(digest, os.path.join(folder, name))
-    for entry in sys.path:
-        if entry.endswith(("site-packages", "dist-packages")):
-            _add_stat(digest, entry)
-    return digest.hexdigest()
-
-
-def _add_stat(digest: Any, path: str) -> None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        digest.update(f"{path}\0-\n".encode())
-        return
-    digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
 
 
 def take_idle(client: ClientConfig, driver: str, state: RunState, linger: float) -> DriverClient | None:

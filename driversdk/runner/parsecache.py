@@ -45,12 +45,14 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from driversdk import privatedir
+
 if TYPE_CHECKING:
     from lark import Lark
 
     from driversdk.runner.hcl.tree import Tree
 
-ENV_CACHE_DIR = "DRIVERSDK_CACHE_DIR"
+ENV_CACHE_DIR = privatedir.ENV_CACHE_DIR
 FORMAT = "2"  # bumped when what a cache file holds changes (2: lark actions as globals)
 HCL1_FILE = "hcl1-tables.json"
 HCL2_FILE = "hcl2-lark.pickle"
@@ -61,33 +63,13 @@ KEPT_LIMIT = 128  # files kept of each prefix; the oldest written go first
 
 def cache_dir() -> Path:
     """Where the parser caches live (the directory may not exist yet)."""
-    configured = os.environ.get(ENV_CACHE_DIR)
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "driversdk"
+    return Path(privatedir.cache_dir())
 
 
 def _private_dir(create: bool) -> Path | None:
     """The cache dir when it is ours alone (created 0700 when ``create``), else None."""
-    try:
-        path = cache_dir()
-    except RuntimeError:  # no home directory to put it in
-        return None
-    try:
-        if create and not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass  # another process made it meanwhile: checked below like any other
-        info = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        return None  # a symlink, someone else's, or open to others: files in it could be planted
-    return path
+    path = privatedir.private_dir(create)
+    return Path(path) if path is not None else None
 
 
 def _key(*sources: str) -> str:

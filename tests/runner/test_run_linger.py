@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -17,7 +18,9 @@ import pytest
 from driversdk.client import reattach
 from driversdk.errors import DriverSDKError
 from driversdk.plugin.host import ReattachConfig, pid_alive
+from driversdk.runner import runwire
 from driversdk.runner.linger import ENV_LINGER
+from driversdk.runner.parsecache import ENV_CACHE_DIR
 from tests.hostcheck import processes
 from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, write_job
 
@@ -65,6 +68,19 @@ def stop_kept(data: Path, driver: str) -> None:
             reattach(config, name=driver).kill()
         except DriverSDKError:
             pass
+
+
+@pytest.fixture(autouse=True)
+def own_cache_dir(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A run that keeps its plugins also starts a run server (driversdk.runner.runserver) in the
+    cache dir: one of the test's own, whose servers are stopped with it."""
+    cache = short_dir / "cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setenv(ENV_CACHE_DIR, str(cache))
+    yield
+    runwire.stop_servers(str(cache))
+    for pid in [int(p.split(":")[0]) for p in processes(f"driversdk.runner.runserver {cache}/")]:
+        assert gone_within(pid), "a run server did not stop when told to"
 
 
 @pytest.fixture
