@@ -785,7 +785,10 @@ def entry() -> NoReturn:
     if sys.argv[1:2] == ["run"]:
         from driversdk.runner.runclient import run_by_server
 
-        served = run_by_server(sys.argv[0], sys.argv[1:])
+        try:
+            served = run_by_server(sys.argv[0], sys.argv[1:])
+        except KeyboardInterrupt:  # Ctrl-C before the run was handed over: nothing was started here
+            os._exit(130)
         if served is not None:
             os._exit(served)  # this process printed nothing and holds nothing: the run's copy did it all
     code = main()

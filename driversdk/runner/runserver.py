@@ -343,6 +343,9 @@ def _become_the_run(
         assert isinstance(env, dict)
         os.environ.clear()
         os.environ.update(env)
+        import tempfile
+
+        tempfile.tempdir = None  # chosen again from this environment's TMPDIR, if anything asked already
         argv = [str(a) for a in request["argv"]] if isinstance(request["argv"], list) else []
         sys.argv = [str(request["argv0"]), *argv]
         sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
