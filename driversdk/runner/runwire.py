@@ -18,6 +18,8 @@ import socket
 import struct
 from typing import Any
 
+from driversdk.errors import DriverSDKError
+
 PROTOCOL = 1
 # Request fields: "protocol", "key" (the client's context key), "argv0", "argv", "env", "umask";
 # or "protocol" and "stop": true, which makes the server take no new run and exit after its runs.
@@ -26,7 +28,7 @@ MAX_MESSAGE = 4 << 20  # an environment is rarely above 100 KiB; anything this b
 MAX_UNIX_PATH = 107
 
 
-class WireError(Exception):
+class WireError(DriverSDKError):
     """A message that is not one of ours (truncated, too large, not JSON)."""
 
 
