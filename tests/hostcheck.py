@@ -33,3 +33,18 @@ def labelled_containers(engine: Any, label: str) -> list[dict[str, Any]]:
         except docker.errors.NotFound:
             continue
     return found
+
+
+def gone_within(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` is gone within ``timeout`` seconds (polled: a liveness check, not a
+    measure of speed)."""
+    import time
+
+    from driversdk.plugin.host import pid_alive
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return False

@@ -65,6 +65,7 @@ class _Server:
     key: str
     linger: float
     runs: dict[int, _Run] = field(default_factory=dict)  # by pid
+    wakeup: tuple[int, int] = (-1, -1)  # the self-pipe signals are written to (read end, write end)
     last_activity: float = field(default_factory=time.monotonic)
     stopping: bool = False  # told to stop ({"stop": true}): exits once its runs have ended
 
@@ -158,7 +159,7 @@ def _remove_socket(server: _Server) -> None:
 
 
 def _serve(server: _Server) -> None:
-    wake_r, wake_w = os.pipe()
+    wake_r, wake_w = server.wakeup = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -187,7 +188,7 @@ def _serve(server: _Server) -> None:
             timeout = None if server.runs else max(0.0, server.linger - idle_for)
             for selected, _ in selector.select(timeout):
                 if selected.data == "accept":
-                    _accept(server, selector, wake_r)
+                    _accept(server, selector)
                 elif selected.data == "signal":
                     while True:
                         try:
@@ -205,7 +206,7 @@ def _serve(server: _Server) -> None:
         os.close(wake_w)
 
 
-def _accept(server: _Server, selector: selectors.BaseSelector, wake_r: int) -> None:
+def _accept(server: _Server, selector: selectors.BaseSelector) -> None:
     try:
         conn, _ = server.listener.accept()
     except OSError:
@@ -244,7 +245,7 @@ def _accept(server: _Server, selector: selectors.BaseSelector, wake_r: int) -> N
     conn.settimeout(None)
     pid = os.fork()
     if pid == 0:
-        _become_the_run(server, selector, wake_r, conn, request, fds)  # never returns
+        _become_the_run(server, selector, conn, request, fds)  # never returns
     runwire._close(fds)
     server.runs[pid] = _Run(conn, pid)
     selector.register(conn, selectors.EVENT_READ, pid)
@@ -316,7 +317,6 @@ def _reap(server: _Server, selector: selectors.BaseSelector) -> None:
 def _become_the_run(
     server: _Server,
     selector: selectors.BaseSelector,
-    wake_r: int,
     conn: socket.socket,
     request: dict[str, object],
     fds: list[int],
@@ -332,7 +332,8 @@ def _become_the_run(
         for run in server.runs.values():
             run.conn.close()
         selector.close()
-        os.close(wake_r)
+        for fd in server.wakeup:
+            os.close(fd)
         os.setpgid(0, 0)
         for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from driversdk.plugin.host import ReattachConfig, pid_alive
 from driversdk.runner import runwire
 from driversdk.runner.linger import ENV_LINGER
 from driversdk.runner.parsecache import ENV_CACHE_DIR
-from tests.hostcheck import processes
+from tests.hostcheck import gone_within, processes
 from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, write_job
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
@@ -53,15 +52,6 @@ def plugin_processes(driver: str) -> set[int]:
     return {int(p.split(":")[0]) for p in processes(module) if p.split(": ", 1)[1].split()[-1] == module}
 
 
-def gone_within(pid: int, timeout: float = PATIENCE) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def stop_kept(data: Path, driver: str) -> None:
     for config in kept(data, driver):
         try:
@@ -80,17 +70,7 @@ def own_cache_dir(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     yield
     runwire.stop_servers(str(cache))
     for pid in [int(p.split(":")[0]) for p in processes(f"driversdk.runner.runserver {cache}/")]:
-        assert gone_within(pid), "a run server did not stop when told to"
-
-
-@pytest.fixture
-def engine() -> docker.DockerClient:
-    try:
-        client = docker.from_env(timeout=10)
-        client.images.get("driversdk-test/busybox:local")
-        return client
-    except Exception:
-        pytest.skip("no Docker engine with the test images answers; run hack/docker-up.sh")
+        assert gone_within(pid, PATIENCE), "a run server did not stop when told to"
 
 
 @pytest.mark.parametrize("driver", ["docker", "exec"])
@@ -136,7 +116,7 @@ def test_a_kept_plugin_is_not_used_under_another_plugin_config_and_is_stopped(
         client.write_text(client.read_text().replace("image = false", "image = true"))
         changed = run(job, client, "5m")
         assert changed.returncode == 0, changed.stdout + changed.stderr
-        assert gone_within(old.pid), "the plugin kept under the old config is still running"
+        assert gone_within(old.pid, PATIENCE), "the plugin kept under the old config is still running"
         assert not os.path.exists(socket_dir)
         [new] = kept(data, "docker")
         assert new.pid != old.pid
@@ -157,7 +137,7 @@ def test_a_kept_plugin_is_not_used_once_the_code_changed(engine: docker.DockerCl
         os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))  # as an edit would
         changed = run(job, client, "5m")
         assert changed.returncode == 0, changed.stdout + changed.stderr
-        assert gone_within(old.pid), "the plugin running the old code is still running"
+        assert gone_within(old.pid, PATIENCE), "the plugin running the old code is still running"
         [new] = kept(data, "docker")
         assert new.pid != old.pid
     finally:
@@ -173,7 +153,7 @@ def test_a_kept_plugin_nobody_takes_stops_by_itself_and_the_next_run_starts_afre
     try:
         assert run(job, client, LINGER).returncode == 0
         [old] = kept(data, "docker")
-        assert gone_within(old.pid), f"a plugin kept for {LINGER} was still running after {PATIENCE}s"
+        assert gone_within(old.pid, PATIENCE), f"a plugin kept for {LINGER} was still running after {PATIENCE}s"
         assert not os.path.exists(os.path.dirname(old.address)), "it left its socket dir"
         again = run(job, client, "5m")
         assert again.returncode == 0, again.stdout + again.stderr

@@ -9,35 +9,23 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
 
-from driversdk.plugin.host import pid_alive
 from driversdk.runner import runwire
 from driversdk.runner.linger import ENV_LINGER
 from driversdk.runner.parsecache import ENV_CACHE_DIR
 from driversdk.runner.runserver import ENV_LOG
-from tests.hostcheck import processes
+from tests.hostcheck import gone_within, processes
 from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, wait_for, write_job
 from tests.runner.test_run_linger import stop_kept
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
 PATIENCE = 60.0  # polled as a liveness check, never measured
-
-
-@pytest.fixture
-def engine() -> docker.DockerClient:
-    try:
-        client = docker.from_env(timeout=10)
-        client.images.get("driversdk-test/busybox:local")
-        return client
-    except Exception:
-        pytest.skip("no Docker engine with the test images answers; run hack/docker-up.sh")
 
 
 @pytest.fixture
@@ -53,20 +41,11 @@ def stop_servers(cache: Path) -> None:
     """Ask the test's run servers to stop, and see them go."""
     runwire.stop_servers(str(cache))
     for pid in servers(cache):
-        assert gone_within(pid), "a run server did not stop when told to"
+        assert gone_within(pid, PATIENCE), "a run server did not stop when told to"
 
 
 def servers(cache: Path) -> list[int]:
     return [int(p.split(":")[0]) for p in processes(f"driversdk.runner.runserver {cache}/")]
-
-
-def gone_within(pid: int, timeout: float = PATIENCE) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def environment(cache: Path, linger: str = "30s", **extra: str) -> dict[str, str]:
@@ -205,7 +184,7 @@ def test_the_run_takes_the_clients_cwd_env_umask_streams_and_ctrl_c(
                 proc.communicate()
         assert "interrupted: stopping tasks" in out
         assert proc.returncode != 0
-        assert gone_within(run_pid)
+        assert gone_within(run_pid, PATIENCE)
     finally:
         stop_kept(data, "docker")
         stop_kept(warm, "docker")
@@ -231,7 +210,7 @@ def test_a_killed_client_takes_its_run_with_it_and_the_next_run_recovers_the_tas
         assert run_pid != proc.pid
         proc.kill()
         proc.wait()
-        assert gone_within(run_pid), "the run outlived its killed client"
+        assert gone_within(run_pid, PATIENCE), "the run outlived its killed client"
         again, _ = run(job, client, environment(cache))
         assert again.returncode == 0, again.stdout + again.stderr
         assert "finished" in next(data.glob("allocs/*/alloc/logs/work.stdout.0")).read_text()
@@ -252,7 +231,7 @@ def test_the_server_stops_by_itself_after_the_linger(engine: docker.DockerClient
         assert "serving " in log.read_text()
         assert not list(cache.glob("run-*.sock")), "the server left its socket"
         for pid in servers(cache):
-            assert gone_within(pid)
+            assert gone_within(pid, PATIENCE)
     finally:
         stop_kept(data, "docker")
 

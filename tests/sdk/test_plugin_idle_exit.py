@@ -17,21 +17,13 @@ from driversdk.client import DriverClient, launch, reattach
 from driversdk.plugin.handshake import ENV_IDLE_EXIT
 from driversdk.plugin.host import pid_alive
 from driversdk.testing import AllocDir
+from tests.hostcheck import gone_within
 
 HELLO = [sys.executable, str(Path(__file__).resolve().parents[2] / "examples" / "hello_driver.py")]
 IDLE = 0.5
 # Long enough, many times over, for a plugin with nothing to do to have stopped; waited on as a
 # liveness check (polled), never as a measure of speed.
 PATIENCE = 30.0
-
-
-def gone_within(pid: int, timeout: float = PATIENCE) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def stays_alive(pid: int, for_seconds: float) -> bool:
@@ -63,7 +55,7 @@ def test_an_idle_plugin_stops_by_itself_and_removes_its_socket_dir() -> None:
     try:
         assert os.path.isdir(socket_dir)
         plugin.disconnect()  # the host goes away, as a finished run does
-        assert gone_within(pid), "a plugin with nothing to do did not stop"
+        assert gone_within(pid, PATIENCE), "a plugin with nothing to do did not stop"
         plugin.process.alive()  # reaps it
         assert not os.path.exists(socket_dir), "the plugin left its socket dir behind"
     finally:
@@ -95,7 +87,7 @@ def test_a_plugin_with_a_task_is_never_idle_until_the_task_is_destroyed(alloc: A
         assert stays_alive(pid, 4 * IDLE), "a stopped task that is not destroyed yet still counts"
         host.destroy_task(task.id, force=True)
         host.disconnect()
-        assert gone_within(pid), "the plugin did not stop once its last task was destroyed"
+        assert gone_within(pid, PATIENCE), "the plugin did not stop once its last task was destroyed"
     finally:
         plugin.kill()
 
@@ -109,7 +101,7 @@ def test_an_open_stream_keeps_a_plugin_busy() -> None:
         assert stays_alive(pid, 6 * IDLE), "a plugin stopped by itself while a host held a stream open"
         del events
         plugin.disconnect()  # cancels the stream
-        assert gone_within(pid)
+        assert gone_within(pid, PATIENCE)
     finally:
         plugin.kill()
 
