@@ -44,14 +44,16 @@ def code_identity() -> str:
 
 def context_key() -> str:
     """A digest of everything a forked copy of this process would inherit and could act on
-    differently: the code, the interpreter's path and flags and stdio encodings, the namespaces,
-    root, cgroups, credentials, capabilities, seccomp mode, LSM label and resource limits. Two
-    processes with the same key run a command the same way (given the same argv, env, cwd, umask
-    and stdio, which the run client hands over)."""
+    differently: the code; the interpreter's module path, flags, warning and -X options and stdio
+    encodings; the namespaces, root, cgroups, credentials, capabilities, seccomp mode, LSM label
+    and resource limits. Two processes with the same key run a command the same way (given the
+    same argv, env, cwd, umask and stdio, which the run client hands over)."""
     digest = hashlib.sha256(code_identity().encode())
     interpreter: list[object] = [
         sys.path,
         repr(sys.flags),
+        sys.warnoptions,
+        sorted(sys._xoptions.items()),
         sys.getfilesystemencoding(),
         sys.getfilesystemencodeerrors(),
     ]
