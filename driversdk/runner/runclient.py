@@ -26,6 +26,7 @@ from types import FrameType
 
 from driversdk.runner import runwire
 
+HAND_OVER_TIMEOUT = 30.0  # seconds for a server to answer a request with the run's pid
 # Passed on to the run as they come (SIGTSTP is passed on, then this process stops itself).
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
               signal.SIGCONT, signal.SIGWINCH)  # fmt: skip
@@ -90,6 +91,11 @@ def _hand_over(sock: socket.socket, key: str, argv0: str, argv: list[str]) -> in
         "env": dict(os.environ),
         "umask": umask,
     }
+    # A server answers at once; one that does not (stuck, or busy with a client that never sent
+    # its request) is given up on, and the run happens here. Closing the connection makes sure it
+    # never runs it too: a copy that cannot tell this process its pid exits without running, and
+    # the server kills a copy whose client went away.
+    sock.settimeout(HAND_OVER_TIMEOUT)
     try:
         runwire.send(sock, request, [0, 1, 2, cwd])
         reply, _ = runwire.receive(sock)
@@ -97,6 +103,7 @@ def _hand_over(sock: socket.socket, key: str, argv0: str, argv: list[str]) -> in
         return None
     finally:
         os.close(cwd)
+    sock.settimeout(None)
     if reply is None or not isinstance(reply.get("pid"), int):
         return None  # the server declined ({"local": why}) or went away: run here
     return int(reply["pid"])

@@ -350,7 +350,10 @@ def _become_the_run(
         argv = [str(a) for a in request["argv"]] if isinstance(request["argv"], list) else []
         sys.argv = [str(request["argv0"]), *argv]
         sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
-        runwire.send(conn, {"pid": os.getpid()})
+        try:
+            runwire.send(conn, {"pid": os.getpid()})
+        except OSError:
+            os._exit(1)  # the client gave up waiting and runs the command itself: never run it twice
         from driversdk import cli
 
         try:

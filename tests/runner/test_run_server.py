@@ -301,3 +301,36 @@ def test_a_run_in_another_network_namespace_is_not_served_by_this_server(
     finally:
         stop_kept(data, "docker")
     assert leaks(engine, tmp_path) == []
+
+
+def test_a_server_that_never_answers_is_given_up_on_and_the_run_happens_here(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck server must not hang every run: after the hand-over timeout the command runs in its
+    own process, and it has closed the connection, so the server can never run it as well."""
+    from driversdk import privatedir
+    from driversdk.codeid import context_key
+    from driversdk.runner import runclient
+
+    monkeypatch.setenv(ENV_CACHE_DIR, str(cache))
+    monkeypatch.setenv(ENV_LINGER, "30s")
+    monkeypatch.setattr(runclient, "HAND_OVER_TIMEOUT", 1.0)
+    directory = privatedir.private_dir(create=False)
+    assert directory == str(cache)
+    path = runwire.socket_path(directory, context_key())
+    assert path is not None
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stuck.bind(path)
+    stuck.listen(1)
+    try:
+        assert runclient.run_by_server("driversdk", ["run", "nothing.hcl"]) is None
+        conn, _ = stuck.accept()
+        conn.settimeout(10)
+        request, fds = runwire.receive(conn, want_fds=runwire.FDS)
+        runwire._close(fds)
+        assert request is not None and request["argv"] == ["run", "nothing.hcl"]
+        assert conn.recv(1) == b"", "the client did not close its connection when it gave up"
+        conn.close()
+    finally:
+        stuck.close()
+        os.unlink(path)
