@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +50,48 @@ def gone_within(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+NOBODY = 65534
+
+
+@contextlib.contextmanager
+def listener_of_another_user(path: str, received: str | None = None) -> Iterator[int]:
+    """A unix socket at ``path`` listened on by a process of uid nobody (bound as root first, so
+    any directory will do: the kernel records the listener's credentials at listen()). Yields its
+    pid; whatever connects is accepted and its bytes read, and appended to the file ``received``
+    when given. The attacker of the tests that check whose socket a host talks to."""
+    import signal
+    import socket
+
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(ready_r)
+            loot = os.open(received or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            os.chmod(path, 0o777)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            sock.listen(8)
+            os.write(ready_w, b"x")
+            while True:
+                conn, _ = sock.accept()
+                while data := conn.recv(65536):
+                    os.write(loot, data)
+                conn.close()
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x", "the other user's listener did not start"
+        yield child
+    finally:
+        os.close(ready_r)
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -403,10 +403,13 @@ def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: fl
         raise PluginError(f"cannot reattach to plugin {name!r}: process {config.pid} is gone; launch it again")
     import socket
 
+    from driversdk.peercred import peer_uid
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(timeout)
         probe.connect(config.address)
+        listener_uid = peer_uid(probe)
     except OSError as err:
         raise PluginError(
             f"cannot reattach to plugin {name!r}: its socket {config.address} does not accept connections "
@@ -414,6 +417,13 @@ def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: fl
         ) from None
     finally:
         probe.close()
+    if listener_uid != os.geteuid():
+        # The plugin ran as us; a socket another user listens on at its address (its dir freed when
+        # it stopped) would be handed our plugin config and task configs, credentials included.
+        raise PluginError(
+            f"cannot reattach to plugin {name!r}: its socket {config.address} is served by uid {listener_uid}, "
+            f"not by this user ({os.geteuid()}); launch it again"
+        )
     return PluginProcess(_connect(config.address, timeout), config, None, name)
 
 

@@ -54,6 +54,13 @@ def run_by_server(argv0: str, argv: list[str]) -> int | None:
         sock.close()
         _start_server(path, linger)
         return None
+    from driversdk.peercred import peer_uid
+
+    if peer_uid(sock) != os.geteuid():
+        # Never hand our environment (secrets), streams and command line to another user's
+        # process, whatever made its socket reachable at our path.
+        sock.close()
+        return None
     try:
         pid = _hand_over(sock, key, argv0, argv)
         if pid is None:

@@ -28,6 +28,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from driversdk.codeid import context_key
+from driversdk.peercred import peer_uid
 from driversdk.runner import runwire
 
 # What `driversdk run` loads: imported before the first fork, so a run's copy has them already.
@@ -212,8 +213,7 @@ def _accept(server: _Server, selector: selectors.BaseSelector) -> None:
     except OSError:
         return
     server.last_activity = time.monotonic()
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    uid = int.from_bytes(creds[4:8], sys.byteorder)
+    uid = peer_uid(conn)
     if uid != os.geteuid():
         _log(f"refused a connection of uid {uid}")
         conn.close()  # another user's command: never run as ours

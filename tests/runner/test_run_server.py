@@ -19,7 +19,7 @@ from driversdk.runner import runwire
 from driversdk.runner.linger import ENV_LINGER
 from driversdk.runner.parsecache import ENV_CACHE_DIR
 from driversdk.runner.runserver import ENV_LOG
-from tests.hostcheck import gone_within, processes
+from tests.hostcheck import gone_within, listener_of_another_user, processes
 from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, wait_for, write_job
 from tests.runner.test_run_linger import stop_kept
 
@@ -334,3 +334,24 @@ def test_a_server_that_never_answers_is_given_up_on_and_the_run_happens_here(
     finally:
         stuck.close()
         os.unlink(path)
+
+
+def test_a_server_of_another_user_is_never_handed_a_run(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client hands over its environment (secrets), streams and command line: only to a
+    process of its own user, whatever made another's socket reachable at its path."""
+    from driversdk import privatedir
+    from driversdk.codeid import context_key
+    from driversdk.runner import runclient
+
+    monkeypatch.setenv(ENV_CACHE_DIR, str(cache))
+    monkeypatch.setenv(ENV_LINGER, "30s")
+    monkeypatch.setenv("DSX_SECRET", "not-for-nobody")
+    directory = privatedir.private_dir(create=False)
+    assert directory == str(cache)
+    path = runwire.socket_path(directory, context_key())
+    assert path is not None
+    loot = cache.parent / "received"
+    with listener_of_another_user(path, str(loot)):
+        monkeypatch.setattr(runclient, "HAND_OVER_TIMEOUT", 2.0)  # the attacker never answers
+        assert runclient.run_by_server("driversdk", ["run", "nothing.hcl"]) is None
+    assert loot.read_bytes() == b"", "the client sent its request to another user's process"
