@@ -6,6 +6,12 @@ the plugin sees the same tree at ``plugin_root`` (its ``stage_publish_base_dir``
 
     staging  <root>/staging/<namespace>/<volume id>/<usage>
     publish  <root>/per-alloc/<alloc id>/<volume id>/<usage>
+
+A staging path outlives its unstage, as in Nomad: one per (volume, usage), so their number is
+bounded by the volumes a node has staged, and staging the volume again costs no directories
+(three mkdirs and three rmdirs per cycle, each waiting on the file system's journal). The
+publish side is per allocation and unbounded, so it goes with every unpublish. What stays is
+swept by :func:`sweep_mount_root` when the plugin's last instance on the node stops.
 """
 
 from __future__ import annotations
@@ -132,6 +138,61 @@ def _remove_empty_below(leaf: str, real_root: str) -> None:
             NodeVolumeManager._remove_empty_from(leaf, kept)
             return
     NodeVolumeManager._remove_empty_from(leaf, real_root)
+
+
+# How deep the layout names directories below a mount root: staging/<namespace>/<volume>/<usage>
+# and per-alloc/<alloc>/<volume>/<usage>. Anything deeper is the plugin's, or a volume's content.
+_LAYOUT_DEPTH = 4
+
+
+def sweep_mount_root(root: str) -> None:
+    """Remove the empty directories of the layout under a plugin's mount root, and the root when
+    that leaves it empty: what staging paths outlived their unstage, what a crash left.
+
+    For when the plugin's last instance on the node is gone. Only the layout's four levels are
+    looked at; a mount point (a volume still staged or published: its content is a volume's) is
+    never entered nor removed, a symlink never followed (directories are opened relative to
+    their parent's descriptor, O_NOFOLLOW), and rmdir leaves whatever is not empty."""
+    real_root = os.path.realpath(root)
+    try:
+        root_fd = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # no root (never started, or swept already)
+    try:
+        busy = {p for p in mount_points() if p == real_root or p.startswith(real_root + "/")}
+        if real_root in busy:
+            return
+        _sweep_below(root_fd, real_root, busy, _LAYOUT_DEPTH)
+    finally:
+        os.close(root_fd)
+    try:
+        os.rmdir(real_root)
+    except OSError:
+        pass  # not empty: a mount, a plugin's file, a directory deeper than the layout
+
+
+def _sweep_below(dir_fd: int, path: str, busy: set[str], depth: int) -> None:
+    """Remove the empty directories below ``path`` (open as ``dir_fd``), ``depth`` levels down."""
+    if depth == 0:
+        return
+    with os.scandir(dir_fd) as entries:
+        names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    for name in names:
+        child = f"{path}/{name}"
+        if child in busy:
+            continue  # a mount point: a volume's content is below it (a mount deeper keeps this one)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            continue  # swapped for a symlink, or gone
+        try:
+            _sweep_below(fd, child, busy, depth - 1)
+        finally:
+            os.close(fd)
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+        except OSError:
+            pass  # not empty, or a mount point after all (EBUSY)
 
 
 class NodeVolumeManager:
@@ -314,18 +375,16 @@ class NodeVolumeManager:
             if not (self.requires_staging and self.store.others_using(*key) == 0):
                 self.store.drop_usage(*key)
                 _remove_empty_below(host_target, paths.real_root)
-                _remove_empty_below(paths.host_stage, paths.real_root)
                 return
-            # The publish side's empty directories go while NodeUnstageVolume runs.
+            # The publish side's empty directories go while NodeUnstageVolume runs; the staging
+            # path stays for the volume's next stage (see the module's docstring).
             target_side = self._beside_rpc(lambda: _remove_empty_below(host_target, paths.real_root))
             try:
                 self._unstage(volume, paths)
             finally:
                 wait([target_side])
             target_side.result()
-            self._remove_stage_dirs(paths)
-            # After the directories: a restart before this write unstages again, which the
-            # plugin answers as done, and finds no directories to remove.
+            # A restart before this write unstages again, which the plugin answers as done.
             self.store.finish_unstage(*key)
 
     def _unstage(self, volume: Volume, paths: _Paths) -> None:
@@ -341,15 +400,6 @@ class NodeVolumeManager:
                 call="NodeUnstageVolume",
                 volume=volume.id,
             )
-
-    def _remove_stage_dirs(self, paths: _Paths) -> None:
-        """After an unstage: the staging path, which must go (an error says what the plugin left
-        in it), then its parents while they are empty."""
-        try:
-            os.rmdir(paths.host_stage)
-        except FileNotFoundError:
-            pass
-        _remove_empty_below(os.path.dirname(paths.host_stage), paths.real_root)
 
     @staticmethod
     def _remove_empty_from(leaf: str, real_root: str) -> None:

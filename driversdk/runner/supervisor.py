@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
+from driversdk.csi.manager import sweep_mount_root
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.durations import parse_duration
 from driversdk.errors import DriverSDKError
@@ -273,12 +274,16 @@ class PluginSupervisor:
         self._deregister()
 
     def cleanup(self) -> None:
-        """After the task is gone: remove the socket dir, and the shared bind when it was the last."""
+        """After the task is gone: remove the socket dir; the plugin's mount tree when no other
+        instance of it uses that tree (it may have kept staging paths, see csi.manager); and the
+        shared bind when it was the last plugin."""
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         plugins_dir = os.path.dirname(self.socket_dir)
         try:
             os.rmdir(plugins_dir)
         except OSError:
             pass  # another plugin alloc still has its socket dir there
+        if not any(self.plugin.id in self.registry.plugins(kind) for kind in ROLES[self.plugin.type]):
+            sweep_mount_root(self.root)
         if not any(self.registry.plugins(kind) for kind in ("csi-node", "csi-controller")):
             release_shared(self.csi_dir)

@@ -26,6 +26,21 @@ RW = UsageOptions(AccessMode.SINGLE_NODE_WRITER, AttachmentMode.FILE_SYSTEM)
 MULTI = UsageOptions(AccessMode.MULTI_NODE_MULTI_WRITER, AttachmentMode.FILE_SYSTEM)
 
 
+def tree(root: Path) -> list[str]:
+    """Every path under ``root``, relative, sorted; symlinks listed, never followed."""
+    found = []
+    for top, dirs, files in os.walk(root):
+        found += [os.path.relpath(os.path.join(top, name), root) for name in dirs + files]
+    return sorted(found)
+
+
+def kept_stage(volume: Volume, usage: UsageOptions, namespace: str = "default") -> list[str]:
+    """What a plugin's mount tree holds after the last unmount of a volume: the layout dirs and
+    the volume's staging path (empty, no mount), kept for its next stage, as Nomad keeps it."""
+    return ["per-alloc", "staging", f"staging/{namespace}", f"staging/{namespace}/{volume.id}",
+            f"staging/{namespace}/{volume.id}/{usage.key}"]  # fmt: skip
+
+
 def calls(client: CSIClient, rpc: str) -> int:
     return int(client.plugin_info().manifest.get(f"calls.{rpc}", "0"))
 
@@ -265,9 +280,12 @@ def test_csi_stage_once_publish_per_alloc(plugin: HostPathPlugin, tmp_path: Path
     assert mounts_under(root) == [] and calls(client, "NodeUnstageVolume") == 1
     manager.unmount(volume, "alloc-b", MULTI)  # already gone: still fine
     controller_unpublish(client, volume, node.node_id)
-    # Only the layout's own two dirs are kept, empty: nothing of the volume or its allocs.
-    assert sorted(os.listdir(root)) == ["per-alloc", "staging"]
-    assert os.listdir(root / "per-alloc") == [] and os.listdir(root / "staging") == []
+    # Nothing of the allocs; the volume's staging path stays, empty and no mount, for its next stage.
+    assert tree(root) == kept_stage(volume, MULTI)
+    manager.mount(volume, "alloc-c", MULTI, context)  # staged again through the kept path
+    manager.unmount(volume, "alloc-c", MULTI)
+    assert calls(client, "NodeStageVolume") == 2 and mounts_under(root) == []
+    assert tree(root) == kept_stage(volume, MULTI)
 
 
 def test_csi_controller_publish_uses_the_csi_node_id(plugin: HostPathPlugin) -> None:

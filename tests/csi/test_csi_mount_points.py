@@ -16,7 +16,7 @@ from driversdk.csi.state import StateStore
 from driversdk.mountinfo import mount_points, parse_line, read_mountinfo
 
 from .conftest import HostPathPlugin, mounts_under
-from .test_csi import MULTI, make_volume
+from .test_csi import MULTI, kept_stage, make_volume, tree
 
 
 def test_mount_points_match_the_full_parse() -> None:
@@ -58,7 +58,7 @@ def test_csi_failed_unstage_keeps_the_stage_and_clears_the_publish_side(
     assert mounts_under(root) == [str(root / "staging" / "default" / volume.id / MULTI.key)]
     assert store.staged("hostpath", "default", volume.id, MULTI.key)
     manager.unmount(volume, "alloc-a", MULTI)
-    assert mounts_under(root) == [] and os.listdir(root / "staging") == []
+    assert mounts_under(root) == [] and tree(root) == kept_stage(volume, MULTI)
     assert not store.staged("hostpath", "default", volume.id, MULTI.key)
     assert store.usages("hostpath") == []
 
@@ -82,6 +82,6 @@ def test_csi_failed_unstage_is_finished_by_resume_teardowns(
     fresh = NodeVolumeManager(CSIClient(p.socket), plugin_id="hostpath", host_root=str(root), store=StateStore(db),
                               requires_staging=True)  # fmt: skip
     assert fresh.resume_teardowns() == ["alloc-a"]
-    assert mounts_under(root) == [] and os.listdir(root / "staging") == []
+    assert mounts_under(root) == [] and tree(root) == kept_stage(volume, MULTI)
     assert fresh.store.usages("hostpath") == []
     assert not fresh.store.staged("hostpath", "default", volume.id, MULTI.key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 import driversdk.csi.manager as manager_mod
 import driversdk.mountinfo as mountinfo_mod
-from driversdk.csi.manager import NodeVolumeManager, UsageOptions
+from driversdk.csi.manager import NodeVolumeManager, UsageOptions, sweep_mount_root
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.csi.state import StateStore
 from driversdk.mountinfo import is_mounted_at, mount_points, read_mountinfo, statx_mount_root
@@ -242,7 +243,7 @@ def _fds_under(path: Path) -> list[str]:
 def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, tmp_path: Path) -> None:
     from driversdk.csi.client import CSIClient
 
-    from .test_csi import MULTI, make_volume
+    from .test_csi import MULTI, kept_stage, make_volume, tree
 
     client = CSIClient(plugin.socket, plugin="hostpath")
     root = tmp_path / "csi"
@@ -253,10 +254,12 @@ def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, t
         manager.mount(volume, alloc, MULTI)
     manager.unmount(volume, "alloc-a", MULTI)  # not the last: the stage stays
     manager.unmount(volume, "alloc-b", MULTI)
-    # The layout's own dirs stay (empty), as Nomad keeps them; nothing below them does.
-    assert sorted(os.listdir(root)) == ["per-alloc", "staging"]
-    assert os.listdir(root / "per-alloc") == [] and os.listdir(root / "staging") == []
+    # The layout's own dirs and the volume's staging path stay (empty), as Nomad keeps them;
+    # nothing of an allocation does.
+    assert tree(root) == kept_stage(volume, MULTI)
     assert _fds_under(root) == []  # nothing of the tree is held open once unmount returns
+    sweep_mount_root(str(root))  # the plugin's last instance stopped
+    assert not root.exists()
 
 
 def test_remove_empty_keeps_the_layout_dirs_and_falls_back_to_the_root(tmp_path: Path) -> None:
@@ -294,7 +297,7 @@ def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_a
     manager.unmount(volume, "alloc-a", MULTI)
     outside = tmp_path / "outside"
     outside.mkdir()
-    (root / "staging").rmdir()
+    shutil.rmtree(root / "staging")  # empty dirs (the kept staging path) and no mount
     (root / "staging").symlink_to(outside)
     with pytest.raises(UnsafePathError, match=f'the staging path of volume "{volume.id}" resolves to .* outside'):
         manager.mount(volume, "alloc-b", MULTI)
@@ -307,3 +310,96 @@ def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_a
     manager.unmount(volume, "alloc-c", MULTI)
     assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(tmp_path))] == []
     assert store.usages("hostpath") == []
+
+
+def test_a_plugin_that_swaps_the_kept_staging_path_itself_for_a_symlink_gets_a_refusal(
+    plugin: HostPathPlugin, tmp_path: Path
+) -> None:
+    # The staging path outlives its unstage: a hostile plugin replaces that very directory with a
+    # symlink out of the root, so the next stage would mount the volume over a host directory.
+    from driversdk.csi.client import CSIClient
+
+    from .test_csi import MULTI, calls, make_volume
+
+    client = CSIClient(plugin.socket, plugin="hostpath")
+    root = tmp_path / "csi"
+    store = StateStore(str(tmp_path / "state.db"))
+    manager = NodeVolumeManager(client, plugin_id="hostpath", host_root=str(root), store=store, requires_staging=True)
+    volume = make_volume(client)
+    manager.mount(volume, "alloc-a", MULTI)
+    manager.unmount(volume, "alloc-a", MULTI)
+    stage = root / "staging" / "default" / volume.id / MULTI.key
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    stage.rmdir()
+    stage.symlink_to(outside)
+    with pytest.raises(UnsafePathError, match=f'the staging path of volume "{volume.id}" resolves to .* outside'):
+        manager.mount(volume, "alloc-b", MULTI)
+    assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(tmp_path))] == []
+    assert store.usages("hostpath") == [] and os.listdir(outside) == []
+    assert calls(client, "NodeStageVolume") == 1
+
+
+def test_sweep_removes_the_layout_and_kept_staging_paths_and_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "csi" / "node" / "plugin"
+    for leaf in ("staging/default/vol/usage", "staging/prod/other/usage", "per-alloc/crashed-alloc/vol"):
+        (root / leaf).mkdir(parents=True)
+    sweep_mount_root(str(root))
+    assert not root.exists() and (tmp_path / "csi" / "node").is_dir()
+    sweep_mount_root(str(root))  # nothing left to sweep: fine
+
+
+def test_sweep_never_enters_or_removes_a_mount_point(tmp_path: Path, binds: list[str]) -> None:
+    # A volume still staged (its plugin was stopped first): the staging path is a mount of the
+    # volume's content, whose empty directories are the user's and must stay.
+    root = tmp_path / "root"
+    volume = tmp_path / "volume"
+    (volume / "empty-user-dir" / "deeper").mkdir(parents=True)
+    stage = root / "staging" / "default" / "vol" / "usage"
+    stage.mkdir(parents=True)
+    (root / "staging" / "default" / "gone" / "usage").mkdir(parents=True)
+    _mount("--bind", str(volume), str(stage))
+    binds.append(str(stage))
+    sweep_mount_root(str(root))
+    assert (volume / "empty-user-dir" / "deeper").is_dir()
+    assert tree_of(root) == ["staging", "staging/default", "staging/default/vol", "staging/default/vol/usage"]
+
+
+def tree_of(root: Path) -> list[str]:
+    found, points = [], mount_points()
+    for top, dirs, files in os.walk(root):
+        if top in points:
+            dirs[:] = []  # a mount's content is not the layout
+            continue
+        found += [os.path.relpath(os.path.join(top, name), root) for name in dirs + files]
+    return sorted(found)
+
+
+def test_sweep_never_follows_a_symlink_and_leaves_what_is_deeper_than_the_layout(tmp_path: Path) -> None:
+    # A hostile plugin plants a symlink to a host tree of empty directories, and a tree deeper
+    # than the layout's four levels: neither the host tree nor the plugin's deep tree is touched.
+    root = tmp_path / "root"
+    host = tmp_path / "host"
+    (host / "empty" / "dirs").mkdir(parents=True)
+    (root / "staging" / "default").mkdir(parents=True)
+    (root / "staging" / "default" / "link").symlink_to(host)
+    (root / "per-alloc" / "a" / "vol" / "usage" / "fifth").mkdir(parents=True)
+    (root / "per-alloc" / "link").symlink_to(host / "empty")
+    sweep_mount_root(str(root))
+    assert (host / "empty" / "dirs").is_dir()
+    assert sorted(os.listdir(root / "staging" / "default")) == ["link"]
+    assert (root / "per-alloc" / "a" / "vol" / "usage" / "fifth").is_dir()
+    assert sorted(os.listdir(root / "per-alloc")) == ["a", "link"]
+
+
+def test_sweep_skips_a_missing_root_and_follows_a_symlinked_one(tmp_path: Path) -> None:
+    # The root is the runner's (the plugin sees only what is below it): a symlink there is the
+    # operator's own (a data dir elsewhere), and it is swept where it leads.
+    host = tmp_path / "host"
+    (host / "staging" / "default").mkdir(parents=True)
+    link = tmp_path / "root"
+    link.symlink_to(host)
+    sweep_mount_root(str(tmp_path / "missing"))
+    assert not (tmp_path / "missing").exists()
+    sweep_mount_root(str(link))
+    assert not host.exists()

@@ -244,6 +244,8 @@ def test_demo_job_mounts_a_csi_volume_host_to_task_and_leaves_nothing(env: Env) 
     assert env.claims() == []
     env.assert_clean()
     assert not (env.data / "client" / "csi" / "plugins").exists(), "the plugin's socket dir is removed"
+    # The volume's staging path outlived its unstage; the plugin's last stop swept its tree.
+    assert not (env.data / "client" / "csi" / "monolith" / "hostpath").exists(), "the plugin's mount tree is swept"
 
 
 def test_driver_without_mount_support_is_refused_before_anything(env: Env) -> None:

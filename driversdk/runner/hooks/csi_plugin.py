@@ -4,7 +4,8 @@ mount under ``<data_dir>/client/csi`` their bidirectional mounts need (alloc hoo
 Before the task starts the supervisor lays out the plugin's socket and staging dirs and hands
 the task two bidirectional mounts and ``CSI_ENDPOINT``; once it runs, probe until healthy (or
 the health timeout fails the task), register, heartbeat; on stop deregister; after the task is
-gone remove the socket dir. See :mod:`driversdk.runner.supervisor`.
+gone remove the socket dir, and the plugin's empty mount tree once no instance of it is left.
+See :mod:`driversdk.runner.supervisor`.
 """
 
 from __future__ import annotations
