@@ -332,7 +332,10 @@ class NodeVolumeManager:
                     if keep:
                         self.store.set_staged(self.plugin_id, volume.namespace, volume.id, usage.key, True)
                 _remove_empty_below(paths.host_target, paths.real_root)
-                _remove_empty_below(paths.host_stage, paths.real_root)
+                if left == 0 and not self.store.staged(self.plugin_id, volume.namespace, volume.id, usage.key):
+                    # Nothing stages through it (a plugin whose stage is bookkeeping leaves it no
+                    # mount point, so rmdir alone would not tell): what this mount made goes.
+                    _remove_empty_below(paths.host_stage, paths.real_root)
                 raise
             self.store.finish_mount(replace(row, phase="mounted"), staged=staged_here)
             return MountInfo(source=host_target)

@@ -8,17 +8,22 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 
 import driversdk.csi.manager as manager_mod
 import driversdk.mountinfo as mountinfo_mod
+from driversdk.csi.client import CSIClient
+from driversdk.csi.errors import CSIError
 from driversdk.csi.manager import NodeVolumeManager, UsageOptions, sweep_mount_root
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.csi.state import StateStore
 from driversdk.mountinfo import is_mounted_at, mount_points, read_mountinfo, statx_mount_root
 from driversdk.paths import UnsafePathError, resolve_under
+from driversdk.pb import csi_pb2, csi_pb2_grpc
 
 from .conftest import HostPathPlugin
 
@@ -241,7 +246,6 @@ def _fds_under(path: Path) -> list[str]:
 
 
 def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, tmp_path: Path) -> None:
-    from driversdk.csi.client import CSIClient
 
     from .test_csi import MULTI, kept_stage, make_volume, tree
 
@@ -284,7 +288,6 @@ def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_a
 ) -> None:
     # The layout dirs outlive a mount, in a tree the plugin can write: a hostile plugin replaces
     # staging/ with a symlink out of the root between two mounts.
-    from driversdk.csi.client import CSIClient
 
     from .test_csi import MULTI, make_volume
 
@@ -317,7 +320,6 @@ def test_a_plugin_that_swaps_the_kept_staging_path_itself_for_a_symlink_gets_a_r
 ) -> None:
     # The staging path outlives its unstage: a hostile plugin replaces that very directory with a
     # symlink out of the root, so the next stage would mount the volume over a host directory.
-    from driversdk.csi.client import CSIClient
 
     from .test_csi import MULTI, calls, make_volume
 
@@ -403,3 +405,79 @@ def test_sweep_skips_a_missing_root_and_follows_a_symlinked_one(tmp_path: Path) 
     assert not (tmp_path / "missing").exists()
     sweep_mount_root(str(link))
     assert not host.exists()
+
+
+class _BookkeepingStagePlugin(csi_pb2_grpc.NodeServicer):
+    """A node plugin whose NodeStageVolume is bookkeeping (no mount at the staging path), as
+    some real plugins do; NodePublishVolume bind-mounts a backing dir, and fails for one target."""
+
+    def __init__(self, backing: Path, failing_target_part: str) -> None:
+        self.backing = backing
+        self.failing = failing_target_part
+
+    def NodeGetCapabilities(
+        self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
+        rpc = csi_pb2.NodeServiceCapability.RPC(type=csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME)
+        return csi_pb2.NodeGetCapabilitiesResponse(capabilities=[csi_pb2.NodeServiceCapability(rpc=rpc)])
+
+    def NodeStageVolume(
+        self, request: csi_pb2.NodeStageVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeStageVolumeResponse:
+        return csi_pb2.NodeStageVolumeResponse()
+
+    def NodeUnstageVolume(
+        self, request: csi_pb2.NodeUnstageVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnstageVolumeResponse:
+        return csi_pb2.NodeUnstageVolumeResponse()
+
+    def NodePublishVolume(
+        self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodePublishVolumeResponse:
+        if self.failing in request.target_path:
+            context.abort(grpc.StatusCode.INTERNAL, "backing store unavailable")
+        os.makedirs(request.target_path, exist_ok=True)
+        _mount("--bind", str(self.backing), request.target_path)
+        return csi_pb2.NodePublishVolumeResponse()
+
+    def NodeUnpublishVolume(
+        self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
+        subprocess.run(["umount", request.target_path], capture_output=True)
+        if os.path.isdir(request.target_path):
+            os.rmdir(request.target_path)
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+
+def test_a_failed_publish_keeps_the_staging_path_another_alloc_stages_through(tmp_path: Path) -> None:
+    # The stage is bookkeeping, so the staging path is an empty directory and no mount point:
+    # rmdir alone would remove it from under alloc-a, whose volume is staged through it.
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    csi_pb2_grpc.add_NodeServicer_to_server(_BookkeepingStagePlugin(backing, "alloc-b"), server)
+    sock = tmp_path / "csi.sock"
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    try:
+        client = CSIClient(str(sock), plugin="bookkeeping")
+        root = tmp_path / "csi"
+        store = StateStore(str(tmp_path / "state.db"))
+        manager = NodeVolumeManager(client, plugin_id="bookkeeping", host_root=str(root), store=store,
+                                    requires_staging=True)  # fmt: skip
+        volume = Volume(id="vol", plugin_id="bookkeeping")
+        a = manager.mount(volume, "alloc-a", USAGE)
+        stage = root / "staging" / "default" / "vol" / USAGE.key
+        with pytest.raises(CSIError, match="backing store unavailable"):
+            manager.mount(volume, "alloc-b", USAGE)
+        assert stage.is_dir(), "the staging path of a volume staged for alloc-a stays"
+        assert not (root / "per-alloc" / "alloc-b").exists(), "what alloc-b's mount made goes"
+        assert is_mounted_at(a.source)
+        manager.unmount(volume, "alloc-a", USAGE)
+        assert store.usages("bookkeeping") == [] and not store.staged("bookkeeping", "default", "vol", USAGE.key)
+        assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(tmp_path))] == []
+    finally:
+        server.stop(None)
+        for e in read_mountinfo():
+            if e.mount_point.startswith(str(tmp_path)):
+                subprocess.run(["umount", "-l", e.mount_point], capture_output=True)
