@@ -19,23 +19,15 @@ def stop_run_servers(cache_dir: Path) -> None:
 
 
 def stop_kept_plugins(data_dir: Path) -> None:
+    """The plugins the bench's runs kept for its data dir (what `driversdk stop-kept` stops)."""
     sys.path.insert(0, str(ROOT))
-    from driversdk.client import reattach
-    from driversdk.errors import DriverSDKError
-    from driversdk.plugin.host import ReattachConfig
+    from driversdk.runner.linger import stop_kept
     from driversdk.runner.runstate import RunState
 
     if not (data_dir / "state.db").exists():
         return
     state = RunState(str(data_dir))
     try:
-        for driver in ("docker", "exec", "raw_exec"):
-            for saved, _ in state.idle_plugins(driver):
-                if not state.take_idle_plugin(saved):
-                    continue
-                try:
-                    reattach(ReattachConfig.from_json(saved), name=driver).kill()
-                except DriverSDKError:
-                    pass  # already gone
+        stop_kept(state)
     finally:
         state.close()

@@ -12,9 +12,12 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import asdict
 from enum import Enum
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from driversdk.errors import DriverSDKError
+
+if TYPE_CHECKING:
+    from driversdk.runner.runstate import RunState
 
 
 def _plain(value: Any) -> Any:
@@ -162,7 +165,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Tasks that `driversdk run` started on this client, newest last."""
     from driversdk.runner.runstate import RunState
 
-    records = RunState(_data_dir(args, existing=True)).tasks()
+    state = RunState(_data_dir(args, existing=True))
+    records = state.tasks()
     if args.json:
         print(json.dumps([{k: v for k, v in r.__dict__.items() if k != "handle"} for r in records], indent=2))
         return 0
@@ -173,6 +177,45 @@ def cmd_status(args: argparse.Namespace) -> int:
         oom = " oom-killed" if r.oom else ""
         restarted = f" restarts={r.restarts}" if r.restarts else ""
         print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}{restarted}")
+    _print_kept_plugins(state)
+    return 0
+
+
+def _print_kept_plugins(state: RunState) -> None:
+    """The plugins runs of this data dir keep for the next one (driversdk.runner.linger), still running."""
+    import time
+
+    from driversdk.plugin.host import ReattachConfig, pid_alive
+
+    lines = []
+    for driver, saved, since in state.kept_plugins():
+        try:
+            pid = ReattachConfig.from_json(saved).pid
+        except (ValueError, KeyError, TypeError):
+            continue
+        if pid_alive(pid):
+            kept_at = time.strftime("%H:%M:%S", time.localtime(since))
+            lines.append(f"kept plugin  {driver:<8} pid {pid}, idle since {kept_at}")
+    if lines:
+        print("\n".join(lines))
+        print("(kept for the next run: each stops once unused for DRIVERSDK_LINGER; `driversdk stop-kept` stops them)")
+
+
+def cmd_stop_kept(args: argparse.Namespace) -> int:
+    """Stop what `driversdk run` keeps for the next run: the plugins kept for this data dir, and the
+    user's run servers (which stop after their runs)."""
+    from driversdk.privatedir import cache_dir
+    from driversdk.runner.linger import stop_kept
+    from driversdk.runner.runstate import RunState
+    from driversdk.runner.runwire import stop_servers
+
+    stopped = stop_kept(RunState(_data_dir(args, existing=True)))
+    try:
+        servers = stop_servers(cache_dir())
+    except RuntimeError:  # no home dir: no run server either
+        servers = 0
+    plugins = ", ".join(stopped) if stopped else "none"
+    print(f"kept plugins stopped: {plugins}; run servers asked to stop: {servers}")
     return 0
 
 
@@ -615,6 +658,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+    stop_kept = sub.add_parser(
+        "stop-kept", parents=[where], help="stop the plugins runs keep for the next one, and the run servers"
+    )
+    stop_kept.set_defaults(func=cmd_stop_kept)
     logs = sub.add_parser("logs", parents=[where], help="print a task's collected stdout (or --stderr)")
     logs.add_argument("task")
     logs.add_argument("--alloc", help="allocation id (prefix); default: the newest run of the task")
@@ -683,6 +730,7 @@ _TAKES: dict[Any, tuple[str, ...]] = {
     cmd_validate: ("client",),
     cmd_run: ("client",),
     cmd_status: DATA_DIR_OPTIONS,
+    cmd_stop_kept: DATA_DIR_OPTIONS,
     cmd_logs: DATA_DIR_OPTIONS,
     cmd_plugin_status: DATA_DIR_OPTIONS,
     cmd_volume_register: DATA_DIR_OPTIONS,

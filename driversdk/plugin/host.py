@@ -214,6 +214,10 @@ class PluginProcess:
         self.channel.close()
         self._remove_orphaned_socket()
 
+    def take_logs(self) -> bool:
+        """Read the log lines of a plugin another host launched (:func:`take_plugin_logs`)."""
+        return take_plugin_logs(self.address, self._stderr_tail, self.name)
+
     def disconnect(self) -> None:
         """Close our channel and leave the process running (a later host reattaches to it)."""
         self._killed = True  # nothing of ours to stop any more
@@ -424,7 +428,44 @@ def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: fl
             f"cannot reattach to plugin {name!r}: its socket {config.address} is served by uid {listener_uid}, "
             f"not by this user ({os.geteuid()}); launch it again"
         )
-    return PluginProcess(_connect(config.address, timeout), config, None, name)
+    process = PluginProcess(_connect(config.address, timeout), config, None, name)
+    process.take_logs()
+    return process
+
+
+def take_plugin_logs(plugin_socket: str, tail: collections.deque[str], label: str) -> bool:
+    """Have the driversdk plugin serving ``plugin_socket`` write its log lines to a pipe of ours,
+    read as a launch's stderr is (:mod:`driversdk.plugin.loghandover`). False when it does not
+    offer that (another SDK's plugin, an older driversdk, a shared socket dir): its lines then go
+    on to where they went."""
+    import socket
+
+    from driversdk.peercred import peer_uid
+    from driversdk.plugin.loghandover import handover_path
+
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        conn.settimeout(5.0)
+        conn.connect(handover_path(plugin_socket))
+        if peer_uid(conn) != os.geteuid():
+            raise OSError("served by another user")  # never hand a pipe of ours to someone else
+        socket.send_fds(conn, [b"\x00"], [write_end])
+        os.close(write_end)
+        write_end = -1
+        if conn.recv(1) != b"\x01":
+            raise OSError("no confirmation")
+    except OSError:
+        os.close(read_end)
+        return False
+    finally:
+        conn.close()
+        if write_end >= 0:
+            os.close(write_end)
+    logger = logging.getLogger(f"driversdk.plugin.{label}")
+    stream = os.fdopen(read_end, "rb")
+    threading.Thread(target=_pump_stderr, args=(stream, logger, tail), daemon=True).start()
+    return True
 
 
 def rpc_call_of(err: grpc.RpcError) -> grpc.Call | None:

@@ -290,8 +290,15 @@ async def _serve(
         place.remove()
         raise
 
-    _detach_host_pipes()
+    log_stream = _detach_host_pipes()
     configure_plugin_logging(name)
+    handover = None
+    if place.private_dir:
+        # A host that reattaches later takes our log lines (driversdk.plugin.loghandover); in a
+        # shared socket dir (PLUGIN_UNIX_SOCKET_DIR) we make nothing beside our socket.
+        from driversdk.plugin.loghandover import serve_log_handover
+
+        handover = asyncio.ensure_future(serve_log_handover(place.private_dir, log_stream))
     if bad_idle_exit:
         log.warning("ignoring %s=%r: it is not a positive number of seconds", ENV_IDLE_EXIT, bad_idle_exit)
     log.info("plugin started", extra={"address": place.path, "pid": os.getpid()})
@@ -324,5 +331,9 @@ async def _serve(
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(1.5):
             await server.stop(grace=0.1)
+    if handover is not None:
+        handover.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await handover
     place.remove()
     logging.shutdown()

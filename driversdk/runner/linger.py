@@ -84,3 +84,27 @@ def take_idle(client: ClientConfig, driver: str, state: RunState, linger: float)
         plugin.process.idle_exit = linger
         return plugin
     return None
+
+
+def stop_kept(state: RunState) -> list[str]:
+    """Stop now every plugin the runs of this data dir kept (``driversdk stop-kept``); the drivers
+    of those that were still running. Each is taken off the list first, so no run starting
+    meanwhile takes a plugin being stopped."""
+    from driversdk.client import reattach
+    from driversdk.plugin.host import ReattachConfig, remove_dead_plugin_socket
+
+    stopped = []
+    for driver, saved, _since in state.kept_plugins():
+        if not state.take_idle_plugin(saved):
+            continue  # a run took it meanwhile: it is that run's now
+        try:
+            config = ReattachConfig.from_json(saved)
+        except (ValueError, KeyError, TypeError):
+            continue
+        try:
+            reattach(config, name=driver).kill()
+        except DriverSDKError:
+            remove_dead_plugin_socket(config)  # it had stopped by itself
+            continue
+        stopped.append(driver)
+    return stopped

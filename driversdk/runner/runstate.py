@@ -142,6 +142,12 @@ class RunState:
             ).fetchall()
         return [(str(r), str(f)) for r, f in rows]
 
+    def kept_plugins(self) -> list[tuple[str, str, float]]:
+        """Every kept plugin as (driver, reattach config, when it was kept), oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT driver, reattach, since FROM idle_plugins ORDER BY since").fetchall()
+        return [(str(d), str(r), float(t)) for d, r, t in rows]
+
     def take_idle_plugin(self, reattach: str) -> bool:
         """Take a kept plugin off the list; False when another run took it first."""
         with self._lock:

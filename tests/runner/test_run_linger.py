@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from driversdk.runner import runwire
 from driversdk.runner.linger import ENV_LINGER
 from driversdk.runner.parsecache import ENV_CACHE_DIR
 from tests.hostcheck import gone_within, processes
-from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, write_job
+from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, wait_for, write_job
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -200,3 +201,92 @@ def test_the_kept_plugin_record_says_what_it_was_kept_with(tmp_path: Path) -> No
         assert set(json.loads(str(reattach_json))) >= {"pid", "address"}
     finally:
         stop_kept(data, "docker")
+
+
+def pipes_of(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("pipe:"):
+            found.add(target)
+    return found
+
+
+def holders(pipe: str) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if pipe in pipes_of(int(entry)):
+                    found.add(int(entry))
+            except (FileNotFoundError, PermissionError, ProcessLookupError):
+                continue
+    return found
+
+
+def test_the_run_that_takes_a_kept_plugin_reads_its_log_lines(engine: docker.DockerClient, tmp_path: Path) -> None:
+    """The kept plugin's stderr was the pipe of the run that launched it: once that run is gone,
+    the plugin's lines (warnings of a container it could not remove, of an engine that does not
+    answer) would go nowhere. The run that takes it over reads them (driversdk.plugin.loghandover)."""
+    job, client, data = write_job(tmp_path, "echo first")
+    try:
+        assert run(job, client, "5m").returncode == 0
+        [plugin] = kept(data, "docker")
+        # The launching run is gone: no other process holds a pipe of the plugin's any more.
+        mine = pipes_of(plugin.pid)
+        assert mine and all(holders(pipe) == {plugin.pid} for pipe in mine)
+
+        job.write_text(job.read_text().replace("echo first", "sleep 300"))
+        proc = subprocess.Popen(
+            cli("run", str(job), "--client", str(client)), cwd=ROOT, env={**os.environ, ENV_LINGER: "5m"},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_for("the task to start", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
+            [run_pid] = [int(str(r[0])) for r in db_rows(data, "SELECT run_pid FROM run_allocs WHERE state='running'")]
+            assert kept(data, "docker") == [], "the second run took the kept plugin"
+            shared = pipes_of(plugin.pid) & pipes_of(run_pid)
+            assert shared, "the run that uses the plugin holds the other end of its log pipe"
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        stop_kept(data, "docker")
+    assert leaks(engine, tmp_path) == []
+
+
+def test_status_lists_the_kept_plugins_and_stop_kept_stops_them_and_the_run_server(
+    engine: docker.DockerClient, tmp_path: Path, short_dir: Path
+) -> None:
+    job, client, data = write_job(tmp_path, "echo hi")
+    try:
+        first = run(job, client, "5m")
+        assert first.returncode == 0, first.stdout + first.stderr
+        [plugin] = kept(data, "docker")
+        servers = [int(p.split(":")[0]) for p in processes(f"driversdk.runner.runserver {short_dir / 'cache'}/")]
+        assert servers, "the run started a run server"
+
+        status = subprocess.run(cli("status", "--client", str(client)), capture_output=True, text=True, cwd=ROOT)
+        assert status.returncode == 0, status.stderr
+        assert f"kept plugin  docker   pid {plugin.pid}, idle since " in status.stdout
+        assert "`driversdk stop-kept` stops them" in status.stdout
+
+        stop = subprocess.run(cli("stop-kept", "--client", str(client)), capture_output=True, text=True, cwd=ROOT)
+        assert stop.returncode == 0, stop.stderr
+        assert stop.stdout.strip() == "kept plugins stopped: docker; run servers asked to stop: 1"
+        assert gone_within(plugin.pid, PATIENCE) and not os.path.exists(os.path.dirname(plugin.address))
+        assert all(gone_within(pid, PATIENCE) for pid in servers)
+        assert kept(data, "docker") == []
+        again = subprocess.run(cli("status", "--client", str(client)), capture_output=True, text=True, cwd=ROOT)
+        assert "kept plugin" not in again.stdout
+        nothing = subprocess.run(cli("stop-kept", "--client", str(client)), capture_output=True, text=True, cwd=ROOT)
+        assert nothing.stdout.strip() == "kept plugins stopped: none; run servers asked to stop: 0"
+    finally:
+        stop_kept(data, "docker")
+    assert leaks(engine, tmp_path) == []
