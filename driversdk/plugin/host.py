@@ -82,10 +82,13 @@ def remove_dead_plugin_socket(config: ReattachConfig) -> bool:
     next run finds only the reattach config in its state. Whether something was removed.
 
     Only what such a plugin leaves is touched: the process is gone, the directory is a real
-    directory of ours named ``plugin-*``, and it holds nothing but the socket, which is a socket.
-    A plugin that lives on, a socket in a shared ``PLUGIN_UNIX_SOCKET_DIR``, or a directory holding
-    anything else is left alone."""
+    directory of ours named ``plugin-*``, and it holds nothing but its sockets (the gRPC one and
+    the log handover's, :mod:`driversdk.plugin.loghandover`), each a socket. A plugin that lives
+    on, a socket in a shared ``PLUGIN_UNIX_SOCKET_DIR``, or a directory holding anything else is
+    left alone."""
     import stat
+
+    from driversdk.plugin.loghandover import HANDOVER_SOCKET
 
     if config.network != "unix" or pid_alive(config.pid):
         return False
@@ -97,10 +100,12 @@ def remove_dead_plugin_socket(config: ReattachConfig) -> bool:
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             return False
         entries = os.listdir(directory)
-        if entries and (entries != [name] or not stat.S_ISSOCK(os.lstat(config.address).st_mode)):
+        if not set(entries) <= {name, HANDOVER_SOCKET}:
             return False
-        if entries:
-            os.unlink(config.address)
+        if not all(stat.S_ISSOCK(os.lstat(os.path.join(directory, entry)).st_mode) for entry in entries):
+            return False
+        for entry in entries:
+            os.unlink(os.path.join(directory, entry))
         os.rmdir(directory)
     except OSError:
         return False  # gone already, or changed under us: leave it
