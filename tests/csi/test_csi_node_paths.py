@@ -246,7 +246,6 @@ def _fds_under(path: Path) -> list[str]:
 
 
 def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, tmp_path: Path) -> None:
-
     from .test_csi import MULTI, kept_stage, make_volume, tree
 
     client = CSIClient(plugin.socket, plugin="hostpath")
@@ -283,12 +282,10 @@ def test_remove_empty_keeps_the_layout_dirs_and_falls_back_to_the_root(tmp_path:
     assert sorted(os.listdir(root)) == ["per-alloc", "staging"]
 
 
-def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_and_leaves_nothing(
+def _mounted_once(
     plugin: HostPathPlugin, tmp_path: Path
-) -> None:
-    # The layout dirs outlive a mount, in a tree the plugin can write: a hostile plugin replaces
-    # staging/ with a symlink out of the root between two mounts.
-
+) -> tuple[CSIClient, Path, StateStore, NodeVolumeManager, Volume]:
+    """A manager whose volume was mounted for alloc-a and unmounted: its layout and staging path kept."""
     from .test_csi import MULTI, make_volume
 
     client = CSIClient(plugin.socket, plugin="hostpath")
@@ -298,6 +295,17 @@ def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_a
     volume = make_volume(client)
     manager.mount(volume, "alloc-a", MULTI)
     manager.unmount(volume, "alloc-a", MULTI)
+    return client, root, store, manager, volume
+
+
+def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_and_leaves_nothing(
+    plugin: HostPathPlugin, tmp_path: Path
+) -> None:
+    # The layout dirs outlive a mount, in a tree the plugin can write: a hostile plugin replaces
+    # staging/ with a symlink out of the root between two mounts.
+    from .test_csi import MULTI
+
+    _, root, store, manager, volume = _mounted_once(plugin, tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
     shutil.rmtree(root / "staging")  # empty dirs (the kept staging path) and no mount
@@ -320,16 +328,9 @@ def test_a_plugin_that_swaps_the_kept_staging_path_itself_for_a_symlink_gets_a_r
 ) -> None:
     # The staging path outlives its unstage: a hostile plugin replaces that very directory with a
     # symlink out of the root, so the next stage would mount the volume over a host directory.
+    from .test_csi import MULTI, calls
 
-    from .test_csi import MULTI, calls, make_volume
-
-    client = CSIClient(plugin.socket, plugin="hostpath")
-    root = tmp_path / "csi"
-    store = StateStore(str(tmp_path / "state.db"))
-    manager = NodeVolumeManager(client, plugin_id="hostpath", host_root=str(root), store=store, requires_staging=True)
-    volume = make_volume(client)
-    manager.mount(volume, "alloc-a", MULTI)
-    manager.unmount(volume, "alloc-a", MULTI)
+    client, root, store, manager, volume = _mounted_once(plugin, tmp_path)
     stage = root / "staging" / "default" / volume.id / MULTI.key
     outside = tmp_path / "outside"
     outside.mkdir()
