@@ -20,8 +20,9 @@ import json
 import os
 import stat
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TypeVar
@@ -109,6 +110,24 @@ def _plain_path(real_root: str, parts: tuple[str, ...]) -> str | None:
         if stat.S_ISLNK(mode):
             return None  # maybe planted by the plugin: resolve_under decides where it leads
     return path
+
+
+@contextmanager
+def _dir_work(volume: Volume, plugin_id: str, call: str, doing: str, path: str) -> Iterator[None]:
+    """A directory the CO makes or removes in the plugin's tree for ``call``: a failure (a file
+    where a directory belongs, a target the plugin left files in) is a sentence naming the volume
+    and the path, not a bare OSError. The tree is the plugin's to write, so a plugin or a crash
+    left it so."""
+    try:
+        yield
+    except OSError as err:
+        raise CSIError(
+            f'volume "{volume.id}": cannot {doing} {path} ({err.strerror or err}): the tree of CSI plugin '
+            f'"{plugin_id}" holds something else there; remove it',
+            code="OK",
+            call=call,
+            volume=volume.id,
+        ) from None
 
 
 def _makedirs(path: str) -> None:
@@ -289,14 +308,17 @@ class NodeVolumeManager:
             def prepare_target() -> bool:
                 """Make the target's parent; whether the target is published already (staging
                 does not touch it)."""
-                _makedirs(os.path.dirname(host_target))
+                parent = os.path.dirname(host_target)
+                with _dir_work(volume, self.plugin_id, "NodePublishVolume", "make the target's parent", parent):
+                    _makedirs(parent)
                 return is_mounted_at(host_target)
 
             try:
                 if self.requires_staging and not self.store.staged(
                     self.plugin_id, volume.namespace, volume.id, usage.key
                 ):
-                    _makedirs(host_stage)
+                    with _dir_work(volume, self.plugin_id, "NodeStageVolume", "make the staging path", host_stage):
+                        _makedirs(host_stage)
                     # The publish side is prepared while NodeStageVolume runs.
                     prepared = self._beside_rpc(prepare_target)
                     try:
@@ -373,7 +395,10 @@ class NodeVolumeManager:
                     )
                 # Some plugins leave the target behind; the CO owns cleaning the tree.
                 if os.path.isdir(host_target):
-                    os.rmdir(host_target)
+                    with _dir_work(
+                        volume, self.plugin_id, "NodeUnpublishVolume", "remove the unpublished target", host_target
+                    ):
+                        os.rmdir(host_target)
             key = (self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
             if not (self.requires_staging and self.store.others_using(*key) == 0):
                 self.store.drop_usage(*key)

@@ -7,7 +7,7 @@ import errno
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -410,11 +410,13 @@ def test_sweep_skips_a_missing_root_and_follows_a_symlinked_one(tmp_path: Path) 
 
 class _BookkeepingStagePlugin(csi_pb2_grpc.NodeServicer):
     """A node plugin whose NodeStageVolume is bookkeeping (no mount at the staging path), as
-    some real plugins do; NodePublishVolume bind-mounts a backing dir, and fails for one target."""
+    some real plugins do; NodePublishVolume bind-mounts a backing dir, and fails for targets
+    naming ``failing``; the first ``litter`` NodeUnpublishVolume calls leave a file in the target."""
 
-    def __init__(self, backing: Path, failing_target_part: str) -> None:
+    def __init__(self, backing: Path, failing: str = "", litter: int = 0) -> None:
         self.backing = backing
-        self.failing = failing_target_part
+        self.failing = failing
+        self.litter = litter
 
     def NodeGetCapabilities(
         self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
@@ -435,7 +437,7 @@ class _BookkeepingStagePlugin(csi_pb2_grpc.NodeServicer):
     def NodePublishVolume(
         self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodePublishVolumeResponse:
-        if self.failing in request.target_path:
+        if self.failing and self.failing in request.target_path:
             context.abort(grpc.StatusCode.INTERNAL, "backing store unavailable")
         os.makedirs(request.target_path, exist_ok=True)
         _mount("--bind", str(self.backing), request.target_path)
@@ -445,40 +447,107 @@ class _BookkeepingStagePlugin(csi_pb2_grpc.NodeServicer):
         self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeUnpublishVolumeResponse:
         subprocess.run(["umount", request.target_path], capture_output=True)
-        if os.path.isdir(request.target_path):
+        if self.litter:
+            self.litter -= 1
+            Path(request.target_path, "plugin-state.json").write_text("{}")
+        elif os.path.isdir(request.target_path):
             os.rmdir(request.target_path)
         return csi_pb2.NodeUnpublishVolumeResponse()
 
 
-def test_a_failed_publish_keeps_the_staging_path_another_alloc_stages_through(tmp_path: Path) -> None:
+@pytest.fixture
+def node_plugin(tmp_path: Path) -> Iterator[Callable[..., NodeVolumeManager]]:
+    """A manager for a :class:`_BookkeepingStagePlugin` served over a real unix socket."""
+    servers: list[grpc.Server] = []
+
+    def make(**behaviour: object) -> NodeVolumeManager:
+        backing = tmp_path / "backing"
+        backing.mkdir(exist_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        csi_pb2_grpc.add_NodeServicer_to_server(_BookkeepingStagePlugin(backing, **behaviour), server)  # type: ignore[arg-type]
+        sock = tmp_path / "csi.sock"
+        server.add_insecure_port(f"unix:{sock}")
+        server.start()
+        servers.append(server)
+        return NodeVolumeManager(CSIClient(str(sock), plugin="bookkeeping"), plugin_id="bookkeeping",
+                                 host_root=str(tmp_path / "csi"), store=StateStore(str(tmp_path / "state.db")),
+                                 requires_staging=True)  # fmt: skip
+
+    yield make
+    for server in servers:
+        server.stop(None)
+    for e in read_mountinfo():
+        if e.mount_point.startswith(str(tmp_path)):
+            subprocess.run(["umount", "-l", e.mount_point], capture_output=True)
+
+
+def mounts_in(path: Path) -> list[str]:
+    return [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(path))]
+
+
+def test_a_failed_publish_keeps_the_staging_path_another_alloc_stages_through(
+    tmp_path: Path, node_plugin: Callable[..., NodeVolumeManager]
+) -> None:
     # The stage is bookkeeping, so the staging path is an empty directory and no mount point:
     # rmdir alone would remove it from under alloc-a, whose volume is staged through it.
-    backing = tmp_path / "backing"
-    backing.mkdir()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    csi_pb2_grpc.add_NodeServicer_to_server(_BookkeepingStagePlugin(backing, "alloc-b"), server)
-    sock = tmp_path / "csi.sock"
-    server.add_insecure_port(f"unix:{sock}")
-    server.start()
-    try:
-        client = CSIClient(str(sock), plugin="bookkeeping")
-        root = tmp_path / "csi"
-        store = StateStore(str(tmp_path / "state.db"))
-        manager = NodeVolumeManager(client, plugin_id="bookkeeping", host_root=str(root), store=store,
-                                    requires_staging=True)  # fmt: skip
-        volume = Volume(id="vol", plugin_id="bookkeeping")
-        a = manager.mount(volume, "alloc-a", USAGE)
-        stage = root / "staging" / "default" / "vol" / USAGE.key
-        with pytest.raises(CSIError, match="backing store unavailable"):
-            manager.mount(volume, "alloc-b", USAGE)
-        assert stage.is_dir(), "the staging path of a volume staged for alloc-a stays"
-        assert not (root / "per-alloc" / "alloc-b").exists(), "what alloc-b's mount made goes"
-        assert is_mounted_at(a.source)
+    manager = node_plugin(failing="alloc-b")
+    root, store = tmp_path / "csi", manager.store
+    volume = Volume(id="vol", plugin_id="bookkeeping")
+    a = manager.mount(volume, "alloc-a", USAGE)
+    stage = root / "staging" / "default" / "vol" / USAGE.key
+    with pytest.raises(CSIError, match="backing store unavailable"):
+        manager.mount(volume, "alloc-b", USAGE)
+    assert stage.is_dir(), "the staging path of a volume staged for alloc-a stays"
+    assert not (root / "per-alloc" / "alloc-b").exists(), "what alloc-b's mount made goes"
+    assert is_mounted_at(a.source)
+    manager.unmount(volume, "alloc-a", USAGE)
+    assert store.usages("bookkeeping") == [] and not store.staged("bookkeeping", "default", "vol", USAGE.key)
+    assert mounts_in(tmp_path) == []
+
+
+def test_a_file_where_the_kept_staging_path_was_is_a_sentence_and_leaves_nothing(
+    tmp_path: Path, node_plugin: Callable[..., NodeVolumeManager]
+) -> None:
+    # The staging path outlives its unstage in a tree the plugin writes: a file put there (by the
+    # plugin, or a crash) refuses the next mount in a sentence, with nothing recorded or mounted.
+    manager = node_plugin()
+    volume = Volume(id="vol", plugin_id="bookkeeping")
+    manager.mount(volume, "alloc-a", USAGE)
+    manager.unmount(volume, "alloc-a", USAGE)
+    stage = tmp_path / "csi" / "staging" / "default" / "vol" / USAGE.key
+    stage.rmdir()
+    stage.write_text("not a directory")
+    with pytest.raises(CSIError) as info:
+        manager.mount(volume, "alloc-b", USAGE)
+    assert str(info.value) == (
+        f'volume "vol": cannot make the staging path {stage} (File exists): the tree of CSI plugin '
+        '"bookkeeping" holds something else there; remove it'
+    )
+    assert info.value.call == "NodeStageVolume" and info.value.volume == "vol"
+    assert manager.store.usages("bookkeeping") == [] and mounts_in(tmp_path) == []
+    assert not (tmp_path / "csi" / "per-alloc" / "alloc-b").exists()
+    assert stage.read_text() == "not a directory", "what is not ours to remove stays"
+    stage.unlink()  # the operator does as told
+    manager.mount(volume, "alloc-c", USAGE)
+    manager.unmount(volume, "alloc-c", USAGE)
+    assert manager.store.usages("bookkeeping") == [] and mounts_in(tmp_path) == []
+
+
+def test_a_plugin_that_leaves_files_in_its_unpublished_target_gets_a_sentence_and_a_resumable_teardown(
+    tmp_path: Path, node_plugin: Callable[..., NodeVolumeManager]
+) -> None:
+    manager = node_plugin(litter=1)
+    volume = Volume(id="vol", plugin_id="bookkeeping")
+    target = Path(manager.mount(volume, "alloc-a", USAGE).source)
+    with pytest.raises(CSIError) as info:
         manager.unmount(volume, "alloc-a", USAGE)
-        assert store.usages("bookkeeping") == [] and not store.staged("bookkeeping", "default", "vol", USAGE.key)
-        assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(tmp_path))] == []
-    finally:
-        server.stop(None)
-        for e in read_mountinfo():
-            if e.mount_point.startswith(str(tmp_path)):
-                subprocess.run(["umount", "-l", e.mount_point], capture_output=True)
+    assert str(info.value) == (
+        f'volume "vol": cannot remove the unpublished target {target} (Directory not empty): the tree of '
+        'CSI plugin "bookkeeping" holds something else there; remove it'
+    )
+    assert info.value.call == "NodeUnpublishVolume" and mounts_in(tmp_path) == []
+    # The use stays "unmounting": once the operator removed the file, the teardown finishes.
+    assert [(u.alloc_id, u.phase) for u in manager.store.usages("bookkeeping")] == [("alloc-a", "unmounting")]
+    (target / "plugin-state.json").unlink()
+    assert manager.resume_teardowns() == ["alloc-a"]
+    assert manager.store.usages("bookkeeping") == [] and not (tmp_path / "csi" / "per-alloc" / "alloc-a").exists()
