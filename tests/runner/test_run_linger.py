@@ -15,12 +15,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from driversdk.client import reattach
-from driversdk.errors import DriverSDKError
 from driversdk.plugin.host import ReattachConfig, pid_alive
-from driversdk.runner import runwire
+from driversdk.runner import linger, runwire
 from driversdk.runner.linger import ENV_LINGER
 from driversdk.runner.parsecache import ENV_CACHE_DIR
+from driversdk.runner.runstate import RunState
 from tests.hostcheck import gone_within, processes
 from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, wait_for, write_job
 
@@ -53,12 +52,14 @@ def plugin_processes(driver: str) -> set[int]:
     return {int(p.split(":")[0]) for p in processes(module) if p.split(": ", 1)[1].split()[-1] == module}
 
 
-def stop_kept(data: Path, driver: str) -> None:
-    for config in kept(data, driver):
+def stop_kept(data: Path) -> None:
+    """Teardown: what `driversdk stop-kept` stops, for the test's data dir."""
+    if (data / "state.db").exists():
+        state = RunState(str(data))
         try:
-            reattach(config, name=driver).kill()
-        except DriverSDKError:
-            pass
+            linger.stop_kept(state)
+        finally:
+            state.close()
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +102,7 @@ def test_the_next_run_of_the_data_dir_takes_the_plugin_the_last_one_kept(
         assert third.returncode == 0, third.stdout + third.stderr
         assert [k.pid for k in kept(data, driver)] == [plugin.pid] and pid_alive(plugin.pid)
     finally:
-        stop_kept(data, driver)
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
@@ -122,7 +123,7 @@ def test_a_kept_plugin_is_not_used_under_another_plugin_config_and_is_stopped(
         [new] = kept(data, "docker")
         assert new.pid != old.pid
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
@@ -143,7 +144,7 @@ def test_a_kept_plugin_is_not_used_once_the_code_changed(engine: docker.DockerCl
         assert new.pid != old.pid
     finally:
         os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
@@ -161,7 +162,7 @@ def test_a_kept_plugin_nobody_takes_stops_by_itself_and_the_next_run_starts_afre
         [new] = kept(data, "docker")  # the stale record is gone; the fresh plugin is kept
         assert new.pid != old.pid and pid_alive(new.pid)
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
@@ -200,7 +201,7 @@ def test_the_kept_plugin_record_says_what_it_was_kept_with(tmp_path: Path) -> No
         assert len(str(fingerprint)) == 64 and "gc" not in str(fingerprint)
         assert set(json.loads(str(reattach_json))) >= {"pid", "address"}
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
 
 
 def pipes_of(pid: int) -> set[str]:
@@ -259,7 +260,7 @@ def test_the_run_that_takes_a_kept_plugin_reads_its_log_lines(engine: docker.Doc
                 proc.kill()
                 proc.communicate()
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
@@ -290,5 +291,5 @@ def test_status_lists_the_kept_plugins_and_stop_kept_stops_them_and_the_run_serv
         nothing = subprocess.run(cli("stop-kept", "--client", str(client)), capture_output=True, text=True, cwd=ROOT)
         assert nothing.stdout.strip() == "kept plugins stopped: none; run servers asked to stop: 0"
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []

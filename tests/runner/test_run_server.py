@@ -117,7 +117,7 @@ def test_the_next_run_is_served_by_the_server_the_first_one_started(
         logs = sorted(data.glob("allocs/*/alloc/logs/work.stdout.0"))
         assert [p.read_text() for p in logs] == ["served\n", "served\n"]
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
@@ -142,7 +142,7 @@ def test_a_failed_task_and_a_refused_job_end_as_a_local_run_ends(
         assert served_refused.stderr == local_refused.stderr
         assert refused_pid > 0
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
@@ -186,8 +186,8 @@ def test_the_run_takes_the_clients_cwd_env_umask_streams_and_ctrl_c(
         assert proc.returncode != 0
         assert gone_within(run_pid, PATIENCE)
     finally:
-        stop_kept(data, "docker")
-        stop_kept(warm, "docker")
+        stop_kept(data)
+        stop_kept(warm)
         stop_servers(cache)  # its command line names tmp_path (the module search path the client had)
     assert leaks(engine, tmp_path) == []
 
@@ -215,8 +215,8 @@ def test_a_killed_client_takes_its_run_with_it_and_the_next_run_recovers_the_tas
         assert again.returncode == 0, again.stdout + again.stderr
         assert "finished" in next(data.glob("allocs/*/alloc/logs/work.stdout.0")).read_text()
     finally:
-        stop_kept(data, "docker")
-        stop_kept(warm, "docker")
+        stop_kept(data)
+        stop_kept(warm)
     assert leaks(engine, tmp_path) == []
 
 
@@ -233,7 +233,7 @@ def test_the_server_stops_by_itself_after_the_linger(engine: docker.DockerClient
         for pid in servers(cache):
             assert gone_within(pid, PATIENCE)
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
 
 
 def test_a_connection_of_another_user_is_never_served(tmp_path: Path, cache: Path) -> None:
@@ -276,7 +276,7 @@ def test_a_connection_of_another_user_is_never_served(tmp_path: Path, cache: Pat
     os.close(read)
     os.chmod(cache, 0o700)
     os.chmod(cache.parent, 0o700)
-    stop_kept(data, "docker")
+    stop_kept(data)
     assert said == b"closed"
     assert servers(cache), "the server died of the attempt"
 
@@ -299,7 +299,7 @@ def test_a_run_in_another_network_namespace_is_not_served_by_this_server(
         # unshare execs the command: the run recorded in state.db is that process.
         assert run_pids(data)[-1] == elsewhere.pid
     finally:
-        stop_kept(data, "docker")
+        stop_kept(data)
     assert leaks(engine, tmp_path) == []
 
 
