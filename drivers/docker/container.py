@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
+import stat
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +20,13 @@ from docker.types import Mount as DockerMount
 
 from drivers.docker.config import DOCKER_DEFAULT_CAPS, MODE_KINDS, PluginConfig, TaskDockerConfig
 from drivers.docker.labels import LABEL_ALLOC_ID, LABEL_TASK_ID
+from driversdk import pinning
 from driversdk.errors import ConfigError
+from driversdk.mountinfo import find_mount
 from driversdk.model import NetworkIsolationMode, TaskConfig
+from driversdk.paths import show
+
+log = logging.getLogger("driversdk.docker")
 
 EXTRA_LABEL_FIELDS = (
     "job_name",
@@ -31,6 +39,26 @@ EXTRA_LABEL_FIELDS = (
 )
 
 
+@dataclass(frozen=True)
+class TaskSource:
+    """A bind source inside the alloc dir: tasks write there, so between our check and the
+    engine's start it could become a symlink to anywhere on the host. It is pinned (see
+    :func:`pin_sources`) and the engine gets the pinned path."""
+
+    where: str
+    """How the operator names the bind: 'docker volume "data:/data"', 'mount[0]'."""
+    relative: str
+    """The source relative to the alloc dir."""
+    in_binds: bool
+    """In host_config["binds"] (a "src:dst[:mode]" string) or host_config["mounts"]."""
+    index: int
+    suffix: str = ""
+    """The ":dst[:mode]" rest of a bind string."""
+    create: bool = False
+    """A missing source dir is made (as the engine does for ``volumes``), never through a symlink."""
+    propagation: str = ""
+
+
 @dataclass
 class ContainerSpec:
     name: str
@@ -41,15 +69,31 @@ class ContainerSpec:
     endpoint: dict[str, Any] = field(default_factory=dict)
     # How often creation is retried after a name conflict (container_exists_attempts).
     create_attempts: int = 5
+    # Bind sources a task can change, to pin before the container is created.
+    task_sources: list[TaskSource] = field(default_factory=list)
+
+
+# Propagation modes the engine only grants a source on a shared (or, for slave, slave) mount.
+_SHARED_PROPAGATIONS = frozenset({"shared", "rshared", "slave", "rslave"})
+PIN_DIR_PREFIX = ".driversdk-pins-"
+
+# A seccomp profile is a few KiB of JSON (Docker's default is ~20 KiB); this bounds what the
+# root plugin reads from a path a job names.
+SECCOMP_PROFILE_MAX = 1 << 20
 
 
 def container_name(task: TaskConfig) -> str:
     return f"{task.name.replace('/', '_')}-{task.alloc_id}"
 
 
-def _within(path: str, root: str) -> bool:
-    path, root = os.path.realpath(path), os.path.realpath(root)
-    return path == root or path.startswith(root.rstrip("/") + "/")
+def _in_alloc_dir(path: str, task: TaskConfig) -> str | None:
+    """``path`` relative to the alloc dir when it names something inside it, taken as written
+    (a symlink on the way is no way out: the pin refuses it); None outside."""
+    for root in (task.alloc_dir, os.path.realpath(task.alloc_dir)):
+        rel = pinning.relative_beneath(root, path)
+        if rel is not None:
+            return rel
+    return None
 
 
 def _labels(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> dict[str, str]:
@@ -71,15 +115,20 @@ def _labels(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> di
     return labels
 
 
-def _binds(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> list[str]:
+def _binds(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig, sources: list[TaskSource]) -> list[str]:
     label = f":{plugin.selinux_label}" if plugin.selinux_label else ""
     ro_label = f":ro,{plugin.selinux_label}" if plugin.selinux_label else ":ro"
     binds = [
         f"{task.shared_alloc_dir}:/alloc{label}",
         f"{task.local_dir}:/local{label}",
         f"{task.secrets_dir}:/secrets{label}",
-        f"{os.path.join(task.shared_alloc_dir, 'logs')}:/alloc/logs{ro_label}",
     ]
+    # alloc/logs lies in alloc/, which every task of the group writes: pinned like a task's own bind.
+    logs = os.path.join(task.shared_alloc_dir, "logs")
+    logs_rel = _in_alloc_dir(logs, task)
+    if logs_rel is not None:
+        sources.append(TaskSource("the /alloc/logs bind", logs_rel, True, len(binds), f":/alloc/logs{ro_label}"))
+    binds.append(f"{logs}:/alloc/logs{ro_label}")
     for spec in cfg.volumes:
         parts = spec.split(":")
         if len(parts) < 2:
@@ -95,7 +144,8 @@ def _binds(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> lis
             src = os.path.normpath(src)
         elif not os.path.isabs(src):
             src = os.path.normpath(os.path.join(task.task_dir, src))
-        if not cfg.volume_driver and not plugin.volumes_enabled and not _within(src, task.alloc_dir):
+        inside = None if cfg.volume_driver else _in_alloc_dir(src, task)
+        if not cfg.volume_driver and not plugin.volumes_enabled and inside is None:
             raise ConfigError(
                 f"task {task.name!r}: volumes are not enabled; cannot mount host path: {spec!r} "
                 "(set volumes { enabled = true } in the docker plugin config, or mount from inside the alloc dir)"
@@ -103,20 +153,33 @@ def _binds(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> lis
         mode = parts[2] if len(parts) > 2 else ""
         if plugin.selinux_label:
             mode = f"{mode},{plugin.selinux_label}" if mode else plugin.selinux_label
-        binds.append(f"{src}:{parts[1]}" + (f":{mode}" if mode else ""))
+        suffix = f":{parts[1]}" + (f":{mode}" if mode else "")
+        if inside is not None:
+            propagation = next((m for m in mode.split(",") if m in _SHARED_PROPAGATIONS), "")
+            sources.append(
+                TaskSource(f"docker volume {spec!r}", inside, True, len(binds), suffix, create=True,
+                           propagation=propagation)
+            )  # fmt: skip
+        binds.append(f"{src}{suffix}")
     return binds
 
 
-def _mounts(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> list[DockerMount]:
+def _mounts(
+    task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig, sources: list[TaskSource]
+) -> list[DockerMount]:
     out: list[DockerMount] = []
     for i, m in enumerate(cfg.mounts):
         if m.type == "bind":
             src = m.source if os.path.isabs(m.source) else os.path.normpath(os.path.join(task.task_dir, m.source))
-            if not plugin.volumes_enabled and not _within(src, task.alloc_dir):
+            inside = _in_alloc_dir(src, task)
+            if not plugin.volumes_enabled and inside is None:
                 raise ConfigError(
                     f"task {task.name!r}: mount[{i}]: volumes are not enabled; cannot mount host path: {src!r} "
                     "(set volumes { enabled = true } in the docker plugin config)"
                 )
+            if inside is not None:
+                # The engine refuses a missing source of a bind mount; so do we, never making one.
+                sources.append(TaskSource(f"mount[{i}]", inside, False, len(out), propagation=m.propagation or ""))
             out.append(DockerMount(m.target, src, type="bind", read_only=m.readonly, propagation=m.propagation or None))
         elif m.type == "volume":
             if not plugin.volumes_enabled:
@@ -257,20 +320,147 @@ def _security_opt(task: TaskConfig, cfg: TaskDockerConfig) -> list[str] | None:
     for opt in cfg.security_opt:
         key, sep, value = opt.partition("=")
         if key == "seccomp" and sep and value != "unconfined":
-            try:
-                with open(value, "rb") as fh:
-                    profile = json.load(fh)
-            except OSError as err:
-                raise ConfigError(
-                    f"task {task.name!r}: security_opt {opt!r}: cannot read the seccomp profile: {err.strerror}"
-                ) from None
-            except ValueError:
-                raise ConfigError(
-                    f"task {task.name!r}: security_opt {opt!r}: the seccomp profile is not valid JSON"
-                ) from None
-            opt = "seccomp=" + json.dumps(profile, separators=(",", ":"))
+            opt = "seccomp=" + json.dumps(_seccomp_profile(task, opt, value), separators=(",", ":"))
         out.append(opt)
     return out or None
+
+
+def _seccomp_profile(task: TaskConfig, opt: str, path: str) -> Any:
+    """The profile at ``path``, read only as a regular file of at most SECCOMP_PROFILE_MAX bytes.
+
+    The job names the path and the plugin runs as root: a device (/dev/zero never ends), a fifo
+    (blocks the open and every read) or a directory is refused. A symlink is followed: an
+    operator's profile in /etc may well be one, and a regular file is all that is read."""
+    where = f"task {task.name!r}: security_opt {opt!r}"
+    try:
+        # O_NONBLOCK: opening a fifo with no writer returns at once instead of waiting for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ConfigError(f"{where}: cannot read the seccomp profile {path!r}: {err.strerror or err}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(
+                f"{where}: the seccomp profile {path!r} is {_file_kind(info.st_mode)}, not a regular file; point "
+                "seccomp= at a JSON profile file"
+            )
+        if info.st_size > SECCOMP_PROFILE_MAX:
+            raise ConfigError(
+                f"{where}: the seccomp profile {path!r} is {info.st_size} bytes, more than the "
+                f"{SECCOMP_PROFILE_MAX} a profile may have; point seccomp= at a JSON profile file"
+            )
+        data = b""
+        while len(data) <= SECCOMP_PROFILE_MAX:
+            chunk = os.read(fd, SECCOMP_PROFILE_MAX + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > SECCOMP_PROFILE_MAX:
+            raise ConfigError(f"{where}: the seccomp profile {path!r} grew past {SECCOMP_PROFILE_MAX} bytes while read")
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise ConfigError(f"{where}: the seccomp profile {path!r} is not valid JSON") from None
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a fifo"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+@dataclass
+class Pins:
+    """The pinned bind sources of one container create; released once the container started
+    (it holds its own mounts then) or on any failure."""
+
+    directory: str = ""
+    paths: list[str] = field(default_factory=list)
+
+    def release(self) -> None:
+        for path in reversed(self.paths):
+            try:
+                pinning.unpin(path)
+            except OSError as err:
+                log.warning("cannot remove a pinned bind source", extra={"path": path, "error": str(err)})
+        self.paths.clear()
+        if self.directory:
+            pinning.remove_private_dir(self.directory)
+            self.directory = ""
+
+
+def pin_sources(task: TaskConfig, spec: ContainerSpec) -> Pins:
+    """Pin every bind source of ``spec`` that lies in the alloc dir and point the spec at the
+    pins: each is opened beneath the alloc dir without following a symlink (a missing ``volumes``
+    dir is made there, as the engine would), and bind-mounted onto an entry of a 0700 dir of
+    ours in the alloc dir, which no task reaches. The engine then resolves only our path."""
+    pins = Pins()
+    if not spec.task_sources:
+        return pins
+    try:
+        pins.directory = pinning.private_dir(tempfile.mkdtemp(prefix=PIN_DIR_PREFIX, dir=task.alloc_dir),
+                                             create=False)  # fmt: skip
+        for n, source in enumerate(spec.task_sources):
+            pinned = _pin_one(task, source, pins.directory, str(n))
+            pins.paths.append(pinned)
+            if source.in_binds:
+                spec.host_config["binds"][source.index] = pinned + source.suffix
+            else:
+                spec.host_config["mounts"][source.index]["Source"] = pinned
+            if source.propagation:
+                _check_propagation(task, source, pinned)
+    except BaseException:
+        pins.release()
+        raise
+    return pins
+
+
+def _pin_one(task: TaskConfig, source: TaskSource, directory: str, name: str) -> str:
+    shown = show(os.path.join(task.alloc_dir, source.relative), 4096)
+    try:
+        fd = pinning.open_beneath(task.alloc_dir, source.relative, create_dirs=source.create)
+    except pinning.PinError as err:
+        raise ConfigError(
+            f"task {task.name!r}: {source.where}: the source {shown} cannot be mounted: {err.reason} inside the "
+            "alloc dir, which tasks can change; name the directory or file itself, with no symlink on the way"
+        ) from None
+    except OSError as err:
+        raise ConfigError(
+            f"task {task.name!r}: {source.where}: cannot open the source {shown} ({err.strerror or err})"
+        ) from None
+    try:
+        if pinning.kind_of(fd) is pinning.Kind.OTHER:
+            raise ConfigError(
+                f"task {task.name!r}: {source.where}: the source {shown} is neither a directory nor a regular "
+                "file; bind a directory or a file"
+            )
+        try:
+            return pinning.pin(fd, directory, name).path
+        except OSError as err:
+            raise ConfigError(
+                f"task {task.name!r}: {source.where}: cannot pin the source {shown} ({err.strerror or err})"
+            ) from None
+    finally:
+        os.close(fd)
+
+
+def _check_propagation(task: TaskConfig, source: TaskSource, pinned: str) -> None:
+    entry = find_mount(pinned)
+    ok = entry.shared or (entry.slave and "slave" in source.propagation)
+    if not ok:
+        raise ConfigError(
+            f"task {task.name!r}: {source.where}: propagation {source.propagation!r} needs the source on a shared "
+            f"mount, but the alloc dir's mount {entry.mount_point!r} is {entry.propagation}; run "
+            f"`mount --make-rshared {entry.mount_point}` on the host or drop the propagation mode"
+        )
 
 
 def _ulimits(cfg: TaskDockerConfig) -> list[Ulimit] | None:
@@ -312,6 +502,7 @@ def build(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> Cont
             "(set allow_privileged = true in the docker plugin config)"
         )
     cap_add, cap_drop = _capabilities(task, cfg, plugin)
+    sources: list[TaskSource] = []
     command: list[str] | None = None
     if cfg.command is not None:
         command = [cfg.command, *cfg.args]
@@ -340,8 +531,8 @@ def build(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> Cont
         }
     oom_score_adj = cfg.oom_score_adj if cfg.oom_score_adj is not None else plugin.oom_score_adj
     host_config = {
-        "binds": _binds(task, cfg, plugin),
-        "mounts": _mounts(task, cfg, plugin),
+        "binds": _binds(task, cfg, plugin, sources),
+        "mounts": _mounts(task, cfg, plugin, sources),
         "privileged": cfg.privileged,
         "cap_add": cap_add or None,
         "cap_drop": cap_drop or None,
@@ -398,4 +589,5 @@ def build(task: TaskConfig, cfg: TaskDockerConfig, plugin: PluginConfig) -> Cont
         host_config=host_config,
         endpoint=endpoint,
         create_attempts=cfg.container_exists_attempts or plugin.container_exists_attempts,
+        task_sources=sources,
     )

@@ -278,63 +278,71 @@ class DockerDriver(DriverPlugin):
         # whether its owner still lives (reconcile.py); ours, whatever the job's labels say.
         spec.kwargs["labels"][reconcile.LABEL_OWNER] = reconcile.identity()
         spec.kwargs["labels"][reconcile.LABEL_TASK_DIR] = task.task_dir
+        pins: sdk.containers.Pins | None = None
         try:
-            api = self.api()
-            image_id = ensure_image(
-                api,
-                task,
-                cfg,
-                self.config,
-                self._pulls,
-                lambda timeout: self._fresh_client(math.ceil(timeout)),
-                lambda message, **annotations: self._event(task, message, **annotations),
-            )
-            container_id, adopted = self._create(api, task, spec)
-        except (sdk.requests.exceptions.ConnectionError, sdk.docker.errors.DockerException) as err:
-            raise DriverError(
-                f"task {task.name!r}: cannot reach the docker daemon ({err}); check that dockerd is running",
-                recoverable=True,
-            ) from None
-        logs: LogCollector | None = None
-        try:
-            reconcile.claim(task.task_dir, container_id)
-            log_state_dir = os.path.join(task.task_dir, "private", "docker-logs")
-            if self._logging_enabled(task):
-                # Attached before it starts, so the copy begins at the task's first byte (logs.py).
-                logs = LogCollector(
-                    api, container_id, task.stdout_path, task.stderr_path, log_state_dir, cfg.tty, not adopted
+            try:
+                api = self.api()
+                image_id = ensure_image(
+                    api,
+                    task,
+                    cfg,
+                    self.config,
+                    self._pulls,
+                    lambda timeout: self._fresh_client(math.ceil(timeout)),
+                    lambda message, **annotations: self._event(task, message, **annotations),
                 )
-            if not adopted:
-                api.start(container_id)
-            started = datetime.now(UTC)
-            network = self._network_override(api, container_id, cfg)
-            state = DriverState(
-                container_id=container_id,
-                image=cfg.image,
-                image_id=image_id,
-                tty=cfg.tty,
-                log_state_dir=log_state_dir,
-                logs=logs is not None,
-            )
-            handle = ContainerHandle(task, state, started)
-            if logs is not None:
-                handle.logs = logs
-                logs.start()
-        except BaseException as err:
-            if logs is not None:
-                logs.stop()
-            self._remove_quietly(api, container_id)
-            if isinstance(err, sdk.APIError):
+                # Bind sources a task can change are pinned now, after the pull: the engine
+                # resolves only our pins, and they go once the container holds its own mounts.
+                pins = sdk.containers.pin_sources(task, spec)
+                container_id, adopted = self._create(api, task, spec)
+            except (sdk.requests.exceptions.ConnectionError, sdk.docker.errors.DockerException) as err:
                 raise DriverError(
-                    f"task {task.name!r}: failed to start container: {err.explanation or err}", recoverable=True
-                ) from None
-            if _unreachable(err):
-                raise DriverError(
-                    f"task {task.name!r}: the docker daemon went away while the container was started ({err}); "
-                    "check that dockerd is running",
+                    f"task {task.name!r}: cannot reach the docker daemon ({err}); check that dockerd is running",
                     recoverable=True,
                 ) from None
-            raise
+            logs: LogCollector | None = None
+            try:
+                reconcile.claim(task.task_dir, container_id)
+                log_state_dir = os.path.join(task.task_dir, "private", "docker-logs")
+                if self._logging_enabled(task):
+                    # Attached before it starts, so the copy begins at the task's first byte (logs.py).
+                    logs = LogCollector(
+                        api, container_id, task.stdout_path, task.stderr_path, log_state_dir, cfg.tty, not adopted
+                    )
+                if not adopted:
+                    api.start(container_id)
+                started = datetime.now(UTC)
+                network = self._network_override(api, container_id, cfg)
+                state = DriverState(
+                    container_id=container_id,
+                    image=cfg.image,
+                    image_id=image_id,
+                    tty=cfg.tty,
+                    log_state_dir=log_state_dir,
+                    logs=logs is not None,
+                )
+                handle = ContainerHandle(task, state, started)
+                if logs is not None:
+                    handle.logs = logs
+                    logs.start()
+            except BaseException as err:
+                if logs is not None:
+                    logs.stop()
+                self._remove_quietly(api, container_id)
+                if isinstance(err, sdk.APIError):
+                    raise DriverError(
+                        f"task {task.name!r}: failed to start container: {err.explanation or err}", recoverable=True
+                    ) from None
+                if _unreachable(err):
+                    raise DriverError(
+                        f"task {task.name!r}: the docker daemon went away while the container was started ({err}); "
+                        "check that dockerd is running",
+                        recoverable=True,
+                    ) from None
+                raise
+        finally:
+            if pins is not None:
+                pins.release()
         if self.config.gc_image:
             self._images.acquire(image_id, cfg.image, task.id)
         self._track(handle)
