@@ -1,7 +1,9 @@
 """The class a driver author subclasses.
 
-The core lifecycle is abstract; optional calls (signals, exec, networks, stats) have defaults
-that answer "not supported" with a fixed sentence, so a partial driver stays short and honest.
+The core lifecycle is abstract (:class:`driversdk.taskkit.processdriver.ProcessDriver` implements
+all of it for a driver whose tasks are host processes); optional calls (signals, exec, networks,
+stats) have defaults that answer "not supported" with a fixed sentence, and the default
+capabilities claim only what the class implements, so a partial driver stays short and honest.
 The SDK turns every method here into the matching gRPC call of Nomad's driver protocol.
 """
 
@@ -108,8 +110,22 @@ class DriverPlugin(abc.ABC):
     def task_config_schema(self) -> Spec:
         """The hclspec of a task's ``config {}`` block."""
 
-    @abc.abstractmethod
-    def capabilities(self) -> Capabilities: ...
+    def capabilities(self) -> Capabilities:
+        """What this driver can do. The default claims only what the class implements: signals
+        when it overrides :meth:`signal_task`, exec when it overrides :meth:`exec_task`, and no
+        mounts, no filesystem isolation. Override it to claim more (mounts, networks)."""
+        from driversdk.model import Capabilities, MountConfigSupport
+
+        return Capabilities(
+            send_signals=self.overrides("signal_task"),
+            exec=self.overrides("exec_task"),
+            mount_configs=MountConfigSupport.NONE,
+        )
+
+    @classmethod
+    def overrides(cls, method: str) -> bool:
+        """True when this class (or a base between it and DriverPlugin) defines ``method``."""
+        return getattr(cls, method) is not getattr(DriverPlugin, method)
 
     def init(self) -> None:
         """Called after every dispense (after SetConfig, and after a host reattaches)."""
@@ -119,14 +135,16 @@ class DriverPlugin(abc.ABC):
 
     # --- fingerprint ---------------------------------------------------------------------
 
-    @abc.abstractmethod
     def fingerprint(self) -> Fingerprint:
-        """One reading of the driver's health and node attributes.
+        """One reading of the driver's health and node attributes (default: healthy, none).
 
         The SDK streams it at once, then every ``fingerprint_interval`` seconds and whenever
         :meth:`notify_fingerprint_changed` is called. Keep the description stable: a change
         is a node event in Nomad.
         """
+        from driversdk.model import Fingerprint, HealthState
+
+        return Fingerprint(HealthState.HEALTHY, "Healthy")
 
     def notify_fingerprint_changed(self) -> None:
         """Ask the SDK to send a fresh fingerprint now (e.g. the engine went away)."""

@@ -84,7 +84,8 @@ class Capabilities:
     # Nomad rejects bridge-mode tasks when this is empty, so HOST is listed explicitly.
     network_isolation_modes: tuple[NetworkIsolationMode, ...] = (NetworkIsolationMode.HOST,)
     must_create_network: bool = False
-    mount_configs: MountConfigSupport = MountConfigSupport.ALL
+    # NONE unless the driver says it mounts: a claim it did not make cannot be a lie.
+    mount_configs: MountConfigSupport = MountConfigSupport.NONE
     disable_log_collection: bool = False
     dynamic_workload_users: bool = False
 

@@ -189,6 +189,7 @@ def test_volume_mounts_hook_turns_host_volumes_into_mounts_and_refuses_drivers_w
     alloc = _alloc(tmp_path, events, group, client)
     try:
         runner = TaskRunner(alloc, task)
+        runner.caps = Capabilities(mount_configs=MountConfigSupport.ALL)
         VolumeMountsHook().prerun(runner)
         [mount] = runner.mounts
         assert (mount.host_path, mount.task_path, mount.readonly) == (str(shared), "/data", True)

@@ -1,0 +1,321 @@
+"""``ProcessDriver``: a complete driver that runs each task as a host process; you say which.
+
+Subclass it, give the task schema and :meth:`ProcessDriver.command` (the task's argv from its
+decoded config), and every lifecycle call works: start (output to the host's log fifos, the task
+dir as working directory, the task's environment), wait, stop with its timeout then SIGKILL,
+destroy, inspect, signals, exec, stats, and recovery after the plugin process restarted.
+
+Each task runs under a small shim process (:mod:`driversdk.taskkit.shim`) that forwards signals
+and records the task's exit status in a file, so a later plugin process learns how a task it did
+not start ended. The shim leads the task's process group; SIGKILL goes to the whole group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from driversdk import procwatch
+from driversdk.driver import DriverPlugin
+from driversdk.errors import DriverError, TaskStillRunningError
+from driversdk.exits import ExitSlot
+from driversdk.model import (
+    CpuField,
+    CpuUsage,
+    ExecResult,
+    ExitResult,
+    MemoryField,
+    MemoryUsage,
+    ResourceUsage,
+    TaskConfig,
+    TaskHandle,
+    TaskState,
+    TaskStats,
+    TaskStatus,
+)
+from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.taskmap import TaskMap
+
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")
+STATE_VERSION = 1
+
+
+@dataclass
+class ProcessTask:
+    """The driver's record of one task: its shim process and how it ended."""
+
+    task: TaskConfig
+    shim: ProcessIdentity
+    result_file: str
+    started_at: datetime
+    exit: ExitSlot = field(default_factory=ExitSlot)
+    completed_at: datetime | None = None
+    killed: bool = False  # we sent SIGKILL to the group: the shim could not record the exit
+
+
+class ProcessDriver(DriverPlugin):
+    """A driver whose tasks are host processes. Implement ``task_config_schema`` and ``command``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tasks: TaskMap[ProcessTask] = TaskMap()
+
+    def command(self, task: TaskConfig) -> list[str]:
+        """The argv to run for ``task`` (``task.driver_config`` is decoded by then)."""
+        raise NotImplementedError(f"{type(self).__name__}.command(task) must return the argv to run")
+
+    @property
+    def state_dir(self) -> str:
+        """Where the shims write exit files: kept across plugin restarts, private to root's tasks."""
+        path = os.path.join(tempfile.gettempdir(), f"driversdk-{self.name}-{os.geteuid()}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start_task(self, task: TaskConfig) -> TaskHandle:
+        argv = [str(a) for a in self.command(task)]
+        if not argv or not argv[0]:
+            raise DriverError(f"task {task.name!r}: {type(self).__name__}.command returned an empty argv")
+        path = task.env.get("PATH", os.environ.get("PATH", os.defpath))
+        cwd = task.task_dir if os.path.isdir(task.task_dir) else None
+        found = (
+            os.access(os.path.join(cwd or "", argv[0]), os.X_OK)
+            if "/" in argv[0]
+            else shutil.which(argv[0], path=path) is not None
+        )
+        if not found:
+            raise DriverError(f"task {task.name!r}: {argv[0]!r} is not an executable file on the task's PATH")
+        result_file = os.path.join(self.state_dir, f"{task.id.replace('/', '_')}.exit")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(result_file)
+        # The host owns the fifos: open them write-only, never create them.
+        out = os.open(task.stdout_path, os.O_WRONLY) if task.stdout_path else subprocess.DEVNULL
+        err = os.open(task.stderr_path, os.O_WRONLY) if task.stderr_path else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                [_python(), "-I", "-S", SHIM, result_file, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=dict(task.env),
+                cwd=cwd,
+                start_new_session=True,  # the shim leads a process group that SIGKILL takes whole
+                restore_signals=True,
+            )
+        except OSError as exc:
+            raise DriverError(f"task {task.name!r}: cannot start its process: {exc.strerror}") from None
+        finally:
+            for fd in (out, err):
+                if fd != subprocess.DEVNULL:
+                    os.close(fd)
+        shim = ProcessIdentity.of(proc.pid) or ProcessIdentity(proc.pid, 0)
+        record = ProcessTask(task, shim, result_file, datetime.now(UTC))
+        self.tasks.put(record)
+        procwatch.watch(proc.pid, lambda code: self._exited(record, code), reap=True)
+        state = {"pid": shim.pid, "start_time": shim.start_time, "result_file": result_file}
+        state["started_at"] = record.started_at.timestamp()
+        return TaskHandle(
+            config=task, driver_state=json.dumps(state).encode(), version=STATE_VERSION, state=TaskState.RUNNING
+        )
+
+    def _exited(self, record: ProcessTask, shim_code: int | None) -> None:
+        record.exit.set(self._read_result(record, shim_code))
+        record.completed_at = datetime.now(UTC)
+
+    @staticmethod
+    def _read_result(record: ProcessTask, shim_code: int | None) -> ExitResult:
+        try:
+            with open(record.result_file) as fh:
+                saved = json.load(fh)
+            return ExitResult(exit_code=int(saved["exit_code"]), signal=int(saved["signal"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        # No record: the shim itself died, which only SIGKILL (or a signal before it was set up) does.
+        if shim_code is not None and shim_code < 0:
+            return ExitResult(signal=-shim_code)
+        return ExitResult(signal=int(signal.SIGKILL))
+
+    def recover_task(self, handle: TaskHandle) -> None:
+        if self.tasks.has(handle.config.id):
+            return
+        name = handle.config.name
+        try:
+            state = json.loads(handle.driver_state)
+            shim = ProcessIdentity(int(state["pid"]), int(state["start_time"]))
+            result_file = str(state["result_file"])
+            started_at = datetime.fromtimestamp(float(state["started_at"]), UTC)
+        except (ValueError, KeyError, TypeError):
+            raise DriverError(
+                f"task {name!r} cannot be recovered: its handle's driver state is not what {type(self).__name__} wrote"
+            ) from None
+        record = ProcessTask(handle.config, shim, result_file, started_at)
+        if not shim.alive() and not os.path.exists(result_file):
+            raise DriverError(
+                f"task {name!r} cannot be recovered: its process {shim.pid} is gone and left no exit status"
+            )
+        self.tasks.put(record)
+        procwatch.watch(shim.pid, lambda code: self._exited(record, code), reap=False, identity=shim.alive)
+
+    def wait_task(self, task_id: str) -> ExitResult:
+        result = self.tasks.get(task_id).exit.wait()
+        assert result is not None
+        return result
+
+    def watch_exit(self, task_id: str, callback: Callable[[ExitResult], None]) -> bool:
+        self.tasks.get(task_id).exit.add_callback(callback)
+        return True
+
+    def stop_task(self, task_id: str, timeout: float, signal_name: str) -> None:
+        record = self.tasks.get(task_id)
+        if record.exit.done:
+            return
+        self._signal(record, signal_name or "SIGTERM")
+        if record.exit.wait(max(timeout, 0.0)) is None:
+            self._kill(record)
+
+    def destroy_task(self, task_id: str, force: bool) -> None:
+        try:
+            record = self.tasks.get(task_id)
+        except DriverError:
+            return  # destroying twice is not an error: it is gone either way
+        if not record.exit.done:
+            if not force:
+                raise TaskStillRunningError(
+                    f"task {record.task.name!r} is still running; stop it first or destroy it with force"
+                )
+            self._kill(record)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(record.result_file)
+        self.tasks.remove(task_id)
+
+    def inspect_task(self, task_id: str) -> TaskStatus:
+        record = self.tasks.get(task_id)
+        done = record.exit.done
+        return TaskStatus(
+            id=task_id,
+            name=record.task.name,
+            state=TaskState.EXITED if done else TaskState.RUNNING,
+            started_at=record.started_at,
+            completed_at=record.completed_at if done else None,
+            result=record.exit.result,
+            driver_attributes={"pid": str(record.shim.pid)},
+        )
+
+    def signal_task(self, task_id: str, signal_name: str) -> None:
+        record = self.tasks.get(task_id)
+        if not record.exit.done:
+            self._signal(record, signal_name)
+
+    def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
+        record = self.tasks.get(task_id)
+        task = record.task
+        try:
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                cwd=task.task_dir if os.path.isdir(task.task_dir) else None,
+                env=dict(task.env),
+            )
+        except subprocess.TimeoutExpired as exc:
+            return ExecResult(_bytes(exc.stdout), _bytes(exc.stderr), ExitResult(signal=int(signal.SIGKILL)))
+        except OSError as exc:
+            raise DriverError(f"task {task.name!r}: cannot exec {command[:1]!r}: {exc.strerror}") from None
+        code = done.returncode
+        result = ExitResult(exit_code=code) if code >= 0 else ExitResult(signal=-code)
+        return ExecResult(done.stdout, done.stderr, result)
+
+    def task_stats(self, task_id: str) -> TaskStats | None:
+        record = self.tasks.get(task_id)
+        if record.exit.done:
+            return None  # ends the stream
+        user = system = 0.0
+        rss = 0
+        ticks = os.sysconf("SC_CLK_TCK")
+        page = os.sysconf("SC_PAGE_SIZE")
+        for pid in _group_members(record.shim.pid):
+            fields = _stat_fields(pid)
+            if fields is None:
+                continue
+            user += int(fields[11]) / ticks
+            system += int(fields[12]) / ticks
+            rss += int(fields[21]) * page
+        return TaskStats(
+            timestamp=datetime.now(UTC),
+            id=task_id,
+            usage=ResourceUsage(
+                cpu=CpuUsage(
+                    user_mode=user, system_mode=system, measured_fields=(CpuField.USER_MODE, CpuField.SYSTEM_MODE)
+                ),
+                memory=MemoryUsage(rss=rss, measured_fields=(MemoryField.RSS,)),
+            ),
+        )
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _signal(self, record: ProcessTask, name: str) -> None:
+        try:
+            signum = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+        except KeyError:
+            raise DriverError(
+                f"task {record.task.name!r}: unknown signal {name!r}; use a name such as SIGHUP"
+            ) from None
+        if signum is signal.SIGKILL:
+            self._kill(record)
+            return
+        if record.shim.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.shim.pid, signum)  # the shim forwards it to the task
+
+    def _kill(self, record: ProcessTask) -> None:
+        record.killed = True
+        if record.shim.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.shim.pid, signal.SIGKILL)
+        if record.exit.wait(30) is None:
+            raise DriverError(f"task {record.task.name!r} did not exit within 30 s of SIGKILL")
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def _bytes(value: bytes | str | None) -> bytes:
+    if value is None:
+        return b""
+    return value.encode() if isinstance(value, str) else value
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Every live process of the task's process group (the shim, the task, its children)."""
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            # fields[2] is the process group id (field 5 of /proc/<pid>/stat).
+            if fields is not None and len(fields) > 21 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+                members.append(int(name))
+    return members
+
+
+__all__ = ["ProcessDriver", "ProcessTask"]
