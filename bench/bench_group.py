@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from keptplugins import stop_kept_plugins, stop_run_servers
-
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "driversdk-test/busybox:local"
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(ROOT)}
@@ -87,8 +85,6 @@ def ours(tasks: int) -> tuple[float, float]:
             proc.kill()
             proc.wait()
         log.close()
-        stop_run_servers(work / "cache")
-        stop_kept_plugins(work / "data")
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -2,17 +2,13 @@
 """`driversdk run` of a one-task docker job, end to end, beside `docker run` of the same
 container, measured in the same run and interleaved round by round.
 
-Both are command lines a user types, timed from spawn to exit: ours hands the command line to the
-run server the previous run started (a process with driversdk loaded, forked per run:
-driversdk.runner.runserver), whose copy validates the job through the docker plugin the previous
-run of the same data dir kept (driversdk.runner.linger), starts a log collector, creates and starts
-the container, waits, and tears everything down, leaving the plugin idle for the next run; this is
-what a user's second and later runs get. `docker run --rm` is the docker CLI doing
-create+attach+start+wait+rm. A second line times our run with nothing kept (DRIVERSDK_LINGER=0:
-it loads driversdk in its own process and boots its own plugin, as a first run does). A third times
-`driversdk validate` alone (which asks the bundled docker driver inside its own process instead of
-launching it), beside two floors: a bare interpreter, and one that imports grpc (what every host of
-a plugin process needs).
+Both are command lines a user types, timed from spawn to exit: ours loads driversdk, boots the
+docker plugin while it parses the job, validates the job through it, starts a log collector,
+creates and starts the container, waits, and tears everything down, the plugin included (a run
+keeps nothing running after it ends). `docker run --rm` is the docker CLI doing
+create+attach+start+wait+rm. A further line times `driversdk validate` alone (which asks the bundled
+docker driver inside its own process instead of launching it), beside two floors: a bare
+interpreter, and one that imports grpc (what every host of a plugin process needs).
 
 The goals (issue 15 item 3), each printed beside its figure: the run at most GOAL_RUN_RATIO times
 `docker run --rm`, and validate at most GOAL_VALIDATE_S seconds of wall clock.
@@ -32,8 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from keptplugins import stop_kept_plugins, stop_run_servers
-
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "driversdk-test/busybox:local"
 GOAL_RUN_RATIO = 2.0
@@ -42,20 +36,15 @@ SCRIPT = "echo hello"
 # The checkout under test, with bytecode as an installed package has it: the warm-up round writes
 # __pycache__ (a PYTHONDONTWRITEBYTECODE=1 in the caller's environment would otherwise make every
 # timed run compile the SDK's modules from source, ~0.2 s that no installed copy pays).
-ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "DRIVERSDK_LINGER")} | {
-    "PYTHONPATH": str(ROOT)
-}
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(ROOT)}
 # The HCL parser caches (driversdk.runner.parsecache) as a user's would be after a first command:
 # the warm-up round fills this one.
 CACHE_ENV = "DRIVERSDK_CACHE_DIR"
-# How long a run keeps its plugins for the next (driversdk.runner.linger): the timed runs use the
-# default, as a user's second run would; the "no plugin kept" line sets it to 0.
-LINGER_ENV = "DRIVERSDK_LINGER"
 
 
-def timed(args: list[str], extra_env: dict[str, str] | None = None) -> float:
+def timed(args: list[str]) -> float:
     start = time.perf_counter()
-    done = subprocess.run(args, capture_output=True, text=True, env=ENV | (extra_env or {}))
+    done = subprocess.run(args, capture_output=True, text=True, env=ENV)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}")
@@ -95,33 +84,26 @@ def main() -> None:
         job, client = write_files(work)
         ours_cmd = [*cli, "run", str(job), "--client", str(client)]
         validate_cmd = [*cli, "validate", str(job), "--client", str(client)]
-        # warm-up: page cache, bytecode, image layers, parser caches, and the plugin a run keeps
+        # warm-up: page cache, bytecode, image layers, parser caches
         for command in (docker_run, ours_cmd, validate_cmd, bare_cmd, grpc_cmd):
             timed(command)
         check_ran(work)
-        raw, ours, fresh, validate, bare, grpc = [], [], [], [], [], []
+        raw, ours, validate, bare, grpc = [], [], [], [], []
         for _ in range(args.runs):
             raw.append(timed(docker_run))
-            ours.append(timed(ours_cmd))  # takes the docker plugin the run before kept
-            fresh.append(timed(ours_cmd, {LINGER_ENV: "0"}))  # boots its own and shuts it down
+            ours.append(timed(ours_cmd))  # boots its own docker plugin and shuts it down
             validate.append(timed(validate_cmd))
             bare.append(timed(bare_cmd))
             grpc.append(timed(grpc_cmd))
         check_ran(work)
     finally:
-        stop_run_servers(work / "cache")
-        stop_kept_plugins(work / "data")
         shutil.rmtree(work, ignore_errors=True)
     ratios = [o / r for o, r in zip(ours, raw, strict=True)]
     median = statistics.median
     run_ratio = median(ours) / median(raw)
     print(f"one-task docker job, {args.runs} interleaved rounds (median)")
     print(f"  docker run --rm               {median(raw) * 1000:8.0f} ms")
-    print(f"  driversdk run job.hcl         {median(ours) * 1000:8.0f} ms  (served; the docker plugin kept)")
-    print(
-        f"  ... with nothing kept         {median(fresh) * 1000:8.0f} ms  ({LINGER_ENV}=0: nothing kept, "
-        f"{median(fresh) / median(raw):.2f}x docker run)"
-    )
+    print(f"  driversdk run job.hcl         {median(ours) * 1000:8.0f} ms  (its own plugin, stopped at the end)")
     print(f"  driversdk validate job.hcl    {median(validate) * 1000:8.0f} ms  (the checking part)")
     print(f"  python -c pass                {median(bare) * 1000:8.0f} ms  (floor: a bare interpreter)")
     print(f'  python -c "import grpc"       {median(grpc) * 1000:8.0f} ms  (floor: an interpreter with grpc)')
@@ -137,10 +119,9 @@ def main() -> None:
     )
     print("  (validate asks the bundled docker driver inside its own process, as Nomad runs its built-in")
     print("   drivers: no plugin to boot and no grpc; a job and client config read before are read back")
-    print("   parsed, without their parsers. A served run is a fork of a process with driversdk loaded and")
-    print("   takes over the docker plugin the last run kept; with nothing kept, the run loads driversdk")
-    print("   (~0.3 s) and its plugin boots meanwhile (an interpreter, grpc, the driver, the docker SDK);")
-    print("   the container's create, start and exit cost what they cost docker run)")
+    print("   parsed, without their parsers. A run loads driversdk (~0.3 s) and its plugin boots meanwhile")
+    print("   (an interpreter, grpc, the driver, the docker SDK); the container's create, start and exit")
+    print("   cost what they cost docker run)")
 
 
 def verdict(figure: float, goal: float) -> str:

@@ -30,8 +30,6 @@ import threading
 import time
 from pathlib import Path
 
-from keptplugins import stop_kept_plugins, stop_run_servers
-
 ROOT = Path(__file__).resolve().parents[1]
 # Measured with this script's process finder, count = 100, on the 2-core test machine at commit
 # ad6c7c7 (one driver plugin per allocation), with all 100 tasks running: the run, 100 exec
@@ -163,8 +161,6 @@ def main() -> None:
             proc.kill()
             proc.wait()
         reader.join(5)
-        stop_run_servers(work / "cache")
-        stop_kept_plugins(work / "data")
         shutil.rmtree(work, ignore_errors=True)
     if not all_running:
         raise SystemExit(f"the run ended (exit {proc.returncode}) before all tasks ran:\n" + "".join(lines[-30:]))

@@ -12,12 +12,9 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import asdict
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from driversdk.errors import DriverSDKError
-
-if TYPE_CHECKING:
-    from driversdk.runner.runstate import RunState
 
 
 def _plain(value: Any) -> Any:
@@ -82,20 +79,11 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
-    from driversdk.runner.prelaunch import start_early
+    from driversdk.runner.hcl import Inputs
+    from driversdk.runner.validate import check_files
 
-    # The job's plugins boot while the parser and the validator are imported and the job parsed.
-    # Validation only asks them questions: they need not warm up for tasks.
-    early = start_early([args.job], args.client, checks_only=True)
-    try:
-        from driversdk.runner.hcl import Inputs
-        from driversdk.runner.validate import check_files
-
-        inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
-        report = check_files(args.job, args.client, inputs, early)
-    finally:
-        if early is not None:
-            early[1].abandon()
+    inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
+    report = check_files(args.job, args.client, inputs)
     if not report.job and report.problems and not report.checked and len(report.problems) == 1:
         problem = report.problems[0]
         if not problem.file and not args.json:  # a file that cannot be read as HCL at all
@@ -121,26 +109,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run jobs' tasks here through their driver plugins; Ctrl-C stops them cleanly. Exit 0 when
     every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
     from driversdk.runner.clientconfig import load_client
-    from driversdk.runner.linger import linger_seconds
-    from driversdk.runner.prelaunch import Prelaunched
+    from driversdk.runner.events import printer
+    from driversdk.runner.run import EXIT_REFUSED, RunRefused, run_jobs
 
     client = load_client(args.client)
-    linger = linger_seconds()
-    # The jobs' plugins boot (or are taken over from the last run) while the runner is imported
-    # and the jobs parsed.
-    prelaunched = Prelaunched.for_jobs(args.job, client, linger=linger)
     try:
-        from driversdk.runner.events import printer
-        from driversdk.runner.run import EXIT_REFUSED, RunRefused, run_jobs
-
-        try:
-            emit = printer(args.json, lambda s: print(s, flush=True))
-            return run_jobs(list(args.job), client, emit, prelaunched=prelaunched, linger=linger)
-        except RunRefused as err:  # before anything started
-            print(f"error: {err}", file=sys.stderr)
-            return EXIT_REFUSED
-    finally:
-        prelaunched.abandon()
+        emit = printer(args.json, lambda s: print(s, flush=True))
+        return run_jobs(list(args.job), client, emit)
+    except RunRefused as err:  # before anything started
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_REFUSED
 
 
 class CLIError(DriverSDKError):
@@ -177,45 +155,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         oom = " oom-killed" if r.oom else ""
         restarted = f" restarts={r.restarts}" if r.restarts else ""
         print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}{restarted}")
-    _print_kept_plugins(state)
-    return 0
-
-
-def _print_kept_plugins(state: RunState) -> None:
-    """The plugins runs of this data dir keep for the next one (driversdk.runner.linger), still running."""
-    import time
-
-    from driversdk.plugin.host import ReattachConfig, pid_alive
-
-    lines = []
-    for driver, saved, since in state.kept_plugins():
-        try:
-            pid = ReattachConfig.from_json(saved).pid
-        except (ValueError, KeyError, TypeError):
-            continue
-        if pid_alive(pid):
-            kept_at = time.strftime("%H:%M:%S", time.localtime(since))
-            lines.append(f"kept plugin  {driver:<8} pid {pid}, idle since {kept_at}")
-    if lines:
-        print("\n".join(lines))
-        print("(kept for the next run: each stops once unused for DRIVERSDK_LINGER; `driversdk stop-kept` stops them)")
-
-
-def cmd_stop_kept(args: argparse.Namespace) -> int:
-    """Stop what `driversdk run` keeps for the next run: the plugins kept for this data dir, and the
-    user's run servers (which stop after their runs)."""
-    from driversdk.privatedir import cache_dir
-    from driversdk.runner.linger import stop_kept
-    from driversdk.runner.runstate import RunState
-    from driversdk.runner.runwire import stop_servers
-
-    stopped = stop_kept(RunState(_data_dir(args, existing=True)))
-    try:
-        servers = stop_servers(cache_dir())
-    except RuntimeError:  # no home dir: no run server either
-        servers = 0
-    plugins = ", ".join(stopped) if stopped else "none"
-    print(f"kept plugins stopped: {plugins}; run servers asked to stop: {servers}")
     return 0
 
 
@@ -658,10 +597,6 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
-    stop_kept = sub.add_parser(
-        "stop-kept", parents=[where], help="stop the plugins runs keep for the next one, and the run servers"
-    )
-    stop_kept.set_defaults(func=cmd_stop_kept)
     logs = sub.add_parser("logs", parents=[where], help="print a task's collected stdout (or --stderr)")
     logs.add_argument("task")
     logs.add_argument("--alloc", help="allocation id (prefix); default: the newest run of the task")
@@ -730,7 +665,6 @@ _TAKES: dict[Any, tuple[str, ...]] = {
     cmd_validate: ("client",),
     cmd_run: ("client",),
     cmd_status: DATA_DIR_OPTIONS,
-    cmd_stop_kept: DATA_DIR_OPTIONS,
     cmd_logs: DATA_DIR_OPTIONS,
     cmd_plugin_status: DATA_DIR_OPTIONS,
     cmd_volume_register: DATA_DIR_OPTIONS,
@@ -826,19 +760,7 @@ def entry() -> NoReturn:
     Tearing down the ~400 modules a validate or run loads (the HCL parsers' tables, grpc,
     protobuf) takes ~0.1 s after the last line is printed; nothing needs it once the exit handlers
     (logging's flush, weakref finalizers) have run and no thread of ours is left. With a
-    non-daemon thread still running, the interpreter exits as usual, waiting for it.
-
-    ``driversdk run`` is first offered to the run server of this process context
-    (driversdk.runner.runclient), which runs it in a copy of a process with driversdk loaded."""
-    if sys.argv[1:2] == ["run"]:
-        from driversdk.runner.runclient import run_by_server
-
-        try:
-            served = run_by_server(sys.argv[0], sys.argv[1:])
-        except KeyboardInterrupt:  # Ctrl-C before the run was handed over: nothing was started here
-            os._exit(130)
-        if served is not None:
-            os._exit(served)  # this process printed nothing and holds nothing: the run's copy did it all
+    non-daemon thread still running, the interpreter exits as usual, waiting for it."""
     code = main()
     if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         sys.exit(code)

@@ -393,11 +393,9 @@ def launch(
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
     name: str | None = None,
-    idle_exit: float | None = None,
 ) -> DriverClient:
-    """Launch a driver plugin through the go-plugin handshake and return a client for it
-    (``idle_exit``: see :func:`~driversdk.plugin.host.spawn_plugin`)."""
-    starting = spawn_plugin(cmd, env=env, name=name, idle_exit=idle_exit)
+    """Launch a driver plugin through the go-plugin handshake and return a client for it."""
+    starting = spawn_plugin(cmd, env=env, name=name)
     return connect_driver(starting, cmd, timeout=timeout, name=name)
 
 

@@ -29,9 +29,7 @@ def step(text: str) -> None:
 
 def driversdk(*args: str, check: bool = True) -> int:
     print("$ driversdk " + " ".join(args), flush=True)
-    # The demo removes its data dir when it ends: nothing is kept for a next run (DRIVERSDK_LINGER).
-    env = {**os.environ, "DRIVERSDK_LINGER": "0"}
-    code = subprocess.run([sys.executable, "-m", "driversdk.cli", *args], cwd=ROOT, env=env).returncode
+    code = subprocess.run([sys.executable, "-m", "driversdk.cli", *args], cwd=ROOT).returncode
     if check and code != 0:
         raise SystemExit(f"driversdk {args[0]} failed with exit code {code}")
     return code

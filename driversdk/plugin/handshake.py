@@ -29,10 +29,6 @@ ENV_MAX_PORT = "PLUGIN_MAX_PORT"
 # config and a fingerprint (`driversdk validate`), never to start a task. A driver may then skip
 # warming up what only tasks need; a task call that comes anyway still works, only slower.
 ENV_CHECKS_ONLY = "DRIVERSDK_PLUGIN_CHECKS_ONLY"
-# Ours too: seconds after which a plugin with no task, no network and no call in flight stops by
-# itself. `driversdk run` sets it on the bundled plugins it keeps for its next run; a Nomad client
-# never does, so under Nomad a plugin lives until the client stops it, as go-plugin's do.
-ENV_IDLE_EXIT = "DRIVERSDK_PLUGIN_IDLE_EXIT"
 
 # sun_path is 108 bytes including the terminating NUL.
 MAX_UNIX_PATH = 107

@@ -24,7 +24,6 @@ from driversdk.errors import HandshakeError, PluginError
 from driversdk.plugin.handshake import (
     APP_PROTOCOL_VERSION,
     ENV_CHECKS_ONLY,
-    ENV_IDLE_EXIT,
     ENV_MAX_PORT,
     ENV_MIN_PORT,
     ENV_PROTOCOL_VERSIONS,
@@ -82,13 +81,10 @@ def remove_dead_plugin_socket(config: ReattachConfig) -> bool:
     next run finds only the reattach config in its state. Whether something was removed.
 
     Only what such a plugin leaves is touched: the process is gone, the directory is a real
-    directory of ours named ``plugin-*``, and it holds nothing but its sockets (the gRPC one and
-    the log handover's, :mod:`driversdk.plugin.loghandover`), each a socket. A plugin that lives
-    on, a socket in a shared ``PLUGIN_UNIX_SOCKET_DIR``, or a directory holding anything else is
-    left alone."""
+    directory of ours named ``plugin-*``, and it holds nothing but its socket. A plugin that
+    lives on, a socket in a shared ``PLUGIN_UNIX_SOCKET_DIR``, or a directory holding anything
+    else is left alone."""
     import stat
-
-    from driversdk.plugin.loghandover import HANDOVER_SOCKET
 
     if config.network != "unix" or pid_alive(config.pid):
         return False
@@ -100,7 +96,7 @@ def remove_dead_plugin_socket(config: ReattachConfig) -> bool:
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             return False
         entries = os.listdir(directory)
-        if not set(entries) <= {name, HANDOVER_SOCKET}:
+        if not set(entries) <= {name}:
             return False
         if not all(stat.S_ISSOCK(os.lstat(os.path.join(directory, entry)).st_mode) for entry in entries):
             return False
@@ -167,9 +163,6 @@ class PluginProcess:
         self._popen = popen
         self._stderr_tail = stderr_tail if stderr_tail is not None else collections.deque(maxlen=STDERR_TAIL_LINES)
         self._killed = False
-        # The idle exit the plugin was launched with (ENV_IDLE_EXIT): such a plugin may be left
-        # running by its host, since it stops by itself once nothing uses it.
-        self.idle_exit: float | None = None
 
     @property
     def address(self) -> str:
@@ -219,10 +212,6 @@ class PluginProcess:
         self.channel.close()
         self._remove_orphaned_socket()
 
-    def take_logs(self) -> bool:
-        """Read the log lines of a plugin another host launched (:func:`take_plugin_logs`)."""
-        return take_plugin_logs(self.address, self._stderr_tail, self.name)
-
     def disconnect(self) -> None:
         """Close our channel and leave the process running (a later host reattaches to it)."""
         self._killed = True  # nothing of ours to stop any more
@@ -242,7 +231,7 @@ class PluginProcess:
 
 def _pump_stderr(stream: IO[bytes], logger: logging.Logger, tail: collections.deque[str]) -> None:
     # Imported on this thread, not with the module: a host starts its plugins before it loads the
-    # rest (driversdk.runner.prelaunch), and the hclog parser brings json and datetime.
+    # rest (validation loads the runner while they boot), and the hclog parser brings json and datetime.
     from driversdk.plugin.log import parse_hclog_line
 
     for raw in iter(stream.readline, b""):
@@ -285,7 +274,6 @@ class StartingPlugin:
         self._err_thread.start()
         self._out_thread.start()
         self._handshake_line: str | None = None  # once connect has read it
-        self.idle_exit: float | None = None  # as launched (spawn_plugin)
 
     @property
     def pid(self) -> int:
@@ -351,9 +339,7 @@ class StartingPlugin:
         config = ReattachConfig(
             self._popen.pid, handshake.network, handshake.address, handshake.protocol, handshake.app_version
         )
-        process = PluginProcess(channel, config, self._popen, label, self._tail)
-        process.idle_exit = self.idle_exit
-        return process
+        return PluginProcess(channel, config, self._popen, label, self._tail)
 
 
 def spawn_plugin(
@@ -362,24 +348,17 @@ def spawn_plugin(
     env: Mapping[str, str] | None = None,
     name: str | None = None,
     checks_only: bool = False,
-    idle_exit: float | None = None,
 ) -> StartingPlugin:
     """Start ``cmd`` as a go-plugin plugin; :meth:`StartingPlugin.connect` finishes the launch.
     ``checks_only``: the plugin will only be asked for its schemas, config and fingerprint
-    (``ENV_CHECKS_ONLY``). ``idle_exit``: seconds after which a driversdk plugin left with
-    nothing to do stops by itself (``ENV_IDLE_EXIT``; for plugins kept between runs)."""
+    (``ENV_CHECKS_ONLY``)."""
     label = name or os.path.basename(cmd[0])
     environment = plugin_environment(env)
-    # Neither is ever inherited from a host that was itself so launched (an explicit ``env`` is
-    # the caller's to give).
+    # Never inherited from a host that was itself so launched.
     if checks_only:
         environment[ENV_CHECKS_ONLY] = "1"
     else:
         environment.pop(ENV_CHECKS_ONLY, None)
-    if idle_exit is not None:
-        environment[ENV_IDLE_EXIT] = f"{idle_exit:g}"
-    elif env is None or ENV_IDLE_EXIT not in env:
-        environment.pop(ENV_IDLE_EXIT, None)
     try:
         popen = subprocess.Popen(
             list(cmd),
@@ -390,9 +369,7 @@ def spawn_plugin(
         )
     except OSError as err:
         raise PluginError(f"cannot start plugin {cmd[0]!r}: {err.strerror}") from None
-    starting = StartingPlugin(popen, label)
-    starting.idle_exit = idle_exit
-    return starting
+    return StartingPlugin(popen, label)
 
 
 def launch_plugin(
@@ -433,44 +410,7 @@ def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: fl
             f"cannot reattach to plugin {name!r}: its socket {config.address} is served by uid {listener_uid}, "
             f"not by this user ({os.geteuid()}); launch it again"
         )
-    process = PluginProcess(_connect(config.address, timeout), config, None, name)
-    process.take_logs()
-    return process
-
-
-def take_plugin_logs(plugin_socket: str, tail: collections.deque[str], label: str) -> bool:
-    """Have the driversdk plugin serving ``plugin_socket`` write its log lines to a pipe of ours,
-    read as a launch's stderr is (:mod:`driversdk.plugin.loghandover`). False when it does not
-    offer that (another SDK's plugin, an older driversdk, a shared socket dir): its lines then go
-    on to where they went."""
-    import socket
-
-    from driversdk.peercred import peer_uid
-    from driversdk.plugin.loghandover import handover_path
-
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        conn.settimeout(5.0)
-        conn.connect(handover_path(plugin_socket))
-        if peer_uid(conn) != os.geteuid():
-            raise OSError("served by another user")  # never hand a pipe of ours to someone else
-        socket.send_fds(conn, [b"\x00"], [write_end])
-        os.close(write_end)
-        write_end = -1
-        if conn.recv(1) != b"\x01":
-            raise OSError("no confirmation")
-    except OSError:
-        os.close(read_end)
-        return False
-    finally:
-        conn.close()
-        if write_end >= 0:
-            os.close(write_end)
-    logger = logging.getLogger(f"driversdk.plugin.{label}")
-    stream = os.fdopen(read_end, "rb")
-    threading.Thread(target=_pump_stderr, args=(stream, logger, tail), daemon=True).start()
-    return True
+    return PluginProcess(_connect(config.address, timeout), config, None, name)
 
 
 def rpc_call_of(err: grpc.RpcError) -> grpc.Call | None:

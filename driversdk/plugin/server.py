@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 from driversdk.plugin.handshake import (
     CORE_PROTOCOL_VERSION,
     ENV_CLIENT_CERT,
-    ENV_IDLE_EXIT,
     ENV_PROTOCOL_VERSIONS,
     ENV_UNIX_SOCKET_DIR,
     ENV_UNIX_SOCKET_GROUP,
@@ -177,22 +176,6 @@ async def _add_go_plugin_services(server: grpc.aio.Server, stop: asyncio.Event) 
     grpc_broker_pb2_grpc.add_GRPCBrokerServicer_to_server(Broker(), server)
 
 
-def _idle_exit_seconds() -> tuple[float | None, str]:
-    """The idle time after which to stop (ENV_IDLE_EXIT), or None to serve until told to stop;
-    with the raw value when it was not a positive number of seconds (ignored, to be logged: stopping
-    a plugin its host expects to find would be worse than keeping it)."""
-    raw = os.environ.pop(ENV_IDLE_EXIT, "")  # not handed down to the tasks this plugin starts
-    if not raw:
-        return None, ""
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0 or seconds == float("inf"):
-        return None, raw
-    return seconds, ""
-
-
 def _detach_host_pipes() -> io.TextIOWrapper:
     """Keep the host's stderr for our logs only, and give fds 1 and 2 to /dev/null.
 
@@ -259,18 +242,11 @@ async def _serve(
     loop.add_signal_handler(signal.SIGTERM, stop.set)
 
     place = _SocketPlace()
-    idle_after, bad_idle_exit = _idle_exit_seconds()
-    watch = None
-    if idle_after is not None:
-        from driversdk.plugin.idle import IdleWatch
-
-        watch = IdleWatch(idle_after)
     server = grpc.aio.server(
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ],
-        interceptors=[watch.interceptor()] if watch is not None else None,
     )
     try:
         await _add_go_plugin_services(server, stop)
@@ -290,35 +266,15 @@ async def _serve(
         place.remove()
         raise
 
-    log_stream = _detach_host_pipes()
+    _detach_host_pipes()
     configure_plugin_logging(name)
-    handover = None
-    if place.private_dir:
-        # A host that reattaches later takes our log lines (driversdk.plugin.loghandover); in a
-        # shared socket dir (PLUGIN_UNIX_SOCKET_DIR) we make nothing beside our socket.
-        from driversdk.plugin.loghandover import serve_log_handover
-
-        handover = asyncio.ensure_future(serve_log_handover(place.private_dir, log_stream))
-    if bad_idle_exit:
-        log.warning("ignoring %s=%r: it is not a positive number of seconds", ENV_IDLE_EXIT, bad_idle_exit)
     log.info("plugin started", extra={"address": place.path, "pid": os.getpid()})
     if on_listening is not None:
         on_listening()
 
-    # The host going away is not a reason to stop (it may reattach); only Shutdown or SIGTERM are,
-    # or, for a plugin launched to be kept between runs (ENV_IDLE_EXIT), having had nothing to do.
-    if watch is None:
-        await stop.wait()
-    else:
-        told = asyncio.ensure_future(stop.wait())
-        idle = asyncio.ensure_future(watch.idle())
-        await asyncio.wait({told, idle}, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in (told, idle):
-            waiter.cancel()
-        if not stop.is_set():
-            log.info(
-                "plugin idle: no task, network or call for the time it was kept for", extra={"seconds": watch.after}
-            )
+    # The host going away is not a reason to stop (a host that was killed reattaches to recover
+    # its tasks); only Shutdown or SIGTERM are.
+    await stop.wait()
     log.info("plugin stopping")
     if on_shutdown is not None:
         try:
@@ -331,9 +287,5 @@ async def _serve(
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(1.5):
             await server.stop(grace=0.1)
-    if handover is not None:
-        handover.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OSError):
-            await handover
     place.remove()
     logging.shutdown()

@@ -21,7 +21,6 @@ from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
 from driversdk.plugin.host import ReattachConfig, pid_alive, remove_dead_plugin_socket
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.events import Emit, RunEvent
-from driversdk.runner.linger import fingerprint, kept_for, take_idle
 from driversdk.runner.runstate import RunState
 
 # How often a driver plugin may die under one running task before the task counts as lost.
@@ -62,14 +61,10 @@ class DriverManager:
         state: RunState,
         emit: Emit,
         spare: dict[str, DriverClient] | None = None,
-        linger: float = 0.0,
     ) -> None:
         self.client = client
         self.state = state
         self.emit = emit
-        # How long a bundled plugin no allocation uses any more is kept for the next run
-        # (driversdk.runner.linger); 0: shut down, as Nomad's client does with a plugin it drops.
-        self.linger = linger
         # Plugins validation launched and configured: the first use of each takes it.
         self._spare: dict[str, DriverClient] = dict(spare or {})
         self._plugins: dict[str, DriverClient] = {}
@@ -109,7 +104,7 @@ class DriverManager:
             return plugin
 
     def release(self, driver: str) -> None:
-        """One user fewer; the last one shuts the plugin down, or keeps it for the next run."""
+        """One user fewer; the last one shuts the plugin down, as Nomad's client does with a plugin it drops."""
         with self._lock:
             self._users[driver] = self._users.get(driver, 0) - 1
             if self._users[driver] > 0:
@@ -117,18 +112,9 @@ class DriverManager:
             del self._users[driver]
             plugin = self._plugins.pop(driver, None)
             if plugin is not None:
-                self._let_go(driver, plugin)
+                plugin.kill()
+                self.state.plugin_gone(driver)
             self._shut_down_retired(driver)
-
-    def _let_go(self, driver: str, plugin: DriverClient) -> None:
-        """A plugin this run is done with: kept idle when it was launched to stop by itself and the
-        run keeps plugins (it then must not be shut down: its next user reattaches), else shut down."""
-        if self.linger > 0 and plugin.process.idle_exit is not None and plugin.process.alive():
-            self.state.plugin_idles(driver, fingerprint(self.client, driver), plugin.process.reattach_config.to_json())
-            plugin.disconnect()
-            return
-        plugin.kill()
-        self.state.plugin_gone(driver)
 
     def running(self) -> dict[str, int]:
         """Driver → pid of its plugin process, for status and tests."""
@@ -138,12 +124,10 @@ class DriverManager:
     def _launch(self, driver: str) -> DriverClient:
         plugin = self._spare.pop(driver, None)
         if plugin is None:
-            plugin = take_idle(self.client, driver, self.state, self.linger)
-        if plugin is None:
             command = self.client.driver_command(driver)
             if command is None:
                 raise NoDriverPlugin(f'no plugin is configured for driver "{driver}"')
-            plugin = launch(command, name=driver, idle_exit=kept_for(self.client, driver, self.linger))
+            plugin = launch(command, name=driver)
         try:
             plugin.set_config(self.client.plugin_config(driver), AGENT_CONFIG)
             plugin.init()

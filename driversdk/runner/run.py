@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from driversdk.client import DriverClient
     from driversdk.runner.allocrunner import AllocRunner, NodeServices
     from driversdk.runner.drivermanager import DriverManager
-    from driversdk.runner.prelaunch import Prelaunched
 
 # Allocations of one count started side by side at most (each start is mostly waiting on its
 # driver plugin: StartTask, runc or dockerd), see _side_by_side.
@@ -147,18 +146,17 @@ def _batches(
 
 
 def _validate(
-    paths: list[str], client: ClientConfig, emit: Emit, prelaunched: Prelaunched | None
+    paths: list[str], client: ClientConfig, emit: Emit
 ) -> tuple[list[Job], dict[str, DriverClient], dict[str, dict[str, str]]]:
     """Every job checked before anything starts; the driver plugins validation launched are kept
-    (one per driver) for the driver manager, with the node attributes they fingerprinted. Plugins
-    started before the parse that no job took are killed here, before anything starts."""
+    (one per driver) for the driver manager, with the node attributes they fingerprinted."""
     spare: dict[str, DriverClient] = {}
     attributes: dict[str, dict[str, str]] = {}
     jobs: list[Job] = []
     refused = False
     for path in paths:
         kept: dict[str, DriverClient] = {}
-        report = validate_job(path, client, keep_plugins=kept, while_starting=_load_run_side, prelaunched=prelaunched)
+        report = validate_job(path, client, keep_plugins=kept, while_starting=_load_run_side)
         for driver, plugin in kept.items():
             if driver in spare:
                 plugin.kill()  # an earlier job's validation kept one already
@@ -179,8 +177,6 @@ def _validate(
                 )
             )
         jobs.append(report.parsed)
-    if prelaunched is not None:
-        prelaunched.abandon()
     if refused:
         for plugin in spare.values():
             plugin.kill()
@@ -193,16 +189,12 @@ def run_jobs(
     client: ClientConfig,
     emit: Emit,
     stop: threading.Event | None = None,
-    prelaunched: Prelaunched | None = None,
-    linger: float = 0.0,
 ) -> int:
     """Run the jobs' allocations in this process until their tasks finish (or ``stop``); returns
-    the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED). ``prelaunched``: plugins the caller
-    started for the jobs' drivers before they were parsed (:mod:`driversdk.runner.prelaunch`).
-    ``linger``: how long the bundled plugins are kept for the next run once this one is done with
-    them (:mod:`driversdk.runner.linger`); 0 shuts them down."""
+    the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED). Every plugin the run launched is shut
+    down before it returns: nothing of it runs on."""
     emit = _one_at_a_time(emit)  # tasks start and exit in threads of their own: one line at a time
-    jobs, spare, attributes = _validate(paths, client, emit, prelaunched)
+    jobs, spare, attributes = _validate(paths, client, emit)
     if not jobs:
         return EXIT_REFUSED
     from driversdk.runner.allocrunner import NodeServices
@@ -216,7 +208,7 @@ def run_jobs(
     node = NodeServices.open(client.data_dir)
     node.stopping = stop
     node.driver_attributes.update(attributes)  # fingerprinted by the plugins the driver manager takes over
-    drivers = node.drivers = DriverManager(client, node.state, emit, spare, linger)
+    drivers = node.drivers = DriverManager(client, node.state, emit, spare)
     allocs: list[AllocRunner] = []
     bounds: list[int] = []  # where each batch's allocations end in ``allocs``
     try:

@@ -124,35 +124,6 @@ class RunState:
         with self._lock:
             self._db.execute("DELETE FROM run_plugins_retired WHERE alloc_id=? AND driver=?", (alloc_id, driver))
 
-    # --- plugins kept between runs (driversdk.runner.linger) ---------------------------------------
-
-    def plugin_idles(self, driver: str, fingerprint: str, reattach: str) -> None:
-        """This run is done with its plugin and keeps it for the next run of this data dir."""
-        with self._lock:
-            self._db.execute("DELETE FROM run_plugins WHERE driver=? AND run_pid=?", (driver, os.getpid()))
-            self._db.execute(
-                "INSERT OR REPLACE INTO idle_plugins VALUES (?, ?, ?, ?)", (reattach, driver, fingerprint, time.time())
-            )
-
-    def idle_plugins(self, driver: str) -> list[tuple[str, str]]:
-        """Kept plugins of ``driver`` as (reattach config, fingerprint), the most recently kept first."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT reattach, fingerprint FROM idle_plugins WHERE driver=? ORDER BY since DESC", (driver,)
-            ).fetchall()
-        return [(str(r), str(f)) for r, f in rows]
-
-    def kept_plugins(self) -> list[tuple[str, str, float]]:
-        """Every kept plugin as (driver, reattach config, when it was kept), oldest first."""
-        with self._lock:
-            rows = self._db.execute("SELECT driver, reattach, since FROM idle_plugins ORDER BY since").fetchall()
-        return [(str(d), str(r), float(t)) for d, r, t in rows]
-
-    def take_idle_plugin(self, reattach: str) -> bool:
-        """Take a kept plugin off the list; False when another run took it first."""
-        with self._lock:
-            return self._db.execute("DELETE FROM idle_plugins WHERE reattach=?", (reattach,)).rowcount == 1
-
     def set_logmon(self, alloc_id: str, task: str, pid: int) -> None:
         with self._lock:
             self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))

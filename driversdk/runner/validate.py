@@ -1,8 +1,8 @@
 """Everything that can be known before a task starts, checked at once.
 
 Nomad finds most of these only when the task starts on a client; we ask each driver the job
-uses (as a client would: a plugin launched for it, or a bundled driver built in this process when
-nothing is kept for a run, :mod:`driversdk.runner.inprocess`), read its capabilities and task
+uses (as a client would: a plugin launched for it, or, for checks only, a bundled driver built in
+this process, :mod:`driversdk.runner.inprocess`), read its capabilities and task
 schema, and check the job's volumes and mounts against them and against this host.
 """
 
@@ -27,7 +27,6 @@ from driversdk.runner.hcl import Inputs
 from driversdk.runner.inprocess import InProcessDriver, answers_here
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
-from driversdk.runner.prelaunch import Prelaunched
 from driversdk.runner.problems import Problem, ValidationFailed, with_field
 
 if TYPE_CHECKING:
@@ -202,14 +201,12 @@ def _driver_facts(
 
 
 def _spawn_plugins(
-    job: Job, client: ClientConfig, prelaunched: Prelaunched | None, checks_only: bool = False
+    job: Job, client: ClientConfig, checks_only: bool = False
 ) -> dict[str, StartingPlugin | DriverClient | DriverSDKError]:
-    """Start the plugin of every driver the job names (or take the one started before the parse,
-    :mod:`driversdk.runner.prelaunch`), all at once and before anything else is waited on: each
-    boots (an interpreter, its imports) while this process loads its gRPC client side and checks
-    the other drivers. A start that failed is kept to be reported in its turn."""
+    """Start the plugin of every driver the job names, all at once and before anything else is
+    waited on: each boots (an interpreter, its imports) while this process loads its gRPC client
+    side and checks the other drivers. A start that failed is kept to be reported in its turn."""
     from driversdk.plugin.host import spawn_plugin
-    from driversdk.runner.linger import kept_for
 
     out: dict[str, StartingPlugin | DriverClient | DriverSDKError] = {}
     for group in job.groups:
@@ -220,13 +217,7 @@ def _spawn_plugins(
             if checks_only and answers_here(client, task.driver):
                 continue  # asked in this process: no plugin to start
             try:
-                # A plugin started for the other purpose (warming up for tasks or not) is not taken.
-                fits = prelaunched is not None and prelaunched.checks_only == checks_only
-                taken = prelaunched.take(task.driver, command) if prelaunched is not None and fits else None
-                linger = prelaunched.linger if prelaunched is not None and not checks_only else 0.0
-                out[task.driver] = taken or spawn_plugin(
-                    command, name=task.driver, checks_only=checks_only, idle_exit=kept_for(client, task.driver, linger)
-                )
+                out[task.driver] = spawn_plugin(command, name=task.driver, checks_only=checks_only)
             except DriverSDKError as err:
                 out[task.driver] = err
     return out
@@ -457,14 +448,12 @@ def validate_job(
     keep_plugins: dict[str, DriverClient] | None = None,
     inputs: Inputs | None = None,
     while_starting: Callable[[], None] | None = None,
-    prelaunched: Prelaunched | None = None,
 ) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
     there (configured, not yet initialised) instead of being shut down. ``while_starting`` is
     called once the job's plugins have been started, before the first is waited for: work of the
-    caller's that then takes the time they take to boot. Plugins in ``prelaunched`` are used
-    instead of starting the same command again; the caller abandons those left over."""
-    report = _validate(path, client, keep_plugins, inputs, while_starting, prelaunched)
+    caller's that then takes the time they take to boot."""
+    report = _validate(path, client, keep_plugins, inputs, while_starting)
     report.problems = _once(report.problems)
     return report
 
@@ -475,7 +464,6 @@ def _validate(
     keep_plugins: dict[str, DriverClient] | None,
     inputs: Inputs | None,
     while_starting: Callable[[], None] | None = None,
-    prelaunched: Prelaunched | None = None,
 ) -> Report:
     parsed, problems = parse_job(path, inputs)
     job = dry_interpolated(parsed)
@@ -504,7 +492,7 @@ def _validate(
                 report.problems.append(Problem(client.file or job.file, problem, **where))
     cache: dict[str, DriverFacts | Problem] = {}
     # Plugins no caller keeps are only asked questions: they are told so, and skip warming up for tasks.
-    spawned = _spawn_plugins(job, client, prelaunched, checks_only=keep_plugins is None)
+    spawned = _spawn_plugins(job, client, checks_only=keep_plugins is None)
     starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(spawned)
     try:
         _connect_plugins(starting, client)
@@ -722,29 +710,20 @@ def check_files(
     job_path: str,
     client_path: str | None,
     inputs: Inputs | None = None,
-    early: tuple[ClientConfig, Prelaunched] | None = None,
 ) -> Report:
     """What `driversdk validate` answers: a verdict for any pair of files, never an exception
-    for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too).
-    ``early`` is the client config already read from ``client_path`` and the plugins started for
-    the job before this module was loaded (:func:`driversdk.runner.prelaunch.start_early`)."""
-    if early is not None:
-        client, prelaunched = early
-    else:
-        try:
-            client = load_client(client_path)
-        except ValidationFailed as err:
-            return Report(job="", problems=_once(err.problems))
-        except DriverSDKError as err:
-            return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
-        prelaunched = Prelaunched.for_jobs([job_path], client, checks_only=True)
+    for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too)."""
     try:
-        report = validate_job(job_path, client, inputs=inputs, prelaunched=prelaunched)
+        client = load_client(client_path)
+    except ValidationFailed as err:
+        return Report(job="", problems=_once(err.problems))
+    except DriverSDKError as err:
+        return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
+    try:
+        report = validate_job(job_path, client, inputs=inputs)
         report.notes = client.notes + report.notes
         return report
     except ValidationFailed as err:
         return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
         return Report(job="", problems=[Problem("", str(err), field="file")])
-    finally:
-        prelaunched.abandon()

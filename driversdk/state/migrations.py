@@ -109,12 +109,20 @@ def _v5_idle_plugins(db: sqlite3.Connection) -> None:
     )
 
 
+def _v6_no_kept_plugins(db: sqlite3.Connection) -> None:
+    """Runs keep no plugin for the next one any more: each shuts down what it launched. The rows
+    of plugins an older version kept are dropped with their table; such a plugin stops by itself
+    once idle (it was launched with an idle exit), and nothing reattaches to it again."""
+    db.execute("DROP TABLE IF EXISTS idle_plugins")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_unversioned_schema,
     _v2_one_plugin_per_driver,
     _v3_claims_that_end,
     _v4_task_restarts,
     _v5_idle_plugins,
+    _v6_no_kept_plugins,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -83,6 +83,27 @@ def test_a_state_db_from_before_log_collector_processes_gets_the_logmon_column(t
         db.close()
 
 
+def test_a_state_db_that_kept_plugins_loses_that_table_and_keeps_its_driver_plugins(tmp_path: Path) -> None:
+    """A state.db of the version that kept plugins between runs (schema 5) opens: the kept-plugin
+    table goes (nothing reattaches to such a plugin again), every other row stays."""
+    db_path = tmp_path / "state.db"
+    old = sqlite3.connect(db_path, isolation_level=None)
+    from driversdk.state.migrations import migrate
+
+    migrate(old, target=5)
+    old.execute("INSERT INTO idle_plugins VALUES ('{\"pid\": 1}', 'docker', 'f', 1.0)")
+    old.execute("INSERT INTO run_plugins VALUES ('exec', 4242, '{\"pid\": 2}')")
+    old.close()
+    db = open_state(str(db_path))
+    try:
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert "idle_plugins" not in tables
+        assert db.execute("SELECT driver, run_pid FROM run_plugins").fetchall() == [("exec", 4242)]
+    finally:
+        db.close()
+
+
 def test_a_state_db_of_a_newer_version_is_refused_with_a_sentence(tmp_path: Path) -> None:
     db_path = tmp_path / "state.db"
     db = open_state(str(db_path))

@@ -143,7 +143,7 @@ def test_a_tcp_plugin_or_a_live_pid_is_left_alone(place: Path) -> None:
     assert os.path.exists(address)
 
 
-# --- plugins abandoned before they were connected to (guessed by prelaunch, never taken) -------
+# --- plugins abandoned before they were connected to (validation stopped before their turn) ---
 
 
 def _spawn_in(tmp: Path) -> StartingPlugin:
