@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import pwd
 import re
 import resource
 import stat
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from drivers.exec.config import PluginConfig, TaskExecConfig
+from drivers.exec.ids import HostUser
 from driversdk import procwatch
 from driversdk.errors import ConfigError
 from driversdk.model import Device, DNSConfig, NetworkIsolationMode, TaskConfig
@@ -112,21 +112,25 @@ def chroot_entries(chroot_env: tuple[str, ...]) -> tuple[list[dict[str, Any]], d
     return mounts, links
 
 
-def resolve_user(user: str, *, task: str) -> dict[str, Any]:
-    """The OCI process user for a task ``user`` (name or uid), looked up on the host."""
-    if not user:
-        return {"uid": 0, "gid": 0}
-    try:
-        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-    except (KeyError, ValueError):
-        raise ConfigError(
-            f"task {task!r}: user {user!r} does not exist on this host; create it or set another user"
-        ) from None
-    groups = [g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid]
-    with_names: dict[str, Any] = {"uid": entry.pw_uid, "gid": entry.pw_gid}
-    if groups:
-        with_names["additionalGids"] = groups
-    return with_names
+def process_user(user: HostUser) -> dict[str, Any]:
+    """The OCI process user for the task's host user (resolved by :func:`drivers.exec.ids.lookup_user`)."""
+    out: dict[str, Any] = {"uid": user.uid, "gid": user.gid}
+    if user.groups:
+        out["additionalGids"] = list(user.groups)
+    return out
+
+
+def process_capabilities(cfg: TaskExecConfig, user: HostUser) -> dict[str, list[str]]:
+    """The task's capability sets. Root keeps its whole set across exec. Any other user loses
+    every capability at exec unless it is ambient: only what the job's cap_add asked for (and
+    allow_caps let through) is, so a nobody task in the host's pid namespace has no CAP_KILL
+    over root's processes unless the job asked for it."""
+    caps = [f"CAP_{c.upper()}" for c in cfg.capabilities]
+    sets: dict[str, list[str]] = {"bounding": caps, "effective": caps, "permitted": caps}
+    if user.uid != 0 and cfg.added_capabilities:
+        ambient = [f"CAP_{c.upper()}" for c in cfg.added_capabilities]
+        sets.update(inheritable=ambient, ambient=ambient)
+    return sets
 
 
 def device_entries(devices: list[Device], *, task: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -211,7 +215,13 @@ def _nofile_rlimit() -> dict[str, Any]:
 
 
 def build_spec(
-    task: TaskConfig, cfg: TaskExecConfig, plugin: PluginConfig, *, cgroups_path: str, bundle_dir: str = ""
+    task: TaskConfig,
+    cfg: TaskExecConfig,
+    plugin: PluginConfig,
+    user: HostUser,
+    *,
+    cgroups_path: str,
+    bundle_dir: str = "",
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The runc config.json for the task, and the symlinks its root needs.
 
@@ -245,12 +255,14 @@ def build_spec(
         mqueue = {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"}
         mounts.append({**mqueue, "options": ["nosuid", "noexec", "nodev"]})
     mounts.extend(chroot_mounts)
-    mounts.append(_bind(task.shared_alloc_dir, "/alloc", "rw", "rprivate"))
-    mounts.append(_bind(task.local_dir, "/local", "rw", "rprivate"))
-    mounts.append(_bind(task.secrets_dir, "/secrets", "rw", "noexec", "rprivate"))
+    # The task dirs hold what the task, its templates and artifacts wrote: nothing there is a
+    # device or raises privileges (a setuid-root file a template or an earlier task left).
+    mounts.append(_bind(task.shared_alloc_dir, "/alloc", "rw", "nosuid", "nodev", "rprivate"))
+    mounts.append(_bind(task.local_dir, "/local", "rw", "nosuid", "nodev", "rprivate"))
+    mounts.append(_bind(task.secrets_dir, "/secrets", "rw", "nosuid", "nodev", "noexec", "rprivate"))
     task_tmp = os.path.join(task.task_dir, "tmp")
     if os.path.isdir(task_tmp):
-        mounts.append(_bind(task_tmp, "/tmp", "rw", "rprivate"))
+        mounts.append(_bind(task_tmp, "/tmp", "rw", "nosuid", "nodev", "rprivate"))
     if bundle_dir and resolv_conf(task.dns) is not None:
         mounts.append(_bind(Bundle(bundle_dir).resolv_conf, "/etc/resolv.conf", "ro", "rprivate"))
     for m in task.mounts:
@@ -276,7 +288,6 @@ def build_spec(
     device_nodes, device_rules = device_entries(task.devices, task=task.name)
     env = dict(task.env)
     env.setdefault("PATH", DEFAULT_PATH)
-    caps = [f"CAP_{c.upper()}" for c in cfg.capabilities]
     propagation = root_propagation(task)
     if plugin.no_pivot_root and propagation == "rprivate":
         # runc refuses a private root without pivot_root (the chroot could be escaped through
@@ -286,12 +297,16 @@ def build_spec(
         "ociVersion": OCI_VERSION,
         "process": {
             "terminal": False,
-            "user": resolve_user(task.user, task=task.name),
+            "user": process_user(user),
             "args": [cfg.command, *cfg.args],
             "env": [f"{k}={v}" for k, v in sorted(env.items())],
             "cwd": cfg.work_dir,
-            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-            "noNewPrivileges": False,
+            "capabilities": process_capabilities(cfg, user),
+            # Nomad's executor leaves this off because its chroot is a copy of the host's dirs
+            # whose setuid helpers (su, ping) work. Here chroot_env and the task dirs are nosuid, so
+            # an exec that raises privileges has no use; a volume's setuid file does not either.
+            # Ambient capabilities survive it.
+            "noNewPrivileges": True,
             "rlimits": [_nofile_rlimit()],
         },
         "root": {"path": "rootfs", "readonly": True},

@@ -30,6 +30,12 @@ DEFAULT_CGROUP_PARENT = "driversdk-exec"
 DEFAULT_RECONCILE_PERIOD = "5m"
 DEFAULT_RECONCILE_GRACE = "5m"
 MODES = ("private", "host")
+# Who a task may run as when the plugin config does not say: never root (uid 0 or gid 0). An
+# operator who wants root tasks sets both options to "", which denies no id.
+DEFAULT_DENIED_HOST_UIDS = "0"
+DEFAULT_DENIED_HOST_GIDS = "0"
+# Who a task runs as when it names no user, as Nomad's exec driver does.
+DEFAULT_TASK_USER = "nobody"
 
 
 def _list_literal(items: tuple[str, ...]) -> hs.Spec:
@@ -41,8 +47,9 @@ def plugin_spec() -> hs.Spec:
         {
             "runtime_path": hs.default(hs.attr("string"), hs.literal('"runc"')),
             "no_pivot_root": hs.default(hs.attr("bool"), hs.literal("false")),
-            "denied_host_uids": hs.attr("string"),
-            "denied_host_gids": hs.attr("string"),
+            # A default, not a missing value: "" (deny nothing) must reach the plugin as written.
+            "denied_host_uids": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_DENIED_HOST_UIDS}"')),
+            "denied_host_gids": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_DENIED_HOST_GIDS}"')),
             "state_dir": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_STATE_DIR}"')),
             "default_pid_mode": hs.default(hs.attr("string"), hs.literal('"private"')),
             "default_ipc_mode": hs.default(hs.attr("string"), hs.literal('"private"')),
@@ -96,6 +103,12 @@ def _mode(value: str, field: str) -> str:
     return value
 
 
+def _or_default(cfg: dict[str, Any], key: str, default: str) -> str:
+    """The option as written ("" included); the default only when it is missing."""
+    value = cfg.get(key)
+    return default if value is None else str(value)
+
+
 @dataclass(frozen=True)
 class PluginConfig:
     runtime_path: str = "runc"
@@ -112,8 +125,8 @@ class PluginConfig:
     reconcile_period: float = 300.0
     reconcile_creation_grace: float = 300.0
     no_pivot_root: bool = False
-    denied_uids: IdRanges = field(default_factory=lambda: IdRanges("", ()))
-    denied_gids: IdRanges = field(default_factory=lambda: IdRanges("", ()))
+    denied_uids: IdRanges = field(default_factory=lambda: IdRanges.parse(DEFAULT_DENIED_HOST_UIDS, "denied_host_uids"))
+    denied_gids: IdRanges = field(default_factory=lambda: IdRanges.parse(DEFAULT_DENIED_HOST_GIDS, "denied_host_gids"))
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
@@ -166,8 +179,12 @@ class PluginConfig:
             reconcile_period=period,
             reconcile_creation_grace=grace,
             no_pivot_root=bool(cfg.get("no_pivot_root")),
-            denied_uids=IdRanges.parse(cfg.get("denied_host_uids"), "denied_host_uids"),
-            denied_gids=IdRanges.parse(cfg.get("denied_host_gids"), "denied_host_gids"),
+            denied_uids=IdRanges.parse(
+                _or_default(cfg, "denied_host_uids", DEFAULT_DENIED_HOST_UIDS), "denied_host_uids"
+            ),
+            denied_gids=IdRanges.parse(
+                _or_default(cfg, "denied_host_gids", DEFAULT_DENIED_HOST_GIDS), "denied_host_gids"
+            ),
         )
 
 
@@ -179,6 +196,9 @@ class TaskExecConfig:
     pid_mode: str = "private"
     ipc_mode: str = "private"
     capabilities: tuple[str, ...] = ()
+    added_capabilities: tuple[str, ...] = ()
+    """The capabilities cap_add names (within ``capabilities``): a task user other than root gets
+    these, and only these, as ambient capabilities."""
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any], plugin: PluginConfig, *, task: str) -> TaskExecConfig:
@@ -190,15 +210,18 @@ class TaskExecConfig:
         work_dir = cfg.get("work_dir") or "/"
         if not work_dir.startswith("/"):
             raise ConfigError(f"task {task!r} config: work_dir {work_dir!r} must be an absolute path inside the task")
+        capabilities = task_capabilities(
+            cfg.get("cap_add") or (), cfg.get("cap_drop") or (), plugin.allow_caps, task=task
+        )
+        added = {normalize_cap(c) for c in cfg.get("cap_add") or ()}
         return cls(
             command=command,
             args=tuple(cfg.get("args") or ()),
             work_dir=work_dir,
             pid_mode=_mode(cfg.get("pid_mode") or plugin.default_pid_mode, f"task {task!r} config: pid_mode"),
             ipc_mode=_mode(cfg.get("ipc_mode") or plugin.default_ipc_mode, f"task {task!r} config: ipc_mode"),
-            capabilities=task_capabilities(
-                cfg.get("cap_add") or (), cfg.get("cap_drop") or (), plugin.allow_caps, task=task
-            ),
+            capabilities=capabilities,
+            added_capabilities=tuple(c for c in capabilities if c in added or "all" in added),
         )
 
 

@@ -19,7 +19,7 @@ from drivers.exec import owner, reconcile, supervisor
 from drivers.exec import rootfs as task_root
 from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, resolv_conf
 from drivers.exec.cgroups import TaskCgroup
-from drivers.exec.config import PluginConfig, TaskExecConfig, plugin_spec, task_spec
+from drivers.exec.config import DEFAULT_TASK_USER, PluginConfig, TaskExecConfig, plugin_spec, task_spec
 from drivers.exec.fingerprint import fingerprint as read_fingerprint
 from drivers.exec.ids import check_user_allowed, lookup_user
 from drivers.exec.logs import open_logs
@@ -146,9 +146,10 @@ class ExecDriver(DriverPlugin):
             raise DriverError(f"task with ID {task.id!r} already started")
         # Everything that can be refused is checked before anything is created.
         cfg = TaskExecConfig.from_decoded(task.driver_config, self.config, task=task.name)
-        # The user the task runs as (root when the task names none) against denied_host_uids/gids.
-        user = lookup_user(task.user, task=task.name)
-        check_user_allowed(user, self.config.denied_uids, self.config.denied_gids, task=task.name)
+        # The user the task runs as (nobody when it names none, as Nomad's exec driver) against
+        # denied_host_uids/gids, which deny root unless the operator opened them.
+        user = lookup_user(task.user, task=task.name, default=DEFAULT_TASK_USER)
+        check_user_allowed(user, self.config.denied_uids, self.config.denied_gids, task=task.name, plugin="exec")
         check_mount_destinations(task.mounts, task=task.name)
         ensure_mounts_usable(task.mounts, task=task.name)
         for path, what in ((task.shared_alloc_dir, "alloc"), (task.local_dir, "local"), (task.secrets_dir, "secrets")):
@@ -161,7 +162,7 @@ class ExecDriver(DriverPlugin):
         cid = container_id_for(task.id)
         task_dir = os.path.join(self.config.state_dir, "tasks", cid)
         cgroup = TaskCgroup.for_container(cid, self.config.cgroup_parent)
-        spec, links = build_spec(task, cfg, self.config, cgroups_path=cgroup.runc_path, bundle_dir=task_dir)
+        spec, links = build_spec(task, cfg, self.config, user, cgroups_path=cgroup.runc_path, bundle_dir=task_dir)
         runc = self.runc
 
         fds: tuple[int, int] | None = None

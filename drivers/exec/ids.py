@@ -64,8 +64,18 @@ class HostUser:
     home: str
 
 
-def lookup_user(user: str, *, task: str) -> HostUser:
-    """The host user for a task ``user``: a name or a numeric uid; empty means the plugin's own user."""
+def lookup_user(user: str, *, task: str, default: str = "") -> HostUser:
+    """The host user for a task ``user``: a name or a numeric uid. Empty means ``default`` (a
+    user name) when given, else the plugin's own user."""
+    if not user and default:
+        try:
+            entry = pwd.getpwnam(default)
+        except KeyError:
+            raise ConfigError(
+                f"task {task!r} names no user, so it would run as {default!r}, but this host has no user "
+                f"{default!r}; create it or set the task's user"
+            ) from None
+        return _host_user(entry)
     try:
         if not user:
             entry = pwd.getpwuid(os.geteuid())
@@ -77,16 +87,24 @@ def lookup_user(user: str, *, task: str) -> HostUser:
         raise ConfigError(
             f"task {task!r}: user {user!r} does not exist on this host; create it or set another user"
         ) from None
+    return _host_user(entry)
+
+
+def _host_user(entry: pwd.struct_passwd) -> HostUser:
     groups = tuple(g for g in os.getgrouplist(entry.pw_name, entry.pw_gid) if g != entry.pw_gid)
     return HostUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
 
 
-def check_user_allowed(user: HostUser, denied_uids: IdRanges, denied_gids: IdRanges, *, task: str) -> None:
-    """Refuse a user whose uid, primary gid or a supplementary gid the plugin config denies."""
+def check_user_allowed(user: HostUser, denied_uids: IdRanges, denied_gids: IdRanges, *, task: str, plugin: str) -> None:
+    """Refuse a user whose uid, primary gid or a supplementary gid the plugin config denies.
+
+    The sentence names the task, the user, the id and the ``plugin`` option an operator changes."""
     if user.uid in denied_uids:
         raise ConfigError(
             f"task {task!r}: running as user {user.name!r} (uid {user.uid}) is not allowed on this client: the "
-            f"plugin's denied_host_uids ({denied_uids.text!r}) contains it; set the task's user to another one"
+            f"plugin's denied_host_uids ({denied_uids.text!r}) contains it; set the task's user to "
+            f'another one, or change denied_host_uids in the {plugin} plugin config (denied_host_uids = "" '
+            "denies no uid)"
         )
     for gid in (user.gid, *user.groups):
         if gid in denied_gids:
@@ -95,7 +113,8 @@ def check_user_allowed(user: HostUser, denied_uids: IdRanges, denied_gids: IdRan
             except KeyError:
                 name = str(gid)
             raise ConfigError(
-                f"task {task!r}: running as user {user.name!r} is not allowed on this client: its group {name!r} "
-                f"(gid {gid}) is in the plugin's denied_host_gids ({denied_gids.text!r}); set the task's user to "
-                "one outside those groups"
+                f"task {task!r}: running as user {user.name!r} (uid {user.uid}) is not allowed on this client: its "
+                f"group {name!r} (gid {gid}) is in the plugin's denied_host_gids ({denied_gids.text!r}); "
+                f"set the task's user to one outside those groups, or change denied_host_gids in the {plugin} "
+                'plugin config (denied_host_gids = "" denies no gid)'
             )

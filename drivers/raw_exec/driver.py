@@ -159,7 +159,7 @@ class RawExecDriver(DriverPlugin):
         # Everything that can be refused is checked before anything is created.
         cfg = TaskRawConfig.from_decoded(task.driver_config, task=task.name)
         user = lookup_user(task.user, task=task.name)
-        check_user_allowed(user, self.config.denied_uids, self.config.denied_gids, task=task.name)
+        check_user_allowed(user, self.config.denied_uids, self.config.denied_gids, task=task.name, plugin="raw_exec")
         key = task_key_for(task.id)
         cgroup = RawCgroup(
             key, unified_only(), self.config.cgroup_parent, cfg.cgroup_v1_override, cfg.cgroup_v2_override

@@ -27,6 +27,8 @@ PLUGIN = [sys.executable, "-m", "drivers.exec"]
 # One bridge per test session: another run's DestroyNetwork must not take our bridge away.
 BRIDGE = f"dsxt{uuid.uuid4().hex[:8]}"
 SUBNET = "10.231.77.0/24"
+# The plugin options an operator sets to run tasks as root (uid 0, gid 0): both deny nothing.
+ROOT_ALLOWED = {"denied_host_uids": "", "denied_host_gids": ""}
 
 
 def _usable() -> str | None:

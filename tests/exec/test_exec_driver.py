@@ -28,7 +28,7 @@ from driversdk.model import (
 )
 from driversdk.mounts import Mount, Propagation
 from driversdk.testing import AllocDir, DriverHarness
-from tests.exec.conftest import PLUGIN, Tracker, sh
+from tests.exec.conftest import PLUGIN, ROOT_ALLOWED, Tracker, sh
 
 pytestmark = pytest.mark.root
 
@@ -409,15 +409,17 @@ def test_exec_many_tasks_at_once(harness: DriverHarness, alloc: AllocDir) -> Non
     assert codes == list(range(6))
 
 
-def test_exec_devices_with_cgroup_permissions(harness: DriverHarness, alloc: AllocDir) -> None:
+def test_exec_devices_with_cgroup_permissions(plugin_config: dict[str, Any], alloc: AllocDir, no_leaks: None) -> None:
     # cpu_dma_latency: inert, and not among runc's always-allowed devices (null, zero, tty, ...),
-    # so the "r" permission alone decides what the task may do with it.
+    # so the "r" permission alone decides what the task may do with it. The node keeps the
+    # host's owner and mode (root, 0600): only a root task (allowed by the operator) opens it.
     script = "head -c 4 /dev/lat | wc -c; echo x > /dev/lat 2>/dev/null && echo writable || echo denied; echo end"
-    task = alloc.task_config("web", driver_config=sh(script))
+    task = alloc.task_config("web", driver_config=sh(script), user="root")
     task.devices = [Device(task_path="/dev/lat", host_path="/dev/cpu_dma_latency", cgroup_permissions="r")]
-    harness.start(task)
-    assert harness.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
-    out = alloc.wait_for_output("web", b"end\n", timeout=10)
+    with DriverHarness(PLUGIN, plugin_config={**plugin_config, **ROOT_ALLOWED}) as h:
+        h.start(task)
+        assert h.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
+        out = alloc.wait_for_output("web", b"end\n", timeout=10)
     assert out.split() == [b"4", b"denied", b"end"]
 
 

@@ -12,7 +12,7 @@ import pytest
 from driversdk.mountinfo import read_mountinfo
 from driversdk.mounts import Mount, Propagation
 from driversdk.testing import AllocDir, DriverHarness
-from tests.exec.conftest import PLUGIN, sh
+from tests.exec.conftest import PLUGIN, ROOT_ALLOWED, sh
 
 pytestmark = pytest.mark.root
 
@@ -20,8 +20,8 @@ TIMEOUT = 60
 READY = sh("echo ready; sleep 120")
 
 
-def _run(harness: DriverHarness, alloc: AllocDir, mount: Mount, **driver: Any) -> str:
-    task = alloc.task_config("web", driver_config={**READY, **driver}, mounts=[mount])
+def _run(harness: DriverHarness, alloc: AllocDir, mount: Mount, user: str = "", **driver: Any) -> str:
+    task = alloc.task_config("web", driver_config={**READY, **driver}, mounts=[mount], user=user)
     harness.start(task)
     alloc.wait_for_output("web", b"ready\n", timeout=TIMEOUT)
     return task.id
@@ -71,7 +71,12 @@ def test_exec_mount_read_only_is_read_only(harness: DriverHarness, alloc: AllocD
 
 @pytest.fixture
 def admin_harness(plugin_config: dict[str, Any], no_leaks: None) -> Iterator[DriverHarness]:
-    config = {**plugin_config, "allow_caps": ["sys_admin", "chown", "kill", "setuid", "setgid", "dac_override"]}
+    # Tasks that mount inside their volume: they run as root, which the operator allows.
+    config = {
+        **plugin_config,
+        "allow_caps": ["sys_admin", "chown", "kill", "setuid", "setgid", "dac_override"],
+        **ROOT_ALLOWED,
+    }
     with DriverHarness(PLUGIN, plugin_config=config) as h:
         yield h
 
@@ -80,7 +85,7 @@ def test_exec_mount_bidirectional_task_mount_reaches_host(
     admin_harness: DriverHarness, alloc: AllocDir, shared_dir: Path
 ) -> None:
     mount = Mount("/data", str(shared_dir), propagation=Propagation.BIDIRECTIONAL, request_name="vol")
-    task_id = _run(admin_harness, alloc, mount, cap_add=["sys_admin"])
+    task_id = _run(admin_harness, alloc, mount, user="root", cap_add=["sys_admin"])
     script = "mkdir -p /data/inner && mount -t tmpfs tmpfs /data/inner && echo from-task > /data/inner/f"
     res = admin_harness.client.exec_task(task_id, ["/bin/busybox", "sh", "-c", script], timeout=30)
     assert res.result.exit_code == 0, res.stderr
@@ -96,12 +101,12 @@ def test_exec_mount_bidirectional_when_state_dir_shares_the_source_mount(
 ) -> None:
     # As on a systemd host where "/" is shared and holds both the plugin's state dir and the
     # volume: runc privatises the mount holding the bundle's root, which must not cut the volume off.
-    config = {**plugin_config, "state_dir": str(shared_dir / "state"), "allow_caps": ["sys_admin"]}
+    config = {**plugin_config, "state_dir": str(shared_dir / "state"), "allow_caps": ["sys_admin"], **ROOT_ALLOWED}
     volume = shared_dir / "vol"
     volume.mkdir()
     with DriverHarness(PLUGIN, plugin_config=config) as h:
         mount = Mount("/data", str(volume), propagation=Propagation.BIDIRECTIONAL, request_name="vol")
-        task_id = _run(h, alloc, mount, cap_add=["sys_admin"])
+        task_id = _run(h, alloc, mount, user="root", cap_add=["sys_admin"])
         script = "mkdir -p /data/inner && mount -t tmpfs tmpfs /data/inner && echo from-task > /data/inner/f"
         res = h.client.exec_task(task_id, ["/bin/busybox", "sh", "-c", script], timeout=30)
         assert res.result.exit_code == 0, res.stderr

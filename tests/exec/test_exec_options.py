@@ -22,7 +22,8 @@ TIMEOUT = 60
 
 def test_exec_plugin_options_defaults_and_ranges() -> None:
     cfg = PluginConfig.from_decoded({})
-    assert cfg.no_pivot_root is False and not cfg.denied_uids.ranges and not cfg.denied_gids.ranges
+    # Root (uid 0, gid 0) is denied unless the operator says otherwise.
+    assert cfg.no_pivot_root is False and cfg.denied_uids.text == "0" and cfg.denied_gids.text == "0"
     cfg = PluginConfig.from_decoded({"no_pivot_root": True, "denied_host_uids": "0,100-200", "denied_host_gids": "5"})
     assert cfg.no_pivot_root and 150 in cfg.denied_uids and 5 in cfg.denied_gids and 6 not in cfg.denied_gids
     with pytest.raises(ConfigError, match="denied_host_gids 'x'"):
@@ -80,8 +81,8 @@ def _refused(h: DriverHarness, alloc: AllocDir, track: Tracker, **kwargs: Any) -
             "nobody",
             "its group 'nogroup' (gid 65534) is in the plugin's denied_host_gids",
         ),
-        # No user: exec runs the task as root here, so "0" refuses it.
-        ({"denied_host_uids": "0"}, "", "running as user 'root' (uid 0) is not allowed"),
+        # No user: exec runs the task as nobody, which the operator may deny too.
+        ({"denied_host_uids": "65534"}, "", "running as user 'nobody' (uid 65534) is not allowed"),
     ],
 )
 def test_exec_refuses_a_denied_host_user(
@@ -117,21 +118,35 @@ def test_exec_task_user_can_write_its_own_task_dirs(harness: DriverHarness, allo
 
 
 @pytest.mark.root
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        # Root keeps the whole set: CAP_KILL is bit 5, CAP_SETGID 6, CAP_SETUID 7, CAP_NET_RAW 13
+        # (CAP_CHOWN, bit 0, dropped).
+        ("root", (1 << 5) | (1 << 6) | (1 << 7) | (1 << 13)),
+        # Any other user only what cap_add asked for, as ambient capabilities.
+        ("nobody", 1 << 13),
+    ],
+)
 def test_exec_cap_add_cap_drop_and_ipc_mode_reach_the_task(
-    plugin_config: dict[str, Any], alloc: AllocDir, no_leaks: None
+    plugin_config: dict[str, Any], alloc: AllocDir, no_leaks: None, user: str, expected: int
 ) -> None:
     import os
 
     script = "grep CapEff /proc/self/status; readlink /proc/self/ns/ipc; echo end"
-    config = {**plugin_config, "allow_caps": ["chown", "kill", "net_raw", "setuid", "setgid"]}
+    config = {
+        **plugin_config,
+        "allow_caps": ["chown", "kill", "net_raw", "setuid", "setgid"],
+        "denied_host_uids": "",
+        "denied_host_gids": "",
+    }
     with DriverHarness(PLUGIN, plugin_config=config) as h:
         task = alloc.task_config(
-            "web", driver_config=sh(script, cap_add=["net_raw"], cap_drop=["chown"], ipc_mode="host")
+            "web", driver_config=sh(script, cap_add=["net_raw"], cap_drop=["chown"], ipc_mode="host"), user=user
         )
         h.start(task)
         assert h.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 0
         out = alloc.wait_for_output("web", b"end\n", timeout=10).decode().split()
     effective = int(out[1], 16)
-    # CAP_CHOWN is bit 0, CAP_KILL 5, CAP_SETGID 6, CAP_SETUID 7, CAP_NET_RAW 13.
-    assert effective == (1 << 5) | (1 << 6) | (1 << 7) | (1 << 13), hex(effective)
+    assert effective == expected, hex(effective)
     assert out[2] == os.readlink("/proc/self/ns/ipc")

@@ -7,14 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from drivers.exec.bundle import build_spec, chroot_entries, root_propagation
+from drivers.exec.bundle import build_spec, chroot_entries, process_capabilities, root_propagation
 from drivers.exec.cgroups import MIB, memory_limit_bytes
 from drivers.exec.config import DEFAULT_ALLOW_CAPS, PluginConfig, TaskExecConfig, task_capabilities
+from drivers.exec.ids import HostUser
 from drivers.exec.store import DriverState
 from drivers.exec.supervisor import read_status
 from driversdk.errors import ConfigError
 from driversdk.model import LinuxResources, NetworkIsolationMode, NetworkIsolationSpec, Resources, TaskConfig
 from driversdk.mounts import Mount, Propagation
+
+NOBODY = HostUser("nobody", 65534, 65534, (), "/nonexistent")
+ROOT = HostUser("root", 0, 0, (), "/root")
 
 
 def _task(tmp_path: Path, **kw: object) -> TaskConfig:
@@ -63,7 +67,7 @@ def test_exec_spec_namespaces_mounts_and_propagation(tmp_path: Path) -> None:
     task = _task(tmp_path, mounts=mounts, network_isolation_spec=net, env={"A": "1"})
     decoded = {"command": "/bin/sh", "args": ["-c", "true"], "pid_mode": "host"}
     cfg = TaskExecConfig.from_decoded(decoded, plugin, task="web")
-    spec, links = build_spec(task, cfg, plugin, cgroups_path="/x/task")
+    spec, links = build_spec(task, cfg, plugin, NOBODY, cgroups_path="/x/task")
     kinds = [n["type"] for n in spec["linux"]["namespaces"]]
     assert kinds == ["mount", "uts", "ipc", "network"]  # pid_mode host: no pid namespace
     assert spec["linux"]["namespaces"][-1]["path"] == "/var/run/netns/x"
@@ -76,6 +80,11 @@ def test_exec_spec_namespaces_mounts_and_propagation(tmp_path: Path) -> None:
     assert by_dest["/b"]["options"] == ["rbind", "ro", "rprivate"]
     assert by_dest["/usr"]["options"][:2] == ["rbind", "ro"]
     assert by_dest["/alloc"]["source"] == str(tmp_path / "alloc")
+    # The task dirs never hold a device or a file that raises privileges.
+    for dest in ("/alloc", "/local", "/secrets"):
+        assert {"nosuid", "nodev"} <= set(by_dest[dest]["options"]), dest
+    assert spec["process"]["noNewPrivileges"] is True
+    assert spec["process"]["user"] == {"uid": NOBODY.uid, "gid": NOBODY.gid}
     assert "/does/not/exist" not in by_dest
     order = [m["destination"] for m in spec["mounts"]]
     assert order.index("/dev") < order.index("/dev/pts") < order.index("/dev/shm")
@@ -90,7 +99,7 @@ def test_exec_chroot_dir_below_tmp_is_mounted_after_the_tasks_tmp(tmp_path: Path
     plugin = PluginConfig.from_decoded({"chroot_env": [str(checkout)]})
     task = _task(tmp_path, mounts=[Mount("/local/csi", "/srv/csi")])
     cfg = TaskExecConfig.from_decoded({"command": "/bin/true"}, plugin, task="web")
-    spec, _ = build_spec(task, cfg, plugin, cgroups_path="/x/task")
+    spec, _ = build_spec(task, cfg, plugin, NOBODY, cgroups_path="/x/task")
     order = [m["destination"] for m in spec["mounts"]]
     assert order.index("/tmp") < order.index(str(checkout)), order
     assert order.index("/local") < order.index("/local/csi"), order
@@ -137,3 +146,23 @@ def test_exec_status_file_parsing(tmp_path: Path) -> None:
     path.write_text("137\n")
     status = read_status(str(path))
     assert status is not None and (status.exit_code, status.signal) == (137, 9)
+
+
+def test_exec_denied_ids_default_to_root_and_empty_denies_none() -> None:
+    plugin = PluginConfig.from_decoded({})
+    assert 0 in plugin.denied_uids and 0 in plugin.denied_gids and 1 not in plugin.denied_uids
+    assert 0 in PluginConfig().denied_uids and 0 in PluginConfig().denied_gids
+    opened = PluginConfig.from_decoded({"denied_host_uids": "", "denied_host_gids": ""})
+    assert not opened.denied_uids.ranges and not opened.denied_gids.ranges
+
+
+def test_exec_only_cap_add_is_ambient_for_a_user_other_than_root() -> None:
+    plugin = PluginConfig.from_decoded({"allow_caps": ["kill", "net_raw", "chown"]})
+    cfg = TaskExecConfig.from_decoded({"command": "/bin/true", "cap_add": ["NET_RAW"]}, plugin, task="web")
+    nobody = process_capabilities(cfg, NOBODY)
+    assert nobody["ambient"] == nobody["inheritable"] == ["CAP_NET_RAW"]
+    assert "CAP_KILL" in nobody["bounding"] and "CAP_KILL" not in nobody["ambient"]
+    # Root keeps its set across exec without ambient ones; no cap_add, no ambient set at all.
+    assert "ambient" not in process_capabilities(cfg, ROOT)
+    plain = TaskExecConfig.from_decoded({"command": "/bin/true"}, plugin, task="web")
+    assert "ambient" not in process_capabilities(plain, NOBODY)
