@@ -443,6 +443,8 @@ class _Parser:
                 self.problems.append(Problem(self.file, "Must specify a destination for the template", **twhere))
             if not _is_octal(t.perms):
                 self.problems.append(Problem(self.file, f"Failed to parse {t.perms!r} as octal", **twhere))
+            elif (why := templates.perms_problem(t.perms, t.destination)) is not None:
+                self.problems.append(Problem(self.file, why, **twhere))
             if t.data:
                 t.cluster_functions = tuple(templates.cluster_functions(t.data, t.left_delimiter, t.right_delimiter))
                 if not t.cluster_functions:

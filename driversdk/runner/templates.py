@@ -76,6 +76,26 @@ class TemplateError(ConfigError):
     """A template the evaluator cannot read or render; the sentence says where and why."""
 
 
+# A rendered file never raises privileges: setuid and setgid are refused (the sticky bit means
+# nothing on a regular file and is left alone).
+PRIVILEGE_BITS = 0o6000
+
+
+def perms_problem(perms: str, destination: str) -> str | None:
+    """Why a template's ``perms`` are refused, or None: the setuid or setgid bit. Text that is not
+    octal is not this check's to judge."""
+    try:
+        mode = int(perms, 8)
+    except ValueError:
+        return None
+    if not mode & PRIVILEGE_BITS:
+        return None
+    return (
+        f"perms {perms!r} of the template for {destination!r} set the setuid or setgid bit; templates write "
+        f'plain files, so give perms without them (such as "{mode & 0o1777:04o}")'
+    )
+
+
 @dataclass
 class _Text:
     text: str

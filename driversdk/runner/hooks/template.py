@@ -167,6 +167,10 @@ def _read(task_dir: str, parts: list[str], where: str) -> str:
 
 def _write(task_dir: str, parts: list[str], data: bytes, template: Template, where: str) -> None:
     shown = show("/".join(parts))
+    # Checked before anything is made on the way (validate says it first; a job never gets here).
+    why = templates.perms_problem(template.perms, template.destination)
+    if why is not None:
+        raise TemplateRenderError(f"{where}: {why}")
     fd = _open_dir(task_dir, parts, f"{where} destination", create=True)
     try:
         name = parts[-1]
