@@ -191,9 +191,7 @@ class Pinned:
 def pin(fd: int, pin_dir: str, name: str) -> Pinned:
     """Bind what ``fd`` refers to (with the mounts below it) onto ``pin_dir``/``name``, a fresh
     entry of a private dir (see :func:`private_dir`); returns the pinned path."""
-    kind = kind_of(fd)
-    if kind is Kind.OTHER:
-        raise PinError("it is neither a directory nor a regular file")
+    kind = kind_of(fd)  # the caller decides which kinds it pins: anything but a directory gets a file entry
     dir_fd = os.open(pin_dir, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         if kind is Kind.DIRECTORY:

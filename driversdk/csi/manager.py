@@ -16,7 +16,9 @@ swept by :func:`sweep_mount_root` when the plugin's last instance on the node st
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import stat
 import threading
@@ -34,6 +36,9 @@ from driversdk.csi.state import StateStore, UsageRow
 from driversdk.mountinfo import is_mount_point, is_mounted_at, mount_points, read_mountinfo
 from driversdk.paths import resolve_under
 from driversdk.pb import csi_pb2
+from driversdk.pinning import Kind, PinError, kind_of, open_beneath, pin, private_dir, unpin
+
+log = logging.getLogger("driversdk.csi")
 
 _T = TypeVar("_T")
 _PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
@@ -73,7 +78,37 @@ class _Paths:
 @dataclass(frozen=True)
 class MountInfo:
     source: str
-    """The published target on the host: what a task mounts."""
+    """The published target on the host, in the plugin's tree."""
+    pinned: str = ""
+    """What a task mounts: the target as it was verified after the publish, bound onto a
+    private dir of ours (see :func:`pin_path`); the plugin can no longer change what it names."""
+
+
+# The pins of a plugin's published targets live beside its mount root, outside the tree the
+# plugin is given, in a 0700 dir of ours: ``<state>/csi/<type>/.pins-<plugin id>``.
+PIN_DIR_PREFIX = ".pins-"
+
+
+def pin_root(host_root: str) -> str:
+    real_root = os.path.realpath(host_root).rstrip("/")
+    return os.path.join(os.path.dirname(real_root), PIN_DIR_PREFIX + os.path.basename(real_root))
+
+
+def pin_path(host_root: str, volume: Volume, alloc_id: str, usage: UsageOptions) -> str:
+    """Where one allocation's use of a volume is pinned: a digest of what names it, so no name
+    from a volume file becomes a path component."""
+    key = "\0".join((volume.namespace, volume.id, alloc_id, usage.key))
+    return os.path.join(pin_root(host_root), hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32])
+
+
+def is_pin(path: str) -> bool:
+    """Whether ``path`` is a pin made by :func:`pin_path` (a source saved before pins were not)."""
+    return os.path.basename(os.path.dirname(path)).startswith(PIN_DIR_PREFIX)
+
+
+def release_pin(path: str) -> None:
+    """Unmount and remove a pin; one already gone is fine."""
+    unpin(path)
 
 
 def _volume_json(volume: Volume, usage: UsageOptions) -> str:
@@ -188,6 +223,10 @@ def sweep_mount_root(root: str) -> None:
         os.rmdir(real_root)
     except OSError:
         pass  # not empty: a mount, a plugin's file, a directory deeper than the layout
+    try:
+        os.rmdir(pin_root(real_root))
+    except OSError:
+        pass  # a pin still held (a volume still published), or none made
 
 
 def _sweep_below(dir_fd: int, path: str, busy: set[str], depth: int) -> None:
@@ -339,6 +378,11 @@ class NodeVolumeManager:
                         usage.read_only,
                         context,
                     )
+                try:
+                    pinned = self._verify_and_pin(volume, alloc_id, usage, paths)
+                except BaseException:
+                    self._undo_publish(volume, paths)
+                    raise
             except BaseException:
                 # Leave nothing behind: this alloc's use is gone, and a stage made for it alone too.
                 left = self.store.drop_usage(self.plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
@@ -360,7 +404,74 @@ class NodeVolumeManager:
                     _remove_empty_below(paths.host_stage, paths.real_root)
                 raise
             self.store.finish_mount(replace(row, phase="mounted"), staged=staged_here)
-            return MountInfo(source=host_target)
+            return MountInfo(source=host_target, pinned=pinned)
+
+    def _verify_and_pin(self, volume: Volume, alloc_id: str, usage: UsageOptions, paths: _Paths) -> str:
+        """The published target, opened beneath the mount root with no symlink on the way, must be
+        a directory (a file or device for a block volume); it is bound onto its pin, which is what
+        a task gets. Checked after every publish, a new one or one found in place."""
+        host_target = paths.host_target
+        block = usage.attachment_mode is AttachmentMode.BLOCK_DEVICE
+        where = f'volume "{volume.id}": CSI plugin "{self.plugin_id}" published it at {host_target}'
+        pinned = pin_path(self.host_root, volume, alloc_id, usage)
+        try:
+            fd = open_beneath(paths.real_root, os.path.relpath(host_target, paths.real_root))
+        except PinError as err:
+            raise CSIError(
+                f"{where}, but {err.reason}: a target must be the directory the CO named, so the volume is "
+                "unpublished and not handed to the task; check the plugin",
+                code="OK",
+                call="NodePublishVolume",
+                volume=volume.id,
+            ) from None
+        try:
+            kind = kind_of(fd)
+            if (kind is Kind.DIRECTORY) == block:
+                wanted = "a file or device (block volume)" if block else "a directory"
+                raise CSIError(
+                    f"{where}, but the target is no {wanted}: the volume is unpublished and not handed to the task; "
+                    "check the plugin",
+                    code="OK",
+                    call="NodePublishVolume",
+                    volume=volume.id,
+                )
+            try:
+                private_dir(os.path.dirname(pinned))
+                release_pin(pinned)  # a pin of an earlier mount of this use (a restore): made anew
+                return pin(fd, os.path.dirname(pinned), os.path.basename(pinned)).path
+            except (OSError, PinError) as err:
+                raise CSIError(
+                    f"{where}, but it cannot be pinned at {pinned} ({getattr(err, 'strerror', None) or err}); "
+                    "the volume is unpublished",
+                    code="OK",
+                    call="NodePublishVolume",
+                    volume=volume.id,
+                ) from None
+        finally:
+            os.close(fd)
+
+    def _undo_publish(self, volume: Volume, paths: _Paths) -> None:
+        """A publish that cannot be handed on: a symlink the plugin put at the target is unlinked
+        (never followed, nor handed to anyone, the plugin included), then NodeUnpublishVolume."""
+        host_target = paths.host_target
+        try:
+            if stat.S_ISLNK(os.lstat(host_target).st_mode):
+                os.unlink(host_target)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            log.warning("cannot remove a symlink at a publish target", extra={"path": host_target, "error": str(err)})
+        try:
+            self.client.node_unpublish(volume, paths.plugin_target)
+        except CSIError as err:
+            if is_mounted_at(host_target):
+                raise
+            log.warning("NodeUnpublishVolume after a refused publish failed", extra={"error": str(err)})
+        if os.path.isdir(host_target) and not os.path.islink(host_target):
+            try:
+                os.rmdir(host_target)
+            except OSError:
+                pass  # not empty or a mount still: the cleanup leaves what is not ours
 
     # --- unmount -------------------------------------------------------------------------------
 
@@ -376,6 +487,8 @@ class NodeVolumeManager:
             self.store.set_usage(row)
             paths = self._op_paths(volume, alloc_id, usage)
             host_target, plugin_target = paths.host_target, paths.plugin_target
+            # The pin first: it holds the volume's file system too (a block device stays busy).
+            release_pin(pin_path(self.host_root, volume, alloc_id, usage))
             # A target that does not stat may be a broken mount (a stale NFS handle): mountinfo.
             if os.path.exists(host_target) or host_target in mount_points():
                 try:
@@ -482,6 +595,7 @@ def forget_node_use(
     Returns what could not be undone through the plugin, as phrases for the operator."""
     target = resolve_under(host_root, "per-alloc", alloc_id, volume.id, usage.key, what="the publish path")
     stage = resolve_under(host_root, "staging", volume.namespace, volume.id, usage.key, what="the staging path")
+    release_pin(pin_path(host_root, volume, alloc_id, usage))
     entries = read_mountinfo()
     if is_mount_point(target, entries):
         raise CSIError(

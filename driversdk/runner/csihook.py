@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.fingerprint import fingerprint
-from driversdk.csi.manager import MountInfo, NodeVolumeManager, UsageOptions, controller_publish
+from driversdk.csi.manager import MountInfo, NodeVolumeManager, UsageOptions, controller_publish, is_pin
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Volume
 from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
@@ -56,6 +56,7 @@ class VolumeStub:
     attachment_mode: str
     read_only: bool
     source: str
+    """What the task mounts: the pinned target (manager.pin_path), never the plugin's own tree."""
     csi_node_id: str
     controller_published: bool
     requires_staging: bool
@@ -211,7 +212,7 @@ class CSIHook:
             raise
         self.stubs[req.name] = VolumeStub(
             req.name, volume.id, volume.namespace, volume.plugin_id, mode, req.access_mode, req.attachment_mode,
-            req.read_only, info.source, detail.csi_node_id, detail.controller_published, facts.requires_staging,
+            req.read_only, info.pinned, detail.csi_node_id, detail.controller_published, facts.requires_staging,
         )  # fmt: skip
         self.save()
         self.say(req.name, f'CSI volume "{volume.id}" mounted at {info.source}')
@@ -268,8 +269,8 @@ class CSIHook:
         for data in json.loads(saved or "[]"):
             stub = VolumeStub(**data)
             self.stubs[stub.request] = stub
-            if is_mount_point(stub.source):
-                continue
+            if is_pin(stub.source) and is_mount_point(stub.source):
+                continue  # the pin outlived the run: it still holds the target as it was verified
             volume = self.volumes.get(stub.volume_id, stub.namespace)
             req = self.group.volumes.get(stub.request)
             if volume is None or req is None:
@@ -287,7 +288,7 @@ class CSIHook:
                 ) from None
             finally:
                 node.close()
-            self.stubs[stub.request] = VolumeStub(**{**data, "source": info.source})
+            self.stubs[stub.request] = VolumeStub(**{**data, "source": info.pinned})
         # A run killed between a claim and its stub: claim (idempotent for this alloc) and mount now.
         for req in self.requests:
             if req.name not in self.stubs:
