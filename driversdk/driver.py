@@ -112,13 +112,15 @@ class DriverPlugin(abc.ABC):
 
     def capabilities(self) -> Capabilities:
         """What this driver can do. The default claims only what the class implements: signals
-        when it overrides :meth:`signal_task`, exec when it overrides :meth:`exec_task`, and no
+        when it overrides :meth:`signal_task`, exec when it overrides :meth:`exec_task` and
+        :meth:`exec_task_streaming`, and no
         mounts, no filesystem isolation. Override it to claim more (mounts, networks)."""
         from driversdk.model import Capabilities, MountConfigSupport
 
         return Capabilities(
             send_signals=self.overrides("signal_task"),
-            exec=self.overrides("exec_task"),
+            # Nomad uses both: ExecTask for script checks, ExecTaskStreaming for `nomad alloc exec`.
+            exec=self.overrides("exec_task") and self.overrides("exec_task_streaming"),
             mount_configs=MountConfigSupport.NONE,
         )
 

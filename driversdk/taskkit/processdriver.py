@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from driversdk import procwatch
-from driversdk.driver import DriverPlugin
+from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
 from driversdk.exits import ExitSlot
 from driversdk.model import (
@@ -43,6 +43,7 @@ from driversdk.model import (
     TaskStatus,
 )
 from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.streaming import run_session
 from driversdk.taskkit.taskmap import TaskMap
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")
@@ -94,7 +95,9 @@ class ProcessDriver(DriverPlugin):
             else shutil.which(argv[0], path=path) is not None
         )
         if not found:
-            raise DriverError(f"task {task.name!r}: {argv[0]!r} is not an executable file on the task's PATH")
+            raise DriverError(
+                f"task {task.name!r}: cannot run {argv[0]!r}: it is not an executable file on the task's PATH"
+            )
         result_file = os.path.join(self.state_dir, f"{task.id.replace('/', '_')}.exit")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(result_file)
@@ -235,6 +238,13 @@ class ProcessDriver(DriverPlugin):
         code = done.returncode
         result = ExitResult(exit_code=code) if code >= 0 else ExitResult(signal=-code)
         return ExecResult(done.stdout, done.stderr, result)
+
+    def exec_task_streaming(self, session: ExecSession) -> ExitResult:
+        task = self.tasks.get(session.task_id).task
+        cwd = task.task_dir if os.path.isdir(task.task_dir) else None
+        # run_session has no cwd: a shell changes into the task dir, then becomes the command.
+        argv = ["/bin/sh", "-c", 'cd "$0" 2>/dev/null; exec "$@"', cwd or ".", *session.command]
+        return run_session(argv, session, env=dict(task.env))
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self.tasks.get(task_id)

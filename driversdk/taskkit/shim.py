@@ -59,6 +59,9 @@ def main(argv: list[str]) -> int:
     # Installed before the fork, so no signal sent once the task exists can kill the shim instead.
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    # Blocked across the fork: one arriving while the forked task still has our handler would be
+    # lost (there is no child to forward to yet); blocked, it waits and reaches the task itself.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     child = os.fork()
     if child == 0:
         # The task starts with every disposition at its default: Python ignores SIGPIPE and
@@ -71,6 +74,7 @@ def main(argv: list[str]) -> int:
         except OSError as err:
             os.write(2, f"cannot run {command[0]!r}: {err.strerror}\n".encode())
         os._exit(127)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     # waitpid is retried after each forwarded signal (PEP 475).
     _, status = os.waitpid(child, 0)
     _write_result(result_file, status)

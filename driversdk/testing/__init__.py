@@ -203,6 +203,8 @@ class DriverHarness:
         self.agent = agent
         self.timeout = timeout
         self._tasks: set[str] = set()
+        self.handles: dict[str, TaskHandle] = {}
+        """The handle StartTask returned for each task started through :meth:`start`."""
         self.client = self._launch()
 
     def _launch(self) -> DriverClient:
@@ -223,10 +225,12 @@ class DriverHarness:
     def start(self, task: TaskConfig) -> TaskHandle:
         handle = self.client.start_task(task)
         self._tasks.add(task.id)
+        self.handles[task.id] = handle
         return handle
 
     def forget(self, task_id: str) -> None:
         self._tasks.discard(task_id)
+        self.handles.pop(task_id, None)
 
     def restart_plugin(self, *, kill_hard: bool = True) -> DriverClient:
         """Kill the plugin process (SIGKILL by default, like a crash) and launch a fresh one.
