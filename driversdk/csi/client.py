@@ -1,13 +1,17 @@
 """A CSI client for one plugin socket: identity, controller and node calls with Python types.
 
-Connecting is eager and blocking so an unusable socket fails at once with a sentence naming it;
-every call goes through the retry table of :mod:`driversdk.csi.retry`.
+Connecting checks the socket at once so an unusable one fails with a sentence naming it; every
+call goes through the retry table of :mod:`driversdk.csi.retry`. A client may carry a
+:class:`~driversdk.csi.cancel.Cancel` token (an interrupt ends its call in flight and its backoff
+waits) and a deadline per call (all its attempts included), for teardown that must not wait out
+a plugin that does not answer.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,6 +21,7 @@ from typing import Generic, TypeVar
 
 import grpc
 
+from driversdk.csi.cancel import CallCancelled, Cancel
 from driversdk.csi.errors import CSIConnectError, CSIError, unpack
 from driversdk.csi.model import AttachmentMode, Volume, VolumeCapability
 from driversdk.csi.retry import policy_for
@@ -141,25 +146,62 @@ def open_channel(socket_path: str, timeout: float = 1.0) -> grpc.Channel:
             code="PERMISSION_DENIED",
             call="connect",
         )
-    # Strict HTTP/2 servers reject a socket path as :authority.
-    channel = grpc.insecure_channel(f"unix:{socket_path}", options=[("grpc.default_authority", "localhost")])
-    try:
-        grpc.channel_ready_future(channel).result(timeout=timeout)
-    except grpc.FutureTimeoutError:
-        channel.close()
+    # A plain connect, retried while refused for up to ``timeout`` (a plugin that is starting
+    # may have bound its socket but not yet listen), tells a live listener from a stale socket.
+    # gRPC's own eager dial (channel_ready_future) would too, but leaves a connectivity poller
+    # behind that every close() then waits on (up to 200 ms); the channel connects on first use.
+    if not _accepts(socket_path, timeout):
         raise CSIConnectError(
             f"failed to open grpc connection to CSI plugin socket {socket_path}: nothing accepted the connection "
             f"within {timeout:g}s (a stale socket left by a plugin that died?)",
             code="UNAVAILABLE",
             call="connect",
-        ) from None
-    return channel
+        )
+    # Strict HTTP/2 servers reject a socket path as :authority. A subchannel of its own: gRPC
+    # shares them per address across channels, and one an earlier client left in reconnect
+    # backoff (its plugin died; a new one listens now) would fail this channel's first call.
+    options = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
+    return grpc.insecure_channel(f"unix:{socket_path}", options=options)
+
+
+def _accepts(socket_path: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            probe.settimeout(max(0.001, deadline - time.monotonic()))
+            probe.connect(socket_path)
+            return True
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass  # not listening (yet): a plugin between bind and listen, or replacing its socket
+        except (TimeoutError, BlockingIOError):
+            return False  # the listener's backlog is full and stays so
+        finally:
+            probe.close()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(0.02, left))
 
 
 class CSIClient:
-    def __init__(self, socket_path: str, *, plugin: str = "", connect_timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        plugin: str = "",
+        connect_timeout: float = 1.0,
+        cancel: Cancel | None = None,
+        call_timeout: float | None = None,
+    ) -> None:
+        """``cancel`` ends the call in flight and the waits between attempts; ``call_timeout``
+        bounds each call, its retries included (else the retry table's per-attempt timeout)."""
         self.socket_path = socket_path
         self.plugin = plugin or os.path.basename(os.path.dirname(socket_path)) or socket_path
+        self.cancel = cancel
+        self.call_timeout = call_timeout
+        if cancel is not None and cancel.cancelled:
+            raise self._cancelled("connect", "")
         self.channel = open_channel(socket_path, connect_timeout)
         self.identity = csi_pb2_grpc.IdentityStub(self.channel)
         self.controller = csi_pb2_grpc.ControllerStub(self.channel)
@@ -183,17 +225,25 @@ class CSIClient:
         token: str = "",
     ) -> T:
         policy = policy_for(call)
+        deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
         for attempt in range(1, policy.attempts + 1):
             self.attempts[call] = self.attempts.get(call, 0) + 1
+            timeout = policy.attempt_timeout
+            if deadline is not None:
+                timeout = max(0.001, min(timeout, deadline - time.monotonic()))
             try:
-                return fn(request, timeout=policy.attempt_timeout)
+                return self._attempt(call, fn, request, timeout, volume)
             except grpc.RpcError as err:
                 failed = rpc_call_of(err)
                 code = failed.code() if failed is not None else None
-                if attempt < policy.attempts and code in policy.codes:
-                    wait = policy.backoff(attempt)
+                wait = policy.backoff(attempt)
+                in_time = deadline is None or time.monotonic() + wait < deadline
+                if attempt < policy.attempts and code in policy.codes and in_time:
                     log.debug("retrying CSI call", extra={"call": call, "code": str(code), "wait": wait})
-                    time.sleep(wait)
+                    if self.cancel is not None and self.cancel.wait(wait):
+                        raise self._cancelled(call, volume) from None
+                    if self.cancel is None:
+                        time.sleep(wait)
                     continue
                 raise unpack(
                     err,
@@ -207,6 +257,34 @@ class CSIClient:
                     token=token,
                 ) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _attempt(
+        self, call: str, fn: grpc.UnaryUnaryMultiCallable[Req, T], request: Req, timeout: float, volume: str
+    ) -> T:
+        """One attempt; the token, when cancelled, cancels it in flight."""
+        if self.cancel is None:
+            return fn(request, timeout=timeout)
+        if self.cancel.cancelled:
+            raise self._cancelled(call, volume)
+        future = fn.future(request, timeout=timeout)
+        remove = self.cancel.on_cancel(future.cancel)
+        try:
+            return future.result()
+        except grpc.FutureCancelledError:
+            raise self._cancelled(call, volume) from None
+        except grpc.RpcError:
+            if self.cancel.cancelled:  # cancelled while the answer (an error) was on its way
+                raise self._cancelled(call, volume) from None
+            raise
+        finally:
+            remove()
+
+    def _cancelled(self, call: str, volume: str) -> CallCancelled:
+        what = f'{call} of volume "{volume}"' if volume else call
+        reason = self.cancel.reason if self.cancel is not None else "interrupted"
+        return CallCancelled(
+            f'{reason}: {what} on CSI plugin "{self.plugin}" was given up', code="CANCELLED", call=call, volume=volume
+        )
 
     # --- identity ------------------------------------------------------------------------------
 

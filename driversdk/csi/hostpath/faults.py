@@ -1,8 +1,10 @@
-"""Fault injection for tests: make the next N calls of an RPC fail with a code, or be slow.
+"""Fault injection for tests: make the next N calls of an RPC fail with a code, be slow, or hang.
 
 Spec syntax (``--fault`` flag or CSI_HOSTPATH_FAULTS, comma separated):
 ``NodeStageVolume=UNAVAILABLE:2`` fails the next two NodeStageVolume calls with UNAVAILABLE;
-``Probe=delay:3`` makes every Probe take three seconds.
+``Probe=delay:3`` makes every Probe take three seconds;
+``NodePublishVolume=hang`` makes every NodePublishVolume never answer (``hang:2``: the next two),
+until the caller cancels it or its deadline passes; the volume is left untouched.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from dataclasses import dataclass
 
 import grpc
 
+HANG = float("inf")  # what before() returns for a call that must never answer
+
 
 @dataclass
 class Fault:
     code: grpc.StatusCode | None
-    remaining: int
+    remaining: int  # -1: every call
     delay: float = 0.0
 
 
@@ -30,21 +34,32 @@ class Faults:
             kind, _, arg = action.partition(":")
             if kind == "delay":
                 self._faults[rpc] = Fault(None, -1, float(arg or 1))
+            elif kind == "hang":
+                self._faults[rpc] = Fault(None, int(arg) if arg else -1, HANG)
             else:
                 self._faults[rpc] = Fault(grpc.StatusCode[kind], int(arg or 1))
 
     def before(self, rpc: str, context: grpc.ServicerContext) -> float:
-        """Count the call; returns a delay to apply, or aborts the call with the injected code."""
+        """Count the call; returns a delay to apply (HANG: never answer), or aborts the call with
+        the injected code."""
         with self._lock:
             self.calls[rpc] = self.calls.get(rpc, 0) + 1
             fault = self._faults.get(rpc)
-            if fault is None:
+            if fault is None or fault.remaining == 0:
                 return 0.0
             if fault.code is None:
+                if fault.remaining > 0:
+                    fault.remaining -= 1
                 return fault.delay
-            if fault.remaining == 0:
-                return 0.0
             fault.remaining -= 1
             code = fault.code
         context.abort(code, f"injected fault: {rpc} fails with {code.name}")
         return 0.0  # pragma: no cover - abort raises
+
+
+def hang(rpc: str, context: grpc.ServicerContext) -> None:
+    """Hold the call until the caller gives up on it (cancel, deadline, closed channel)."""
+    gone = threading.Event()
+    if context.add_callback(gone.set):
+        gone.wait()
+    context.abort(grpc.StatusCode.CANCELLED, f"injected fault: {rpc} hung until the caller gave up")

@@ -21,7 +21,7 @@ from typing import NoReturn, TypeVar
 import grpc
 from google.protobuf import wrappers_pb2
 
-from driversdk.csi.hostpath.faults import Faults
+from driversdk.csi.hostpath.faults import HANG, Faults, hang
 from driversdk.csi.hostpath.store import Store
 from driversdk.pb import csi_pb2, csi_pb2_grpc
 
@@ -120,7 +120,9 @@ class HostPathState:
 def guard(state: HostPathState, rpc: str, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
     """Apply injected faults, then run the call; an OSError becomes INTERNAL with its text."""
     delay = state.faults.before(rpc, context)
-    if delay:
+    if delay == HANG:
+        hang(rpc, context)
+    elif delay:
         time.sleep(delay)
     try:
         return fn()
