@@ -79,10 +79,12 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
-    from driversdk.runner.hcl import Inputs
+    from driversdk.runner.hcl import FilePolicy, Inputs
     from driversdk.runner.validate import check_files
 
-    inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
+    # File functions read only below the job file's directory (see FilePolicy).
+    files = FilePolicy.beside(args.job)
+    inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ), files=files)
     report = check_files(args.job, args.client, inputs)
     if not report.job and report.problems and not report.checked and len(report.problems) == 1:
         problem = report.problems[0]

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from driversdk.errors import ConfigError
+from driversdk.runner.hcllimits import MAX_JOB_FILE_BYTES
 
 
 class HCLFileError(ConfigError):
@@ -13,11 +14,19 @@ class HCLFileError(ConfigError):
 
 
 def read_text(path: str | Path) -> str:
-    """A file's text; unreadable or non-UTF-8 files are one sentence naming the file (and line)."""
+    """A file's text; unreadable, oversized or non-UTF-8 files are one sentence naming the file
+    (and line). At most MAX_JOB_FILE_BYTES are read: a larger file (or /dev/zero given as a
+    job) is refused before it is parsed."""
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JOB_FILE_BYTES + 1)
     except OSError as err:
         raise HCLFileError(f"{path}: cannot read the file: {err.strerror or err}") from None
+    if len(raw) > MAX_JOB_FILE_BYTES:
+        raise HCLFileError(
+            f"{path}: the file is over {MAX_JOB_FILE_BYTES} bytes, the most driversdk reads of an HCL file; "
+            "move large content into a file next to it and read it with file()"
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from driversdk.runner.hcl import Inputs, evaluate
+from driversdk.runner.hcl import FilePolicy, Inputs, evaluate
 
 
 def job_body(text: str, inputs: Inputs | None = None, path: str = "/tmp/job.hcl") -> dict[str, Any]:
@@ -306,7 +306,7 @@ def test_file_functions_read_next_to_the_job_file(tmp_path: Path) -> None:
     (tmp_path / "motd.txt").write_text("hello\n")
     job = tmp_path / "job.hcl"
     text = 'job "j" {\n  a = file("motd.txt")\n  b = fileexists("nope")\n  c = fileset(".", "*.txt")\n}\n'
-    body = job_body(text, path=str(job))
+    body = job_body(text, Inputs(files=FilePolicy.beside(str(job))), path=str(job))
     assert (body["a"], body["b"], body["c"]) == ("hello\n", False, ["motd.txt"])
 
 

@@ -2,6 +2,7 @@
 
 - :mod:`.values`: values, type constraints and cty's conversions;
 - :mod:`.functions`: the functions a job file may call;
+- :mod:`.files`: the file functions, under the evaluation's :class:`FilePolicy`;
 - :mod:`.tree`: the parse tree the evaluator walks (python-hcl2's, copied; kept on disk);
 - :mod:`.evaluator`: expressions and templates over python-hcl2's parse tree (why: see there);
 - :mod:`.document`: a whole file — variables and their values, locals, the job, dynamic blocks.
@@ -9,5 +10,6 @@
 
 from driversdk.runner.hcl.document import Document, Inputs, evaluate
 from driversdk.runner.hcl.evaluator import Body, EvalError, HCLSyntaxError
+from driversdk.runner.hcl.files import FilePolicy
 
-__all__ = ["Body", "Document", "EvalError", "HCLSyntaxError", "Inputs", "evaluate"]
+__all__ = ["Body", "Document", "EvalError", "FilePolicy", "HCLSyntaxError", "Inputs", "evaluate"]

@@ -30,9 +30,11 @@ from driversdk.runner.hcl.evaluator import (
     trees,
     type_expr,
 )
-from driversdk.runner.hcl.functions import table
+from driversdk.runner.hcl.files import FilePolicy, FileReader
+from driversdk.runner.hcl.functions import FunctionError, table
 from driversdk.runner.hcl.tree import Tree
 from driversdk.runner.hcl.values import STRING, ConvertError, Type, convert, show_type, type_of
+from driversdk.runner.hcllimits import MAX_JOB_FILE_BYTES, Budget, LimitError
 
 VAR_ENV_PREFIX = "NOMAD_VAR_"
 TOP_LEVEL = ("variable", "variables", "locals", "job")
@@ -40,11 +42,14 @@ TOP_LEVEL = ("variable", "variables", "locals", "job")
 
 @dataclass
 class Inputs:
-    """Variable values from outside the job file."""
+    """What a job file may take from outside itself: variable values, and where its file
+    functions may read (nowhere unless the caller says: a job sent over an API reads nothing of
+    the host; ``driversdk validate`` / ``run`` pass ``FilePolicy.beside(job_path)``)."""
 
     vars: Sequence[str] = ()  # -var K=V, in order
     var_files: Sequence[str] = ()  # -var-file FILE, in order
     env: Mapping[str, str] = field(default_factory=dict)  # NOMAD_VAR_<name>
+    files: FilePolicy = field(default_factory=FilePolicy.none)
 
 
 @dataclass
@@ -95,9 +100,10 @@ class _Run:
     def __init__(self, path: str, text: str, inputs: Inputs) -> None:
         self.path = path
         self.inputs = inputs
+        self.budget = Budget()
         self.source = Source(text, parse(text, keep=True))
-        self.ev = _DocEvaluator(self.source)
-        self.functions = table(os.path.dirname(os.path.abspath(path)))
+        self.ev = _DocEvaluator(self.source, self.budget)
+        self.functions = table(FileReader(inputs.files, self.budget, FunctionError))
         self.doc = Document(None)
 
     def error(self, err: EvalError) -> None:
@@ -121,6 +127,10 @@ class _Run:
                 except EvalError as err:
                     self.error(err)
                     out[name] = None
+                try:  # what the job parser, the schema and the drivers will walk
+                    self.budget.charge(out[name], f'the value of "{name}"')
+                except LimitError as err:
+                    raise self.ev.over(child, err) from None
                 out.lines[name] = self.ev.line(child)
             elif child.data == "block":
                 for kind, labels, inner in self.block(child, scope):
@@ -361,7 +371,7 @@ class _Run:
             raise EvalError(
                 var.line, text, f'the value of variable "{var.name}" from {origin} is not valid HCL'
             ) from None
-        ev = _DocEvaluator(sub)
+        ev = _DocEvaluator(sub, self.budget)
         return ev.value(trees(trees(trees(sub.tree)[0])[0])[-1], _literal_scope())
 
     def collect_values(self, variables: dict[str, Variable]) -> None:
@@ -403,8 +413,14 @@ class _Run:
     def var_file(self, path: str, variables: dict[str, Variable]) -> None:
         where = os.path.basename(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                raw = f.read(MAX_JOB_FILE_BYTES + 1)
+            if len(raw) > MAX_JOB_FILE_BYTES:
+                self.error(
+                    EvalError(0, path, f"the var file {path} is over {MAX_JOB_FILE_BYTES} bytes; make it smaller")
+                )
+                return
+            text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as err:
             self.error(EvalError(0, path, f"cannot read the var file {path}: {getattr(err, 'strerror', None) or err}"))
             return
@@ -426,7 +442,7 @@ class _Run:
                 line = getattr(err, "line", 0) or 0
                 self.error(EvalError(line, path, f"the var file {path} is not valid HCL ({str(err).splitlines()[0]})"))
                 return
-            ev = _DocEvaluator(sub)
+            ev = _DocEvaluator(sub, self.budget)
             for child in trees(trees(sub.tree)[0]):
                 if child.data == "block":
                     self.error(
@@ -514,12 +530,16 @@ class _Run:
 
 
 def evaluate(path: str, text: str, inputs: Inputs | None = None) -> Document:
-    """Evaluate a job file's text; syntax errors raise HCLSyntaxError, the rest are in ``errors``."""
-    run = _Run(path, text, inputs or Inputs())
+    """Evaluate a job file's text; syntax errors raise HCLSyntaxError, the rest are in ``errors``.
+
+    Going over a cap of :mod:`driversdk.runner.hcllimits` stops the evaluation: its one sentence
+    is the only error (what was evaluated before it cannot be trusted to be complete)."""
     try:
-        return run.run()
+        return _Run(path, text, inputs or Inputs()).run()
+    except LimitError as err:
+        return Document(None, [EvalError(err.line or 0, err.expr, err.reason)])
     except RecursionError:
-        # Expressions nested hundreds deep: refused with a sentence, never a traceback.
+        # The caps keep Python's stack well within its limit; this is the last guard.
         return Document(None, [EvalError(0, "", "the file nests expressions too deeply to evaluate; flatten them")])
 
 

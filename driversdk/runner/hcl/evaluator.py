@@ -44,6 +44,15 @@ from driversdk.runner.hcl.values import (
     truthy,
     type_name,
 )
+from driversdk.runner.hcllimits import (
+    MAX_CACHED_TEXT_BYTES,
+    MAX_INT_BITS,
+    MAX_NESTING,
+    MAX_STRING_CHARS,
+    MAX_TREE_DEPTH,
+    Budget,
+    LimitError,
+)
 
 
 class EvalError(DriverSDKError):
@@ -91,12 +100,20 @@ def parse(text: str, *, keep: bool = False) -> Tree:
     One process parses the same text more than once (``validate`` evaluates a job for its checks
     and again for placement; ``run`` validates, then starts): trees are kept by their text, which
     is the whole key. ``keep`` also keeps the tree on disk for the next command (a whole file:
-    not worth it for the small texts a variable's value is). Trees are only ever read."""
+    not worth it for the small texts a variable's value is). Trees are only ever read. Texts
+    over MAX_CACHED_TEXT_BYTES are parsed each time and never kept: a cache must not hold a
+    tree of hundreds of MB. A tree deeper than MAX_TREE_DEPTH is refused (LimitError)."""
+    if len(text) > MAX_CACHED_TEXT_BYTES:
+        return _parse_uncached(text, keep=False)
     return _parse_text(text, keep)
 
 
 @functools.lru_cache(maxsize=64)
 def _parse_text(text: str, keep: bool) -> Tree:
+    return _parse_uncached(text, keep)
+
+
+def _parse_uncached(text: str, keep: bool) -> Tree:
     from driversdk.runner import parsecache
 
     if keep:
@@ -109,12 +126,28 @@ def _parse_text(text: str, keep: bool) -> Tree:
     from driversdk.runner.hcl.tree import from_lark
 
     try:
-        tree = from_lark(parsecache.hcl2_parser().parse(text + "\n"))
+        parsed = parsecache.hcl2_parser().parse(text + "\n")
     except LarkError as err:
         raise HCLSyntaxError(err) from None
+    _shallow_enough(parsed)
+    tree = from_lark(parsed)
     if keep:
         parsecache.write_tree(text, tree)
     return tree
+
+
+def _shallow_enough(root: Any) -> None:
+    """Refuse a lark tree deeper than MAX_TREE_DEPTH before anything walks it recursively."""
+    pending: list[tuple[Any, int]] = [(root, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > MAX_TREE_DEPTH:
+            meta = node.meta
+            line = 0 if meta.empty else int(meta.line)
+            raise LimitError(
+                f"the expressions nest more than {MAX_TREE_DEPTH // 2} levels deep; flatten them", line=line
+            )
+        pending.extend((child, depth + 1) for child in node.children if hasattr(child, "data"))
 
 
 def kids(node: Tree) -> list[Any]:
@@ -168,8 +201,9 @@ class Scope:
 
 
 class Evaluator:
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, budget: Budget | None = None) -> None:
         self.source = source
+        self.budget = budget if budget is not None else Budget()
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -193,6 +227,12 @@ class Evaluator:
     def fail(self, node: Any, reason: str) -> EvalError:
         return EvalError(self.line(node), self.text(node), reason)
 
+    def over(self, node: Any, err: LimitError) -> LimitError:
+        """``err`` with the line and expression of ``node`` when it has none yet."""
+        if err.line is None:
+            return LimitError(err.reason, self.line(node), self.text(node))
+        return err
+
     # --- expressions -----------------------------------------------------------------------------
 
     def value(self, node: Any, scope: Scope) -> Any:
@@ -201,7 +241,18 @@ class Evaluator:
         method = getattr(self, "e_" + node.data, None)
         if method is None:
             raise self.fail(node, f"expression {node.data!r} is not supported")
-        return method(node, scope)
+        budget = self.budget
+        try:
+            budget.step()
+        except LimitError as err:
+            raise self.over(node, err) from None
+        budget.nesting += 1
+        try:
+            if budget.nesting > MAX_NESTING:
+                raise self.over(node, LimitError(f"expressions nest more than {MAX_NESTING} deep; flatten them"))
+            return method(node, scope)
+        finally:
+            budget.nesting -= 1
 
     def e_expr_term(self, node: Tree, scope: Scope) -> Any:
         inner = trees(node)
@@ -220,7 +271,16 @@ class Evaluator:
         return {"true": True, "false": False, "null": None}[str(node.children[0])]
 
     def e_int_lit(self, node: Tree, scope: Scope) -> Any:
-        return int(str(node.children[0]))
+        try:
+            return self.bounded(int(str(node.children[0])), node)
+        except ValueError:  # more digits than Python converts
+            raise self.over(node, LimitError(f"the number has more than {MAX_INT_BITS} bits")) from None
+
+    def bounded(self, n: Any, node: Any) -> Any:
+        """A number within MAX_INT_BITS: products of products of locals would grow without end."""
+        if isinstance(n, int) and not isinstance(n, bool) and n.bit_length() > MAX_INT_BITS:
+            raise self.over(node, LimitError(f"the number has more than {MAX_INT_BITS} bits; use smaller numbers"))
+        return n
 
     def e_float_lit(self, node: Tree, scope: Scope) -> Any:
         number = float(str(node.children[0]))
@@ -283,6 +343,12 @@ class Evaluator:
                 raise self.fail(node, f"invalid operand: {err}") from None
             return (left and right) if op == "DOUBLE_AMP" else (left or right)
         rhs = self.value(rhs_node, scope)
+        if op in ("DOUBLE_EQ", "NEQ"):
+            try:  # comparing two large values element by element is the cost of their size
+                self.budget.check(lhs, "the left operand")
+                self.budget.check(rhs, "the right operand")
+            except LimitError as err:
+                raise self.over(node, err) from None
         if op == "DOUBLE_EQ":
             return _equal(lhs, rhs)
         if op == "NEQ":
@@ -300,11 +366,11 @@ class Evaluator:
         if op == "GEQ":
             return a >= b
         if op == "PLUS":
-            return _tidy(a + b)
+            return self.bounded(_tidy(a + b), node)
         if op == "MINUS":
-            return _tidy(a - b)
+            return self.bounded(_tidy(a - b), node)
         if op == "ASTERISK":
-            return _tidy(a * b)
+            return self.bounded(_tidy(a * b), node)
         if b == 0:
             raise self.fail(node, "division by zero")
         if op == "SLASH":
@@ -443,7 +509,16 @@ class Evaluator:
         if name == "convert" and len(arg_nodes) == 2:
             args[1] = type_expr(arg_nodes[1], self)
         try:
-            return func(*args)
+            # Every function walks or copies its arguments: their size (as written out) is
+            # checked first, so no function ever walks a value built of shared parts at length.
+            self.budget.check(args, f"the arguments of {name}()")
+            result = func(*args)
+            self.budget.charge(result, f"the result of {name}()")
+            return result
+        except LimitError as err:
+            raise self.over(node, err) from None
+        except RecursionError:
+            raise self.over(node, LimitError(f"{name}() met a value nested too deeply; flatten it")) from None
         except FunctionError as err:
             raise self.fail(node, f"{name}(): {err}") from None
         except TypeError:
@@ -535,24 +610,38 @@ class Evaluator:
             # "${x}" alone keeps x's type, as HCL does.
             return self.value(items[0], scope)
         tree = _nest(items, self, node)
-        return self.render(tree, scope)
+        text = self.render(tree, scope, node)
+        try:  # a new string: counted against what the whole evaluation may make
+            self.budget.charge(text, "the template")
+        except LimitError as err:
+            raise self.over(node, err) from None
+        return text
 
-    def render(self, nodes: list[Any], scope: Scope) -> str:
+    def render(self, nodes: list[Any], scope: Scope, node: Any = None) -> str:
         out: list[str] = []
+        length = 0
+
+        def add(piece: str) -> None:
+            nonlocal length
+            out.append(piece)
+            length += len(piece)
+            if length > MAX_STRING_CHARS:  # a %{for} over a large value, or large values repeated
+                raise self.over(node, LimitError(f"the template would be more than {MAX_STRING_CHARS} characters"))
+
         for item in nodes:
             kind = item[0]
             if kind == "lit":
-                out.append(item[1])
+                add(item[1])
             elif kind == "interp":
                 value = self.value(item[1], scope)
-                out.append(self.stringify(value, item[1]))
+                add(self.stringify(value, item[1]))
             elif kind == "if":
                 _, cond, yes, no = item
                 try:
                     chosen = truthy(self.value(cond, scope))
                 except ConvertError as err:
                     raise self.fail(cond, f"the %{{if}} condition is not a bool: {err}") from None
-                out.append(self.render(yes if chosen else no, scope))
+                add(self.render(yes if chosen else no, scope, node))
             elif kind == "for":
                 _, names, coll_node, body = item
                 coll = self.value(coll_node, scope)
@@ -564,7 +653,7 @@ class Evaluator:
                     raise self.fail(coll_node, f"%{{for}} needs a list or map, not {type_name(coll)}")
                 for key, value in pairs:
                     bound = {names[0]: key, names[1]: value} if len(names) == 2 else {names[0]: value}
-                    out.append(self.render(body, scope.child(**bound)))
+                    add(self.render(body, scope.child(**bound), node))
         return _apply_strips("".join(out))
 
     def stringify(self, value: Any, node: Any) -> str:
@@ -604,7 +693,7 @@ class Evaluator:
             raise self.fail(node, f"the heredoc's template is not valid HCL ({str(err).splitlines()[0]})") from None
         attr = trees(trees(sub.tree)[0])[0]
         expr = trees(attr)[-1]
-        evaluator = Evaluator(sub)
+        evaluator = type(self)(sub, self.budget)
         value = evaluator.value(expr, scope)
         return value if isinstance(value, str) else evaluator.stringify(value, expr)
 

@@ -2,15 +2,17 @@
 
 Each takes already evaluated arguments and returns a value, or raises :class:`FunctionError`
 with a short reason. ``try`` and ``can`` need their arguments unevaluated, so the evaluator
-implements those two itself. The file functions read relative to the job file's directory, as
-``nomad job run`` does (it allows them).
+implements those two itself. The file functions read under the evaluation's
+:class:`~driversdk.runner.hcl.files.FilePolicy` (see :mod:`.files`). Functions whose result can
+be far larger than their arguments (setproduct, join, format, indent, replace, flatten, the
+decoders) work out its size first and raise :class:`LimitError` past the caps of
+:mod:`driversdk.runner.hcllimits`.
 """
 
 from __future__ import annotations
 
 import base64
 import csv
-import glob
 import hashlib
 import io
 import ipaddress
@@ -24,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from driversdk.errors import DriverSDKError
+from driversdk.runner.hcl.files import FileReader
 from driversdk.runner.hcl.values import (
     ConvertError,
     convert,
@@ -32,6 +35,14 @@ from driversdk.runner.hcl.values import (
     to_number,
     to_string,
     type_name,
+)
+from driversdk.runner.hcllimits import (
+    MAX_STRING_CHARS,
+    MAX_VALUE_CHARS,
+    MAX_VALUE_DEPTH,
+    LimitError,
+    elements_fit,
+    string_fits,
 )
 
 
@@ -90,10 +101,17 @@ def _format(fmt: Any, *args: Any) -> str:
     out: list[str] = []
     pos = 0
     next_arg = 0
+    length = 0
     for m in _VERB.finditer(text):
         out.append(text[pos : m.start()])
+        # What the last verb made and the text up to this one: the result so far, checked as it grows.
+        length += sum(len(piece) for piece in out[-2:])
+        string_fits(length, "format's result")
         pos = m.end()
         index, flags, width, precision, verb = m.groups()
+        for number in (width, precision):
+            if number and number != "*":
+                string_fits(int(number) if len(number) < 10 else MAX_STRING_CHARS + 1, "a format width")
         if verb == "%":
             out.append("%")
             continue
@@ -135,20 +153,39 @@ def _formatlist(fmt: Any, *args: Any) -> list[str]:
     if len(lengths) > 1:
         raise FunctionError("all list arguments must have the same length")
     n = lengths.pop() if lengths else 1
-    return [_format(fmt, *[a[i] if isinstance(a, list) else a for a in args]) for i in range(n)]
+    out: list[str] = []
+    total = 0
+    for i in range(n):
+        out.append(_format(fmt, *[a[i] if isinstance(a, list) else a for a in args]))
+        total += len(out[-1])
+        if total > MAX_VALUE_CHARS:
+            raise LimitError(f"formatlist's result would be more than {MAX_VALUE_CHARS} characters")
+    return out
 
 
 def _indent(spaces: Any, text: Any) -> str:
-    pad = " " * _int(spaces)
-    lines = _str(text).split("\n")
+    width = _int(spaces)
+    source = _str(text)
+    string_fits(len(source) + max(0, width) * source.count("\n"), "indent's result")
+    pad = " " * width
+    lines = source.split("\n")
     return "\n".join([lines[0], *[pad + line if line else line for line in lines[1:]]])
 
 
 def _regex_replace(s: Any, pattern: Any, repl: Any) -> str:
     # Go's $1 / ${name} references become Python's \g<…>.
     py_repl = re.sub(r"\$\{?(\w+)\}?", lambda m: f"\\g<{m.group(1)}>", _str(repl).replace("\\", "\\\\"))
+    text = _str(s)
+    grown = [len(text)]
+
+    def expand(m: re.Match[str]) -> str:
+        piece = m.expand(py_repl)
+        grown[0] += len(piece) - (m.end() - m.start())
+        string_fits(grown[0], "regex_replace's result")
+        return piece
+
     try:
-        return re.sub(_str(pattern), py_repl, _str(s))
+        return re.sub(_str(pattern), expand, text)
     except re.error as err:
         raise FunctionError(f"invalid regular expression: {err}") from None
 
@@ -157,7 +194,10 @@ def _replace(s: Any, old: Any, new: Any) -> str:
     old_s = _str(old)
     if len(old_s) > 1 and old_s.startswith("/") and old_s.endswith("/"):
         return _regex_replace(s, old_s[1:-1], new)
-    return _str(s).replace(old_s, _str(new))
+    text, new_s = _str(s), _str(new)
+    count = text.count(old_s) if old_s else len(text) + 1
+    string_fits(len(text) + count * (len(new_s) - len(old_s)), "replace's result")
+    return text.replace(old_s, new_s)
 
 
 def _substr(s: Any, offset: Any, length: Any) -> str:
@@ -187,7 +227,10 @@ def _join(sep: Any, *lists: Any) -> str:
     items = [v for lst in lists for v in _list(lst)]
     if any(v is None for v in items):
         raise FunctionError("join cannot join null elements")
-    return _str(sep).join(_str(v) for v in items)
+    parts = [_str(v) for v in items]
+    glue = _str(sep)
+    string_fits(sum(len(p) for p in parts) + len(glue) * max(0, len(parts) - 1), "join's result")
+    return glue.join(parts)
 
 
 def _chomp(s: Any) -> str:
@@ -243,10 +286,19 @@ def _chunklist(lst: Any, size: Any) -> list[Any]:
     return [items[i : i + n] for i in range(0, len(items), n)]
 
 
+def _identity(v: Any) -> str:
+    """What makes two values the same element of a set (1 and true, 1 and "1" are not)."""
+    return json.dumps(v, sort_keys=True)
+
+
 def _distinct(lst: Any) -> list[Any]:
+    # By a key, in linear time: a list compared element by element is quadratic.
+    seen: set[str] = set()
     out: list[Any] = []
     for v in _list(lst):
-        if v not in out:
+        key = _identity(v)
+        if key not in seen:
+            seen.add(key)
             out.append(v)
     return out
 
@@ -263,9 +315,20 @@ def _element(lst: Any, index: Any) -> Any:
 
 def _flatten(lst: Any) -> list[Any]:
     out: list[Any] = []
-    for v in _list(lst):
-        out.extend(_flatten(v) if isinstance(v, list) else [v])
+    pending = [iter(_list(lst))]
+    while pending:
+        v = next(pending[-1], _END)
+        if v is _END:
+            pending.pop()
+        elif isinstance(v, list):
+            pending.append(iter(v))
+        else:
+            out.append(v)
+            elements_fit(len(out), "flatten's result")
     return out
+
+
+_END = object()
 
 
 def _index(lst: Any, value: Any) -> int:
@@ -346,6 +409,10 @@ def _sort(lst: Any) -> list[str]:
 
 
 def _setproduct(*sets: Any) -> list[Any]:
+    count = 1
+    for s in sets:
+        count *= len(_list(s))
+    elements_fit(count * (len(sets) + 1), "setproduct's result")  # each tuple and its elements
     out: list[list[Any]] = [[]]
     for s in sets:
         out = [[*prev, v] for prev in out for v in _list(s)]
@@ -358,9 +425,11 @@ def _setop(op: str) -> Func:
         for other in rest:
             items = _list(other)
             if op == "union":
-                result += [v for v in items if v not in result]
+                known = {_identity(v) for v in result}
+                result += _distinct([v for v in items if _identity(v) not in known])
             else:
-                result = [v for v in result if v in items]
+                keep = {_identity(v) for v in items}
+                result = [v for v in result if _identity(v) in keep]
         return result
 
     return run
@@ -397,13 +466,20 @@ def _jsondecode(s: Any) -> Any:
         raise FunctionError(f"invalid JSON: {err}") from None
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: Any, depth: int = 0, count: list[int] | None = None) -> Any:
+    """A decoded document as HCL values; a YAML document whose aliases repeat a part many times
+    ("billion laughs") is refused by the count of elements it copies to, not built."""
+    count = count if count is not None else [0]
+    count[0] += 1
+    elements_fit(count[0], "the decoded document")
+    if depth > MAX_VALUE_DEPTH:
+        raise LimitError(f"the decoded document nests more than {MAX_VALUE_DEPTH} lists or maps deep")
     if isinstance(v, float):
         return _whole(v)
     if isinstance(v, list):
-        return [_plain(x) for x in v]
+        return [_plain(x, depth + 1, count) for x in v]
     if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
+        return {str(k): _plain(x, depth + 1, count) for k, x in v.items()}
     return v
 
 
@@ -574,40 +650,42 @@ def _timeadd(ts: Any, duration: Any) -> str:
 # --- files ---------------------------------------------------------------------------------------
 
 
-def _files(base_dir: str) -> dict[str, Func]:
-    def where(p: Any) -> str:
-        return os.path.join(base_dir, os.path.expanduser(_str(p)))
+def _files(reader: FileReader | None) -> dict[str, Func]:
+    """The file functions; without a reader (no filesystem for this job) each is refused, as
+    Nomad's are for a job sent to its API. basename and dirname only cut strings: kept."""
 
-    def read(p: Any) -> bytes:
-        try:
-            with open(where(p), "rb") as f:
-                return f.read()
-        except OSError as err:
-            raise FunctionError(f"cannot read {_str(p)!r}: {err.strerror or err}") from None
+    def refused(name: str) -> Func:
+        def run(*_: Any) -> Any:
+            raise FunctionError(
+                "file functions are turned off for this job (it was not read from a file on this machine); "
+                "put the value in the job file itself"
+            )
+
+        return run
+
+    common: dict[str, Func] = {
+        "basename": lambda p: os.path.basename(_str(p)),
+        "dirname": lambda p: os.path.dirname(_str(p)),
+    }
+    if reader is None or reader.policy.root is None:
+        # abspath and pathexpand read the process's directory and $HOME: host facts too.
+        names = ("abspath", "pathexpand", "file", "filebase64", "fileexists", "fileset")
+        return {**common, **{name: refused(name) for name in names}}
 
     def file(p: Any) -> str:
         try:
-            return read(p).decode("utf-8")
+            return reader.read(p).decode("utf-8")
         except UnicodeDecodeError:
             raise FunctionError(f"{_str(p)!r} is not UTF-8 text; use filebase64") from None
 
-    def fileset(path: Any, pattern: Any) -> list[str]:
-        root = where(path)
-        return sorted(
-            os.path.relpath(p, root)
-            for p in glob.glob(os.path.join(root, _str(pattern)), recursive=True)
-            if os.path.isfile(p)
-        )
-
     return {
+        **common,
         "abspath": lambda p: os.path.abspath(_str(p)),
-        "basename": lambda p: os.path.basename(_str(p)),
-        "dirname": lambda p: os.path.dirname(_str(p)),
         "pathexpand": lambda p: os.path.expanduser(_str(p)),
         "file": file,
-        "filebase64": lambda p: base64.b64encode(read(p)).decode(),
-        "fileexists": lambda p: os.path.isfile(where(p)),
-        "fileset": fileset,
+        "filebase64": lambda p: base64.b64encode(reader.read(p)).decode(),
+        "fileexists": reader.exists,
+        "fileset": reader.fileset,
     }
 
 
@@ -626,8 +704,9 @@ def _convert(value: Any, t: Any) -> Any:
         raise FunctionError(str(err)) from None
 
 
-def table(base_dir: str) -> dict[str, Func]:
-    """Every function name Nomad's job files may call, for a job file in ``base_dir``."""
+def table(files: FileReader | None) -> dict[str, Func]:
+    """Every function name Nomad's job files may call; the file functions read through ``files``
+    (None: they are refused)."""
     funcs: dict[str, Func] = {
         "abs": lambda n: abs(_num(n)),
         "base64decode": _b64decode,
@@ -703,7 +782,7 @@ def table(base_dir: str) -> dict[str, Func]:
         "yamlencode": _yamlencode,
         "zipmap": _zipmap,
     }
-    funcs.update(_files(base_dir))
+    funcs.update(_files(files))
     return funcs
 
 
@@ -725,6 +804,6 @@ def _uuid_ns(ns: Any) -> uuid.UUID:
 
 # try and can are evaluated lazily by the evaluator; they are listed here so they are "known".
 LAZY = ("try", "can")
-NAMES = frozenset([*table("."), *LAZY])
+NAMES = frozenset([*table(None), *LAZY])
 
 __all__ = ["LAZY", "NAMES", "FunctionError", "parse_number", "table"]
