@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, TypeVar, cast
 
 import grpc
 
+from driversdk.authorcheck import checked
 from driversdk.driver import ExecSession, TerminalSize
 from driversdk.errors import (
     ConfigError,
@@ -255,7 +256,7 @@ class _ExitWaits:
             self._post(loop, task_id, result, None)
 
         try:
-            if self._source.get().watch_exit(task_id, exited):
+            if checked(self._source.get()).watch_exit(task_id, exited):
                 return
         except Exception as err:
             self._post(loop, task_id, None, err)
@@ -264,7 +265,7 @@ class _ExitWaits:
 
     def _block(self, task_id: str, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            result = self._source.get().wait_task(task_id)
+            result = checked(self._source.get()).wait_task(task_id)
         except Exception as err:
             self._post(loop, task_id, None, err)
         else:
@@ -296,7 +297,7 @@ class _DriverCalls:
         self.pool = pool or ThreadPoolExecutor(DRIVER_CALL_WORKERS, thread_name_prefix="driver-call")
         self.samples = ThreadPoolExecutor(STREAM_SAMPLE_WORKERS, thread_name_prefix="stream-sample")
         self.exits = _ExitWaits(source, self.pool)
-        self.stats = StatsSampler(source.get, self.samples, STREAM_SAMPLE_WORKERS)
+        self.stats = StatsSampler(lambda: checked(source.get()), self.samples, STREAM_SAMPLE_WORKERS)
 
 
 class _Servicer:
@@ -308,7 +309,9 @@ class _Servicer:
 
     @property
     def _driver(self) -> DriverPlugin:
-        return self._calls.source.get()
+        # Every call the SDK makes goes through the check: a wrong return type or a stray
+        # exception reaches the host as a sentence naming the method (driversdk.authorcheck).
+        return checked(self._calls.source.get())
 
     async def _load_driver(self, context: Context, call: str) -> None:
         if self._calls.source.built is not None:
