@@ -74,10 +74,11 @@ def test_a_bind_source_swapped_for_a_symlink_to_root_after_our_check_mounts_the_
     source = alloc.path / "alloc" / "data" / f"x{RACE_SUFFIX}"
     source.mkdir()
     (source / "original").write_text("mine\n")
+    written = f"written-by-task-{alloc.alloc_id}"
     script = (
         f"if [ -e {marker} ]; then echo SAW-HOST-ROOT; fi; "
         "if [ -e /host/original ]; then echo SAW-ORIGINAL; fi; "
-        "touch /host/written-by-task 2>/dev/null; echo done"
+        f"touch /host/{written} 2>/dev/null; echo done"
     )
     task = alloc.task_config(
         "web", driver_config=busybox("/bin/sh", "-c", script, volumes=[f"../alloc/data/x{RACE_SUFFIX}:/host"])
@@ -89,10 +90,12 @@ def test_a_bind_source_swapped_for_a_symlink_to_root_after_our_check_mounts_the_
         out = alloc.wait_for_output("web", b"done\n", 30)
         h.client.destroy_task(task.id, force=True)
         h.forget(task.id)
+    if os.path.exists(f"/{written}"):
+        os.unlink(f"/{written}")  # the attack worked: the task wrote to the host's root
+        pytest.fail("the container wrote a file into the host's / through the swapped source")
     assert b"SAW-HOST-ROOT" not in out, "the container was given the host's / through the swapped source"
     assert b"SAW-ORIGINAL" in out, "the container gets the directory that was checked"
-    assert not os.path.exists("/written-by-task")
-    assert (alloc.path / "alloc" / "data" / f"x{RACE_SUFFIX}.orig" / "written-by-task").exists()
+    assert (alloc.path / "alloc" / "data" / f"x{RACE_SUFFIX}.orig" / written).exists()
     assert _mounts_under(tmp_path) == [] and _pin_dirs(alloc) == []
 
 
