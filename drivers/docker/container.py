@@ -22,8 +22,8 @@ from drivers.docker.config import DOCKER_DEFAULT_CAPS, MODE_KINDS, PluginConfig,
 from drivers.docker.labels import LABEL_ALLOC_ID, LABEL_TASK_ID
 from driversdk import pinning
 from driversdk.errors import ConfigError
-from driversdk.mountinfo import find_mount
 from driversdk.model import NetworkIsolationMode, TaskConfig
+from driversdk.mountinfo import find_mount
 from driversdk.paths import show
 
 log = logging.getLogger("driversdk.docker")

@@ -92,5 +92,6 @@ def test_a_missing_seccomp_profile_names_the_path_and_why(harness: DriverHarness
     alloc = AllocDir.create(tmp_path, tasks=["web"])
     path = str(tmp_path / "missing.json")
     assert _start_refused(harness, alloc, path) == (
-        f"task 'web': security_opt 'seccomp={path}': cannot read the seccomp profile {path!r}: No such file or directory"
+        f"task 'web': security_opt 'seccomp={path}': cannot read the seccomp profile {path!r}: "
+        "No such file or directory"
     )
