@@ -76,6 +76,9 @@ class ClientConfig:
     # Nomad's ``client.min_dynamic_port`` / ``max_dynamic_port``: where dynamic ports come from.
     min_dynamic_port: int = DEFAULT_MIN_DYNAMIC_PORT
     max_dynamic_port: int = DEFAULT_MAX_DYNAMIC_PORT
+    # Nomad's ``client.reserved { reserved_ports }``: never given to a group, static or dynamic.
+    reserved_ports: frozenset[int] = frozenset()
+    reserved_ports_text: str = ""
     # What the file holds that the runner has no use for, said once.
     notes: list[str] = field(default_factory=list)
 
@@ -398,7 +401,9 @@ def _parse(path: str | Path) -> dict[str, Any]:
 
 
 _NODE_KEYS = ("name", "datacenter", "region")
-_CLIENT_NODE_KEYS = ("node_class", "node_pool", "meta", "min_dynamic_port", "max_dynamic_port")
+_CLIENT_NODE_KEYS = ("node_class", "node_pool", "meta", "min_dynamic_port", "max_dynamic_port", "reserved")
+# Nomad's ``client.reserved`` keys besides reserved_ports: resources a scheduler keeps back.
+_RESERVED_UNUSED = ("cpu", "cores", "memory", "disk")
 
 
 def _node(file: str, data: dict[str, Any], client: dict[str, Any], cfg: ClientConfig, problems: list[Problem]) -> None:
@@ -439,6 +444,7 @@ def _node(file: str, data: dict[str, Any], client: dict[str, Any], cfg: ClientCo
             continue
         ports[key] = number
         setattr(cfg, key, number)
+    _reserved(file, client, cfg, problems)
     if cfg.min_dynamic_port > cfg.max_dynamic_port and ports:
         problems.append(
             Problem(
@@ -448,6 +454,62 @@ def _node(file: str, data: dict[str, Any], client: dict[str, Any], cfg: ClientCo
                 field="client.min_dynamic_port",
             )
         )
+
+
+def parse_port_ranges(text: str) -> frozenset[int] | None:
+    """Nomad's port list syntax (``"22,80,8500-8600"``) → the ports, or None when it is not one."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        first, dash, last = part.partition("-")
+        if not first.strip().isdigit() or (dash and not last.strip().isdigit()):
+            return None
+        low, high = int(first), int(last) if dash else int(first)
+        if not 0 < low <= high <= 65535:
+            return None
+        out.update(range(low, high + 1))
+    return frozenset(out)
+
+
+def _reserved(file: str, client: dict[str, Any], cfg: ClientConfig, problems: list[Problem]) -> None:
+    """``client.reserved``: the ports no group gets; the resources it may also keep back are noted."""
+    if client.get("reserved") is None:
+        return
+    body = _body(client.get("reserved"))
+    if body is None:
+        problems.append(
+            Problem(
+                file, 'client.reserved must be a block (reserved { reserved_ports = "22,80" })', field="client.reserved"
+            )
+        )
+        return
+    for key in body:
+        if key in _RESERVED_UNUSED:
+            cfg.notes.append(f"{file}: not used by driversdk: client.reserved.{key}")
+        elif key != "reserved_ports":
+            close = get_close_matches(key, ["reserved_ports", *_RESERVED_UNUSED], n=1)
+            hint = f'; did you mean "{close[0]}"?' if close else "; remove it or check its spelling"
+            problems.append(
+                Problem(file, f"unknown client.reserved option {key!r}{hint}", field=f"client.reserved.{key}")
+            )
+    text = body.get("reserved_ports")
+    if text is None:
+        return
+    ports = parse_port_ranges(text) if isinstance(text, str) else None
+    if ports is None:
+        problems.append(
+            Problem(
+                file,
+                f"client.reserved.reserved_ports must be ports and ranges of 1-65535 in quotes, such as "
+                f'"22,80,8500-8600", not {_shown(text)}',
+                field="client.reserved.reserved_ports",
+            )
+        )
+        return
+    cfg.reserved_ports = ports
+    cfg.reserved_ports_text = text
 
 
 def load_client(path: str | Path | None) -> ClientConfig:

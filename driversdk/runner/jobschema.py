@@ -84,7 +84,8 @@ RESCHEDULE = blk(NO, attempts=N, interval=D, delay=D, delay_function=S, max_dela
 MIGRATE = blk(NO, max_parallel=N, health_check=S, min_healthy_time=D, healthy_deadline=D)
 UPDATE = blk(NO, max_parallel=N, health_check=S, min_healthy_time=D, healthy_deadline=D, progress_deadline=D,
              canary=N, auto_revert=B, auto_promote=B, stagger=D)  # fmt: skip
-EPHEMERAL_DISK = blk(NO, sticky=B, migrate=B, size=N)
+# size is the tasks' log budget (checked at validate); the disk itself is not limited or kept.
+EPHEMERAL_DISK = Block({"size": Attr(N), **attrs(NO, sticky=B, migrate=B)})
 DISCONNECT = blk(NO, lost_after=D, stop_on_client_after=D, replace=B, reconcile=S)
 CONSUL = blk(NO, namespace=S, cluster=S, partition=S)
 VAULT = blk(NO, policies=L, role=S, namespace=S, cluster=S, env=B, disable_file=B, change_mode=S, change_signal=S,

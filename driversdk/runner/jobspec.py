@@ -28,6 +28,8 @@ from driversdk.signals import UnknownSignalError, signal_name
 MAX_COUNT = 1000
 # Nomad's MinResources: cpu >= 1 MHz (we have no `cores`), memory >= 10 MB.
 MIN_CPU = 1
+MIN_EPHEMERAL_DISK_MB = 10  # Nomad's EphemeralDisk.Validate
+PORT_MAX = 65535
 MIN_MEMORY_MB = 10
 # cpu becomes the cgroup's cpu shares, which Linux (and runc) cap at 262144.
 MAX_CPU = 262144
@@ -138,6 +140,7 @@ class Group:
     # A Connect gateway group: Nomad injects its Envoy task; `run` starts none.
     gateway: bool = False
     restart: dict[str, Any] | None = None  # the group's ``restart`` block as written
+    ephemeral_disk_mb: int = 300  # Nomad's default ``ephemeral_disk { size }``: the tasks' log budget
 
 
 @dataclass
@@ -283,6 +286,9 @@ class _Parser:
                     host_network=self.text(pbody.get("host_network"), "host_network", **where) or "default",
                 )
             )
+            self.problems += [Problem(self.file, m, **where) for m in _port_problems(group.ports[-1])]
+        disk = single(body.get("ephemeral_disk"))
+        group.ephemeral_disk_mb = self.number(disk.get("size"), 300, "ephemeral_disk.size", **where)
         if "restart" in body:
             group.restart = dict(single(body.get("restart")))
             self.restart_problems(job.type, group.restart, None, **where)
@@ -586,9 +592,16 @@ def static_problems(job: Job) -> list[Problem]:
         for req in group.volumes.values():
             where = {"job": job.name, "group": group.name, "field": f"volume {show(req.name)}"}
             out.extend(Problem(f, m, **where) for m in _volume_problems(job, group, req))
+        if group.ephemeral_disk_mb < MIN_EPHEMERAL_DISK_MB:
+            # Nomad's EphemeralDisk.Validate.
+            message = f"ephemeral_disk: minimum size is {MIN_EPHEMERAL_DISK_MB} MB; got {group.ephemeral_disk_mb}"
+            out.append(Problem(f, message, job=job.name, group=group.name, field="ephemeral_disk"))
         for task in group.tasks:
             where = {"job": job.name, "group": group.name, "task": task.name}
             out.extend(Problem(f, m, **where) for m in _task_problems(task))
+            budget = _log_budget_problem(task, group.ephemeral_disk_mb)
+            if budget is not None:
+                out.append(Problem(f, budget, **where, field="logs"))
             for i, mount in enumerate(task.volume_mounts):
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": f"volume_mount[{i}]"}
                 if not mount.volume:
@@ -682,6 +695,38 @@ def _task_problems(task: Task) -> list[str]:
     if task.logs_max_file_size < 1:
         out.append(f"logs: minimum file size is 1MB; got {task.logs_max_file_size}")
     return out
+
+
+def _port_problems(port: Port) -> list[str]:
+    """A port number the host cannot have (Nomad: "cannot be greater than 65535"), refused before
+    anything reaches a socket or iptables; a static port below 1024 is allowed, as Nomad allows it."""
+    out = []
+    if not 0 <= port.static <= PORT_MAX:
+        out.append(
+            f"network.port {show(port.label)}.static: {port.static} is not a port number (1-{PORT_MAX}); use a port "
+            "in that range, or leave static out for a dynamic port"
+        )
+    if not -1 <= port.to <= PORT_MAX:
+        out.append(
+            f"network.port {show(port.label)}.to: {port.to} is not a port number (1-{PORT_MAX}, or -1 for the host "
+            "port's own number); use a port in that range"
+        )
+    return out
+
+
+def _log_budget_problem(task: Task, disk_mb: int) -> str | None:
+    """Nomad's Task.Validate: a task's log files must fit below the group's ephemeral disk, so a
+    job cannot give itself a log budget that fills the data dir's disk."""
+    if task.logs_max_files < 1 or task.logs_max_file_size < 1:
+        return None  # reported by the minimums
+    usage = task.logs_max_files * task.logs_max_file_size
+    if usage < disk_mb:
+        return None
+    return (
+        f"logs: log storage ({usage} MB: max_files {task.logs_max_files} x max_file_size {task.logs_max_file_size} MB)"
+        f" must be less than the group's ephemeral_disk size ({disk_mb} MB); lower logs.max_files or "
+        "logs.max_file_size, or raise ephemeral_disk.size"
+    )
 
 
 def _volume_problems(job: Job, group: Group, req: VolumeRequest) -> list[str]:

@@ -1,15 +1,24 @@
 """Group network ports on this host: static ports checked free, dynamic ones picked from the
-client's range (``min_dynamic_port`` / ``max_dynamic_port``), and, for bridge groups, forwarding
-from the host port to the group namespace's address and ``to`` port as Nomad's CNI ``portmap``
-plugin does it.
+client's range (``min_dynamic_port`` / ``max_dynamic_port``) less its ``reserved_ports``, and, for
+bridge groups, forwarding from the host port to the group namespace's address and ``to`` port as
+Nomad's CNI ``portmap`` plugin does it.
+
+A port is free when no socket of this host holds it (the kernel's tables, any address and family:
+:func:`driversdk.runner.hostports.sockets`), no live ``driversdk run`` on this host (any data dir)
+has handed it out (:func:`driversdk.runner.hostports.locked`, a host-wide lock and record), and no
+run forwards it to a bridge group. The check and the record are made under that lock, so two runs
+started at once never get the same port.
 
 Forwarding is iptables, in chains of our own so nothing else's rules are touched:
 
-- ``nat DSDK-PORTMAP`` (jumped to from PREROUTING and OUTPUT for local destinations): one DNAT
-  rule per port and protocol, host port → ``address:to``;
-- ``nat DSDK-PORTMAP-MASQ`` (from POSTROUTING): traffic the host sends from 127.0.0.0/8 is
-  masqueraded, so ``curl 127.0.0.1:<port>`` on the host works (with ``route_localnet`` on the
-  interface that leads to the namespace, as portmap sets it);
+- ``nat DSDK-PORTMAP`` (jumped to from PREROUTING and OUTPUT for local destinations outside
+  127.0.0.0/8): one DNAT rule per port and protocol, host port → ``address:to``. Traffic to the
+  host's own addresses (its external IP, a bridge's gateway) reaches the task; the host's loopback
+  traffic never does: a DNS stub on 127.0.0.53, or anything on 127.0.0.1, keeps its own queries
+  (Nomad's portmap, with ``snat``, also forwards 127.0.0.1; a job must not capture those). Only
+  IPv4 is forwarded, so ``::1`` is never touched either;
+- ``nat DSDK-PORTMAP-MASQ`` (from POSTROUTING): a task reaching its own port through the host's
+  address (hairpin) is masqueraded, so the answer comes back the way the question went;
 - ``filter DSDK-PORTMAP-FWD`` (from FORWARD): forwarded traffic to the port is accepted (an
   engine may have set FORWARD's policy to DROP).
 
@@ -20,61 +29,54 @@ jumps once no rule is left in them.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import random
-import socket
 import subprocess
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from driversdk.errors import ConfigError, DriverSDKError
-from driversdk.runner.jobspec import Group
+from driversdk.runner import hostports
+from driversdk.runner.clientconfig import ClientConfig
+from driversdk.runner.jobspec import Group, Job
+from driversdk.runner.problems import Problem
 from driversdk.runner.taskenv import PortValue
 
 NAT_CHAIN = "DSDK-PORTMAP"
 MASQ_CHAIN = "DSDK-PORTMAP-MASQ"
 FWD_CHAIN = "DSDK-PORTMAP-FWD"
+_LOCAL_NOT_LOOPBACK = ["!", "-d", "127.0.0.0/8", "-m", "addrtype", "--dst-type", "LOCAL"]
 # (table, chain, built-in chain jumping to it, match of the jump)
 _JUMPS = [
-    ("nat", NAT_CHAIN, "PREROUTING", ["-m", "addrtype", "--dst-type", "LOCAL"]),
-    ("nat", NAT_CHAIN, "OUTPUT", ["-m", "addrtype", "--dst-type", "LOCAL"]),
+    ("nat", NAT_CHAIN, "PREROUTING", _LOCAL_NOT_LOOPBACK),
+    ("nat", NAT_CHAIN, "OUTPUT", _LOCAL_NOT_LOOPBACK),
     ("nat", MASQ_CHAIN, "POSTROUTING", []),
     ("filter", FWD_CHAIN, "FORWARD", []),
 ]
+# Jumps an earlier driversdk made (loopback included): removed with ours once the chain is empty.
+_OLD_JUMPS = [
+    ("nat", NAT_CHAIN, "PREROUTING", ["-m", "addrtype", "--dst-type", "LOCAL"]),
+    ("nat", NAT_CHAIN, "OUTPUT", ["-m", "addrtype", "--dst-type", "LOCAL"]),
+]
 PROTOCOLS = ("tcp", "udp")
+PORT_MAX = 65535
 
 
 class PortUnavailable(ConfigError):
-    """A static port is taken, or no dynamic port is free."""
+    """A static port is taken or reserved, or no dynamic port is free."""
 
 
 class ForwardingFailed(DriverSDKError):
     """iptables refused a rule."""
 
 
-# Ports this process has handed to allocations, by port: a port given to one allocation is not
-# free for the next one even before anything listens on it.
+# Ports this process has handed to allocations, by port (also in the host-wide record).
 _held: dict[int, str] = {}
 _lock = threading.RLock()
 
 
-def _bindable(port: int) -> bool:
-    """Whether nothing on the host holds ``port`` (TCP or UDP, any address)."""
-    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
-        with socket.socket(socket.AF_INET, kind) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError as err:
-                if err.errno in (errno.EADDRINUSE, errno.EACCES):
-                    return False
-                raise
-    return True
-
-
 def _forwarded() -> set[int]:
-    """Host ports another run forwards to a bridge group (nothing listens on them on the host)."""
+    """Host ports a run forwards to a bridge group (nothing listens on them on the host)."""
     out: set[int] = set()
     for line in _rules("nat", NAT_CHAIN):
         parts = line.split()
@@ -83,72 +85,129 @@ def _forwarded() -> set[int]:
     return out
 
 
-def _taken(port: int, forwarded: set[int]) -> str | None:
-    if port in _held:
-        return f"allocation {_held[port][:8]} of this run holds it"
-    if port in forwarded:
-        return "another driversdk run forwards it to a bridge group"
-    if not _bindable(port):
-        return "a process on this host listens on it"
-    return None
+class _Taken:
+    """Why each port is not free, read once per allocation under the host-wide lock."""
+
+    def __init__(self, record: dict[int, hostports.Entry]) -> None:
+        self.record = record
+        self.sockets = hostports.sockets()
+        self.forwarded = _forwarded()
+        self.me = hostports.me()
+
+    def why(self, port: int) -> str | None:
+        if port in _held:
+            return f"allocation {_held[port][:8]} of this run holds it"
+        entry = self.record.get(port)
+        if entry is not None and (entry.pid, entry.start) != self.me:
+            return f"another driversdk run (pid {entry.pid}) holds it for allocation {entry.alloc[:8]}"
+        if port in self.forwarded:
+            return "another driversdk run forwards it to a bridge group"
+        holder = self.sockets.get(port)
+        if holder is not None:
+            return f"a {holder.proto} socket on {holder.address} holds it"
+        return None
+
+    def take(self, port: int, alloc_id: str) -> None:
+        _held[port] = alloc_id
+        self.record[port] = hostports.Entry(*self.me, alloc_id)
 
 
-def allocate(alloc_id: str, job: str, group: Group, low: int, high: int, host_ip: str) -> list[PortValue]:
+def allocate(
+    alloc_id: str,
+    job: str,
+    group: Group,
+    low: int,
+    high: int,
+    host_ip: str,
+    reserved: Collection[int] = frozenset(),
+) -> list[PortValue]:
     """The group's ports for one allocation; raises :class:`PortUnavailable` (holding nothing)."""
     where = f'job "{job}" group "{group.name}"'
     out: list[PortValue] = []
+    if not group.ports:
+        return out
     with _lock:
-        forwarded = _forwarded() if group.ports else set()
         try:
-            for port in group.ports:
-                if not port.static:
-                    continue
-                why = _taken(port.static, forwarded)
-                if why is not None:
-                    raise PortUnavailable(
-                        f'{where}: static port {port.static} (port "{port.label}") is already in use on this host '
-                        f'({why}); stop what holds it, or make the port dynamic (port "{port.label}" {{}})'
-                    )
-                _held[port.static] = alloc_id
-                out.append(PortValue(port.label, port.static, port.to, host_ip))
-            for port in group.ports:
-                if port.static:
-                    continue
-                value = _dynamic(low, high, forwarded)
-                if value is None:
-                    raise PortUnavailable(
-                        f'{where}: no free dynamic port for port "{port.label}" in the client\'s range {low}-{high}; '
-                        "stop other allocations or widen client.min_dynamic_port/max_dynamic_port"
-                    )
-                _held[value] = alloc_id
-                # Nomad: a dynamic port without `to` is the same port inside; `to = -1` also means that.
-                out.append(PortValue(port.label, value, port.to if port.to > 0 else 0, host_ip))
+            with hostports.locked() as record:
+                taken = _Taken(record)
+                for port in group.ports:
+                    if not port.static:
+                        continue
+                    if port.static in reserved:
+                        raise PortUnavailable(
+                            f'{where}: static port {port.static} (port "{port.label}") is reserved by the client '
+                            f"config (client.reserved.reserved_ports); use another static port or a dynamic one"
+                        )
+                    why = taken.why(port.static)
+                    if why is not None:
+                        raise PortUnavailable(
+                            f'{where}: static port {port.static} (port "{port.label}") is already in use on this '
+                            f'host ({why}); stop what holds it, or make the port dynamic (port "{port.label}" {{}})'
+                        )
+                    taken.take(port.static, alloc_id)
+                    out.append(PortValue(port.label, port.static, port.to, host_ip))
+                for port in group.ports:
+                    if port.static:
+                        continue
+                    free = [p for p in range(low, high + 1) if p not in reserved and taken.why(p) is None]
+                    if not free:
+                        raise PortUnavailable(
+                            f'{where}: no free dynamic port for port "{port.label}" in the client\'s range '
+                            f"{low}-{high}; stop other allocations or widen client.min_dynamic_port/max_dynamic_port"
+                        )
+                    value = random.choice(free)
+                    taken.take(value, alloc_id)
+                    # Nomad: a dynamic port without `to` is the same port inside; `to = -1` also means that.
+                    out.append(PortValue(port.label, value, port.to if port.to > 0 else 0, host_ip))
         except BaseException:
-            release(alloc_id)
+            # The record was not written (the lock block ended in an exception): only this run's map.
+            for port in [p for p, owner in _held.items() if owner == alloc_id]:
+                del _held[port]
             raise
     return out
 
 
-def _dynamic(low: int, high: int, forwarded: set[int]) -> int | None:
-    candidates = list(range(low, high + 1))
-    random.shuffle(candidates)
-    for port in candidates[:2000]:
-        if _taken(port, forwarded) is None:
-            return port
-    return None
-
-
 def hold(alloc_id: str, ports: Iterable[PortValue]) -> None:
-    """A recovered allocation's ports, held again in this process."""
-    with _lock:
-        for port in ports:
-            _held[port.value] = alloc_id
+    """A recovered allocation's ports, held again by this run (here and in the host-wide record)."""
+    values = [p.value for p in ports]
+    if not values:
+        return
+    with _lock, hostports.locked() as record:
+        me = hostports.me()
+        for value in values:
+            _held[value] = alloc_id
+            record[value] = hostports.Entry(*me, alloc_id)
 
 
 def release(alloc_id: str) -> None:
     with _lock:
-        for port in [p for p, owner in _held.items() if owner == alloc_id]:
+        mine = [p for p, owner in _held.items() if owner == alloc_id]
+        if not mine:
+            return
+        for port in mine:
             del _held[port]
+        with hostports.locked() as record:
+            me = hostports.me()
+            for port in mine:
+                entry = record.get(port)
+                if entry is not None and entry.alloc == alloc_id and (entry.pid, entry.start) == me:
+                    del record[port]
+
+
+def reserved_problems(job: Job, client: ClientConfig) -> list[Problem]:
+    """Static ports the client config reserves: Nomad's scheduler never places such a group there."""
+    out: list[Problem] = []
+    for group in job.groups:
+        for port in group.ports:
+            if port.static and port.static in client.reserved_ports:
+                where = {"job": job.name, "group": group.name, "field": f'network.port "{port.label}".static'}
+                message = (
+                    f'static port {port.static} (port "{port.label}") is reserved by the client config '
+                    f'(client.reserved.reserved_ports "{client.reserved_ports_text}"); use another static port or a '
+                    "dynamic one"
+                )
+                out.append(Problem(job.file, message, **where))
+    return out
 
 
 # --- forwarding (bridge mode) ------------------------------------------------------------------
@@ -173,16 +232,14 @@ def comment(alloc_id: str) -> str:
 
 
 def _ensure_chains() -> None:
+    for table, chain, parent, match in _OLD_JUMPS:
+        # An earlier driversdk's jump would still send the host's loopback traffic to the chain.
+        while _iptables("-t", table, "-D", parent, *match, "-j", chain, check=False).returncode == 0:
+            pass
     for table, chain, parent, match in _JUMPS:
         _iptables("-t", table, "-N", chain, check=False)  # exists already: fine
         if _iptables("-t", table, "-C", parent, *match, "-j", chain, check=False).returncode != 0:
             _iptables("-t", table, "-I", parent, "1", *match, "-j", chain)
-
-
-def _device_to(address: str) -> str | None:
-    done = subprocess.run(["ip", "-o", "route", "get", address], capture_output=True, text=True, check=False)
-    parts = done.stdout.split()
-    return parts[parts.index("dev") + 1] if "dev" in parts else None
 
 
 def forward(alloc_id: str, ports: Sequence[PortValue], address: str) -> None:
@@ -197,16 +254,10 @@ def forward(alloc_id: str, ports: Sequence[PortValue], address: str) -> None:
                 for proto in PROTOCOLS:
                     _iptables("-t", "nat", "-A", NAT_CHAIN, "-p", proto, "--dport", str(port.value), "-m", "comment",
                               "--comment", tag, "-j", "DNAT", "--to-destination", f"{address}:{inside}")  # fmt: skip
-                    _iptables("-t", "nat", "-A", MASQ_CHAIN, "-s", "127.0.0.0/8", "-d", address, "-p", proto,
+                    _iptables("-t", "nat", "-A", MASQ_CHAIN, "-s", address, "-d", address, "-p", proto,
                               "--dport", inside, "-m", "comment", "--comment", tag, "-j", "MASQUERADE")  # fmt: skip
                     _iptables("-t", "filter", "-A", FWD_CHAIN, "-d", address, "-p", proto, "--dport", inside, "-m",
                               "comment", "--comment", tag, "-j", "ACCEPT")  # fmt: skip
-        device = _device_to(address)
-        if device is not None and ports:
-            # As portmap does: the host's own 127.0.0.1 may be routed to the namespace.
-            path = f"/proc/sys/net/ipv4/conf/{device}/route_localnet"
-            with open(path, "w") as fh:
-                fh.write("1")
     except BaseException:
         unforward(alloc_id)
         raise
@@ -231,7 +282,7 @@ def unforward(alloc_id: str) -> list[str]:
 
 
 def _drop_empty_chains() -> None:
-    for table, chain, parent, match in _JUMPS:
+    for table, chain, parent, match in _JUMPS + _OLD_JUMPS:
         if _iptables("-t", table, "-S", chain, check=False).returncode != 0 or _rules(table, chain):
             continue
         while _iptables("-t", table, "-D", parent, *match, "-j", chain, check=False).returncode == 0:

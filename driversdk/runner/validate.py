@@ -21,7 +21,7 @@ from driversdk.model import Capabilities
 from driversdk.mounts import MountRequest, MountValidationError, check_mounts
 from driversdk.paths import check_name, show
 from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by connecting
-from driversdk.runner import constraints, nodeattrs, taskenv
+from driversdk.runner import constraints, nodeattrs, portalloc, taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.inprocess import InProcessDriver, answers_here
@@ -603,6 +603,7 @@ def _placement(
             if note and note not in report.notes:
                 report.notes.append(note)
     report.problems.extend(_static_port_collisions(job))
+    report.problems.extend(portalloc.reserved_problems(job, client))
     report.problems.extend(_host_volume_fit(job, client))
 
 

@@ -8,16 +8,17 @@ import socket
 
 import pytest
 
-from driversdk.runner import portalloc
+from driversdk.runner import hostports, portalloc
 from driversdk.runner.jobspec import Group, Port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="reads the iptables forwarding chains: root only")
 
 
 def free_range(size: int) -> int:
-    """The first port of ``size`` consecutive ports nothing listens on."""
+    """The first port of ``size`` consecutive ports no socket of this host holds."""
+    held = hostports.sockets()
     for start in range(41000, 60000, size):
-        if all(portalloc._bindable(p) for p in range(start, start + size)):
+        if not any(p in held for p in range(start, start + size)):
             return start
     raise AssertionError("no free range")
 
@@ -52,6 +53,6 @@ def test_static_port_held_by_a_process_is_refused_with_a_sentence() -> None:
             portalloc.allocate("alloc-3", "j", group, 20000, 32000, "192.0.2.9")
     assert str(err.value).startswith(
         f'job "j" group "web": static port {port} (port "http") is already in use on this host '
-        "(a process on this host listens on it); "
+        "(a TCP socket on 0.0.0.0 holds it); "
     )
     assert not any(owner == "alloc-3" for owner in portalloc._held.values())

@@ -39,7 +39,8 @@ class PortsHook(AllocHook):
             return
         client = alloc.client
         alloc.ports = portalloc.allocate(alloc.alloc_id, alloc.job.name, alloc.group, client.min_dynamic_port,
-                                         client.max_dynamic_port, nodeattrs.host_ip())  # fmt: skip
+                                         client.max_dynamic_port, nodeattrs.host_ip(),
+                                         client.reserved_ports)  # fmt: skip
         alloc.state.alloc_update(alloc.alloc_id, network=json.dumps({"ports": ports_json(alloc.ports)}))
         shown = ", ".join(f"{p.label} {p.value}" + (f"->{p.to}" if p.to else "") for p in alloc.ports)
         alloc.event("group", f"ports: {shown}")
