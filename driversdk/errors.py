@@ -72,3 +72,22 @@ class PluginCallError(PluginError):
         self.code = code
         self.call = call
         self.recoverable = recoverable
+
+
+class StateWriteError(DriverSDKError):
+    """A write to ``state.db`` failed (a full or read-only file system, an I/O error): what the run
+    could not record is lost, so the run fails it and ends instead of going on without it.
+
+    ``what`` names what was being recorded ("the exit of task "web" of job "demo""); the store that
+    knows more than the connection re-raises with :meth:`about`."""
+
+    def __init__(self, path: str, reason: str, remedy: str, what: str = "the run's state") -> None:
+        self.path = path
+        self.reason = reason
+        self.remedy = remedy
+        self.what = what
+        super().__init__(f"cannot record {what} in {path}: {reason}; {remedy}")
+
+    def about(self, what: str) -> StateWriteError:
+        """The same failure, naming what was being recorded."""
+        return StateWriteError(self.path, self.reason, self.remedy, what)

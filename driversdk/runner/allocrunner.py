@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from driversdk.csi.registry import PluginRegistry
 from driversdk.csi.state import StateStore
-from driversdk.errors import DriverSDKError
+from driversdk.errors import DriverSDKError, StateWriteError
 from driversdk.model import NetworkIsolationSpec, TaskEvent
 from driversdk.paths import resolve_under
 from driversdk.runner.clientconfig import ClientConfig
@@ -64,6 +64,15 @@ class NodeServices:
     driver_attributes: dict[str, dict[str, str]] = field(default_factory=dict)
     # Set when the run is told to stop (Ctrl-C): a task waiting out a restart delay gives up.
     stopping: threading.Event = field(default_factory=threading.Event)
+    # The first write of state.db that failed: the run ends with it (see state_failed).
+    state_failure: StateWriteError | None = None
+
+    def state_failed(self, err: StateWriteError) -> None:
+        """A state write failed in some thread: the run stops everything and ends with the
+        first such failure (what follows from a full disk is the same cause)."""
+        if self.state_failure is None:
+            self.state_failure = err
+        self.stopping.set()
 
     def plugin_failure(self, plugin_id: str) -> str | None:
         """Why this run's own instance of a plugin failed, when every one of them did."""
@@ -76,15 +85,26 @@ class NodeServices:
     def open(cls, data_dir: str) -> NodeServices:
         db = os.path.join(data_dir, "state.db")
         state = RunState(data_dir)
-        csi_state = StateStore(db)
-        return cls(state, VolumeStore(db), csi_state, PluginRegistry(csi_state))
+        try:
+            csi_state = StateStore(db)
+            try:
+                return cls(state, VolumeStore(db), csi_state, PluginRegistry(csi_state))
+            except BaseException:
+                csi_state.close()
+                raise
+        except BaseException:
+            state.close()
+            raise
 
     def close(self) -> None:
-        if self.drivers is not None:
-            self.drivers.close()
-        self.volumes.close()
-        self.csi_state.close()
-        self.state.close()
+        """Shut down the plugins, then close the stores, whatever the shutdown could not record."""
+        try:
+            if self.drivers is not None:
+                self.drivers.close()
+        finally:
+            self.volumes.close()
+            self.csi_state.close()
+            self.state.close()
 
 
 class AllocRunner:
@@ -190,13 +210,18 @@ class AllocRunner:
     def close(self) -> None:
         """Release everything this allocation holds, in reverse: tasks (and their hooks), then the
         alloc hooks (CSI volumes, network, plugin dirs), then its share of the driver plugins.
-        Failures are reported, not raised, so one stuck step does not leave the rest behind."""
+        Failures are reported, not raised, so one stuck step does not leave the rest behind; what
+        the run state could not record is raised once everything is released."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        unrecorded: list[StateWriteError] = []
         for runner in self.tasks:
-            runner.destroy()
+            try:
+                runner.destroy()
+            except StateWriteError as err:
+                unrecorded.append(err)
         for hook in reversed(self._ran):
             try:
                 hook.postrun(self)
@@ -205,8 +230,16 @@ class AllocRunner:
         self._ran.clear()
         self.drivers.unsubscribe(self.alloc_id)
         for driver in self._acquired:
-            self.drivers.release(driver)
+            try:
+                self.drivers.release(driver)  # the plugin is shut down before its record is removed
+            except StateWriteError as err:
+                unrecorded.append(err)
         self._acquired.clear()
-        self.state.alloc_update(self.alloc_id, state="failed" if self.teardown_failed else "stopped")
+        try:
+            self.state.alloc_update(self.alloc_id, state="failed" if self.teardown_failed else "stopped")
+        except StateWriteError as err:
+            unrecorded.append(err)
         for hook in self.hooks:
             hook.destroy(self)
+        if unrecorded:
+            raise unrecorded[0]

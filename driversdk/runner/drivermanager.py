@@ -131,10 +131,11 @@ class DriverManager:
         try:
             plugin.set_config(self.client.plugin_config(driver), AGENT_CONFIG)
             plugin.init()
+            # Not recorded (a full disk), a plugin would outlive the run with nobody knowing it.
+            self.state.plugin_started(driver, plugin.process.reattach_config.to_json())
         except BaseException:
             plugin.kill()
             raise
-        self.state.plugin_started(driver, plugin.process.reattach_config.to_json())
         return plugin
 
     def _reattach(self, driver: str) -> DriverClient | None:
@@ -280,14 +281,17 @@ class DriverManager:
 
     def close(self) -> None:
         """Shut down every plugin still held (an allocation that never released its driver, or
-        validation's plugins no allocation needed)."""
+        validation's plugins no allocation needed). Every plugin is shut down before any record of
+        them is removed: a record that cannot be removed (a full disk) is raised at the end."""
         with self._lock:
             self._closing = True
-            for driver, plugin in list(self._plugins.items()):
-                plugin.kill()
-                self.state.plugin_gone(driver)
-                self._shut_down_retired(driver)
+            held = list(self._plugins.items())
             self._plugins.clear()
+            for _, plugin in held:
+                plugin.kill()
             for plugin in self._spare.values():
                 plugin.kill()
             self._spare.clear()
+            for driver, _ in held:
+                self.state.plugin_gone(driver)
+                self._shut_down_retired(driver)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from driversdk.errors import DriverSDKError
+from driversdk.errors import DriverSDKError, StateWriteError
 from driversdk.statedb import open_state
 
 _TASK_COLUMNS = (
@@ -59,10 +60,31 @@ class RunState:
         self._db = open_state(os.path.join(data_dir, "state.db"))  # tables: driversdk.state.migrations
         self._lock = threading.Lock()
 
+    # --- what a failed write was recording ------------------------------------------------------
+
+    @contextmanager
+    def _recording(self, what: str) -> Iterator[None]:
+        """Hold the lock for one write; a :class:`StateWriteError` says what was being recorded."""
+        try:
+            with self._lock:
+                yield
+        except StateWriteError as err:
+            raise err.about(what) from None
+
+    def _of_task(self, what: str, alloc_id: str, task: str, job: str | None = None) -> str:
+        if job is None:
+            try:
+                with self._lock:
+                    row = self._db.execute("SELECT job FROM run_allocs WHERE alloc_id=?", (alloc_id,)).fetchone()
+            except DriverSDKError:
+                row = None
+            job = str(row[0]) if row else None
+        return f'{what} of task "{task}" of ' + (f'job "{job}"' if job is not None else f"allocation {alloc_id[:8]}")
+
     # --- allocations ---------------------------------------------------------------------------
 
     def alloc_started(self, alloc_id: str, job: str, group: str, index: int, alloc_dir: str) -> None:
-        with self._lock:
+        with self._recording(f'the start of allocation {alloc_id[:8]} of job "{job}"'):
             self._db.execute(
                 "INSERT OR REPLACE INTO run_allocs VALUES (?, ?, ?, ?, ?, 'running', ?, NULL, NULL, ?)",
                 (alloc_id, job, group, index, alloc_dir, os.getpid(), time.time()),
@@ -72,7 +94,7 @@ class RunState:
         allowed = {"state", "run_pid", "network", "csi"}
         assert set(fields) <= allowed, fields
         assignments = ", ".join(f"{k}=?" for k in fields)
-        with self._lock:
+        with self._recording(f"the {' and '.join(fields)} of allocation {alloc_id[:8]}"):
             self._db.execute(
                 f"UPDATE run_allocs SET {assignments}, updated=? WHERE alloc_id=?",
                 (*fields.values(), time.time(), alloc_id),
@@ -90,7 +112,7 @@ class RunState:
     # --- driver plugins: one per driver per run process (the driver manager) --------------------
 
     def plugin_started(self, driver: str, reattach: str) -> None:
-        with self._lock:
+        with self._recording(f'the launch of the "{driver}" driver plugin'):
             self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (driver, os.getpid(), reattach))
 
     def plugins_to_adopt(self, driver: str, alive: Callable[[int], bool]) -> list[tuple[int, str]]:
@@ -103,13 +125,13 @@ class RunState:
         return [(int(pid), str(config)) for pid, config in rows if pid == os.getpid() or not alive(int(pid))]
 
     def plugin_adopted(self, driver: str, old_pid: int, reattach: str) -> None:
-        with self._lock:
+        with self._recording(f'the take-over of the "{driver}" driver plugin'):
             self._db.execute("DELETE FROM run_plugins WHERE driver=? AND run_pid=?", (driver, old_pid))
             self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (driver, os.getpid(), reattach))
 
     def plugin_gone(self, driver: str, run_pid: int | None = None) -> None:
         pid = os.getpid() if run_pid is None else run_pid
-        with self._lock:
+        with self._recording(f'the end of the "{driver}" driver plugin'):
             self._db.execute("DELETE FROM run_plugins WHERE driver=? AND run_pid=?", (driver, pid))
 
     def retired_plugins(self, driver: str) -> list[tuple[str, str]]:
@@ -121,11 +143,11 @@ class RunState:
         return [(str(a), str(r)) for a, r in rows]
 
     def retired_plugin_gone(self, alloc_id: str, driver: str) -> None:
-        with self._lock:
+        with self._recording(f'the end of the "{driver}" driver plugin of allocation {alloc_id[:8]}'):
             self._db.execute("DELETE FROM run_plugins_retired WHERE alloc_id=? AND driver=?", (alloc_id, driver))
 
     def set_logmon(self, alloc_id: str, task: str, pid: int) -> None:
-        with self._lock:
+        with self._recording(self._of_task("the log collector", alloc_id, task)):
             self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))
 
     def starting(
@@ -142,7 +164,7 @@ class RunState:
     ) -> None:
         """Recorded before StartTask: a run killed during the call leaves this row, and the next run
         knows which task id the interrupted start used (so it adopts or removes what it made)."""
-        with self._lock:
+        with self._recording(self._of_task("the start", alloc_id, task, job)):
             self._db.execute(
                 f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'starting', NULL, NULL, 0, NULL, ?, ?, ?, ?)",
@@ -150,7 +172,7 @@ class RunState:
             )
 
     def start_failed(self, alloc_id: str, task: str) -> None:
-        with self._lock:
+        with self._recording(self._of_task("the failed start", alloc_id, task)):
             self._db.execute(
                 "UPDATE run_tasks SET state='failed', updated=? WHERE alloc_id=? AND task=? AND state='starting'",
                 (time.time(), alloc_id, task),
@@ -169,7 +191,7 @@ class RunState:
         logmon_pid: int = 0,
         restarts: int = 0,
     ) -> None:
-        with self._lock:
+        with self._recording(self._of_task("the start", alloc_id, task, job)):
             self._db.execute(
                 f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?, ?, ?)",
@@ -179,7 +201,7 @@ class RunState:
     def restarting(self, alloc_id: str, task: str, exit_code: int, signal: int, restarts: int) -> None:
         """The task exited and its restart policy starts it again after a delay. A run killed
         meanwhile leaves this row (with the exited task's handle); the next run restarts it."""
-        with self._lock:
+        with self._recording(self._of_task("the restart", alloc_id, task)):
             self._db.execute(
                 "UPDATE run_tasks SET state='restarting', exit_code=?, signal=?, restarts=?, updated=? "
                 "WHERE alloc_id=? AND task=?",
@@ -188,7 +210,7 @@ class RunState:
 
     def finished(self, alloc_id: str, task: str, exit_code: int, signal: int, oom: bool) -> None:
         state = "complete" if exit_code == 0 and signal == 0 else "failed"
-        with self._lock:
+        with self._recording(self._of_task("the exit", alloc_id, task)):
             self._db.execute(
                 "UPDATE run_tasks SET state=?, exit_code=?, signal=?, oom=?, updated=? WHERE alloc_id=? AND task=?",
                 (state, exit_code, signal, int(oom), time.time(), alloc_id, task),
@@ -196,7 +218,7 @@ class RunState:
 
     def stopped(self, alloc_id: str, task: str) -> None:
         """The run ended while the task had not exited by itself (Ctrl-C, or a failure elsewhere)."""
-        with self._lock:
+        with self._recording(self._of_task("the stop", alloc_id, task)):
             self._db.execute(
                 "UPDATE run_tasks SET state='stopped', updated=? WHERE alloc_id=? AND task=? AND state='running'",
                 (time.time(), alloc_id, task),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from driversdk import convert
 from driversdk.client import DriverClient
 from driversdk.durations import parse_duration
-from driversdk.errors import DriverSDKError, PluginCallError
+from driversdk.errors import DriverSDKError, PluginCallError, StateWriteError
 from driversdk.model import Capabilities, ExitResult, LinuxResources, PortMapping, Resources, TaskConfig, TaskHandle
 from driversdk.mounts import Mount, MountRequest
 from driversdk.runner import logcollect, restarts, taskenv
@@ -122,7 +122,24 @@ class TaskRunner:
     # --- start ---------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Start the task (or take over the one a killed run left) and follow it in a thread."""
+        """Start the task (or take over the one a killed run left) and follow it in a thread. A
+        start the run state cannot record fails the task and ends the run (raised as well)."""
+        try:
+            self._run()
+        except StateWriteError as err:
+            self._state_failed(err)
+            raise
+
+    def _state_failed(self, err: StateWriteError) -> None:
+        """A write of this task's state failed: the task fails with that sentence and the run
+        ends (the node stops every allocation, which tears this one down)."""
+        self.failure = str(err)
+        if self.result is None:
+            self.result = ExitResult(exit_code=1)
+        self.event(f"failed: {err}")
+        self.alloc.node.state_failed(err)
+
+    def _run(self) -> None:
         self.caps = self.alloc.drivers.dispense(self.task.driver).capabilities()
         record = self.restoring
         if record is not None and record.state == "starting":
@@ -147,6 +164,8 @@ class TaskRunner:
             try:
                 self._start(None, count)
                 return
+            except StateWriteError:
+                raise  # no restart can record more than this one did
             except DriverSDKError as err:
                 if self.tracker is None or self.alloc.stop_requested() or self._stopping.is_set():
                     raise
@@ -279,6 +298,28 @@ class TaskRunner:
             hook.poststart(self)
 
     def _wait(self) -> None:
+        """The wait thread: its every failure reaches the run, never the thread's end alone."""
+        final = True
+        try:
+            final = self._wait_and_record()
+        except StateWriteError as err:
+            self._state_failed(err)
+        except BaseException as err:  # a bug: the task must not stay "running" for ever
+            self._failed_unexpectedly(err)
+        finally:
+            if final:
+                self.done.set()
+
+    def _failed_unexpectedly(self, err: BaseException) -> None:
+        self.failure = f"following the task failed: {type(err).__name__}: {err}"
+        if self.result is None:
+            self.result = ExitResult(exit_code=1)
+        self.event(f"failed: {self.failure}")
+        self.alloc.node.stopping.set()
+
+    def _wait_and_record(self) -> bool:
+        """Wait for the task and record its end; False when it was started again (a new wait
+        thread follows it)."""
         assert self.config is not None
         try:
             result = self.alloc.drivers.wait_task(self.config.id)
@@ -293,7 +334,7 @@ class TaskRunner:
         self.event(f"{restarts.TERMINATED}: {restarts.event_message(restarts.TERMINATED, result=result)}")
         final = self._restart_after(result)
         if final is None:
-            return  # started again: a new wait thread follows it
+            return False  # started again: a new wait thread follows it
         result = final
         self.result = result
         self.alloc.state.finished(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
@@ -301,7 +342,7 @@ class TaskRunner:
         how = f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}"
         oom = " (killed: out of memory)" if result.oom_killed else ""
         self.event(f"finished with {how}{oom}")
-        self.done.set()
+        return True
 
     def skip(self, why: str) -> None:
         """The task will not start (its allocation failed or stopped before its lifecycle stage)."""
@@ -337,17 +378,24 @@ class TaskRunner:
         self._stop_task()
 
     def destroy(self) -> None:
-        """The task is gone or must go: remove it from its driver, then undo the hooks."""
+        """The task is gone or must go: remove it from its driver, then undo the hooks. A stop
+        the run state cannot record is raised once everything is undone."""
+        unrecorded: StateWriteError | None = None
         for hook in self.hooks:
             hook.stop(self)
         if self.started and self.config is not None:
-            self.alloc.state.stopped(self.alloc.alloc_id, self.task.name)
+            try:
+                self.alloc.state.stopped(self.alloc.alloc_id, self.task.name)
+            except StateWriteError as err:
+                unrecorded = err
             if self.config.id not in self._destroyed:
                 self._destroy_task(self.config.id)
             self.alloc.drivers.untrack(self.config.id)
         self._postrun()
         for hook in self.hooks:
             hook.destroy(self)
+        if unrecorded is not None:
+            raise unrecorded
 
     # --- restarts (Nomad's restart policy) ------------------------------------------------------
 
@@ -378,6 +426,8 @@ class TaskRunner:
             try:
                 self._start_again()
                 return None
+            except StateWriteError:
+                raise
             except DriverSDKError as err:
                 self.event(f"restart failed: {err}")
                 self.tracker.start_failed(getattr(err, "recoverable", False))
