@@ -21,7 +21,7 @@ from docker.types import Mount as DockerMount
 from drivers.docker.config import DOCKER_DEFAULT_CAPS, MODE_KINDS, PluginConfig, TaskDockerConfig
 from drivers.docker.labels import LABEL_ALLOC_ID, LABEL_TASK_ID
 from driversdk import pinning
-from driversdk.errors import ConfigError
+from driversdk.errors import ConfigError, DriverError
 from driversdk.model import NetworkIsolationMode, TaskConfig
 from driversdk.mountinfo import find_mount
 from driversdk.paths import show
@@ -406,8 +406,14 @@ def pin_sources(task: TaskConfig, spec: ContainerSpec) -> Pins:
     if not spec.task_sources:
         return pins
     try:
-        pins.directory = pinning.private_dir(tempfile.mkdtemp(prefix=PIN_DIR_PREFIX, dir=task.alloc_dir),
-                                             create=False)  # fmt: skip
+        try:
+            pins.directory = pinning.private_dir(tempfile.mkdtemp(prefix=PIN_DIR_PREFIX, dir=task.alloc_dir),
+                                                 create=False)  # fmt: skip
+        except (OSError, pinning.PinError) as err:
+            raise DriverError(
+                f"task {task.name!r}: cannot make a private dir for its bind sources in the alloc dir "
+                f"{task.alloc_dir} ({getattr(err, 'strerror', None) or err}); check the alloc dir's permissions"
+            ) from None
         for n, source in enumerate(spec.task_sources):
             pinned = _pin_one(task, source, pins.directory, str(n))
             pins.paths.append(pinned)
