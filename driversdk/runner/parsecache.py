@@ -10,8 +10,10 @@ private cache dir:
 * pyhcl: the LALR tables and productions as JSON; the grammar actions are bound to a fresh
   ``HclParser`` again on load, so the file holds no code.
 * the results: an agent config's parsed value and a job file's parse tree, as JSON, one file
-  per text (the newest KEPT_LIMIT of each kind), under a key of the text and the parser's
-  sources: a command that reads a text read before imports no parser.
+  per text (the newest KEPT_LIMIT of each kind, at most KEPT_BYTES_LIMIT of each kind in all),
+  under a key of the text and the parser's sources: a command that reads a text read before
+  imports no parser. Texts over MAX_CACHED_TEXT_BYTES are never kept: a tree is ~30x its text
+  as JSON, and a hostile job file must not leave hundreds of MB in the cache.
 * lark: the whole parser pickled (the C unpickler makes its objects several times faster than
   lark's own loader). A pickle can run code, so it is only read from a directory that is ours
   alone (0700, owned by this user, not a symlink), from a file that is ours and not writable by
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from driversdk import privatedir
+from driversdk.runner.hcllimits import MAX_CACHED_TEXT_BYTES, MIB
 
 if TYPE_CHECKING:
     from lark import Lark
@@ -59,6 +62,7 @@ HCL2_FILE = "hcl2-lark.pickle"
 TREE_PREFIX = "hcl2-tree-"  # + the key's hash + ".json": one parsed job file each
 HCL1_RESULT_PREFIX = "hcl1-result-"  # + the key's hash + ".json": one parsed agent config each
 KEPT_LIMIT = 128  # files kept of each prefix; the oldest written go first
+KEPT_BYTES_LIMIT = 64 * MIB  # and their sizes added up; a real job's tree is 10-100 KB
 
 
 def cache_dir() -> Path:
@@ -216,6 +220,7 @@ def hcl1_loads(text: str, keep: bool = False) -> Any:
     With ``keep`` (an agent config, read by every command), what the text parses to is kept as
     JSON under a key of the text and pyhcl's sources: the next command that reads the same text
     imports no parser at all. Syntax errors are never kept."""
+    keep = keep and len(text) <= MAX_CACHED_TEXT_BYTES
     if keep:
         kept = _read_kept(HCL1_RESULT_PREFIX, _hcl1_result_key(text))
         if isinstance(kept, dict):
@@ -379,6 +384,8 @@ def read_tree(text: str) -> Tree | None:
     """The parse tree kept for exactly this text by these parser versions, if any."""
     from driversdk.runner.hcl.tree import TreeFormatError, from_plain
 
+    if len(text) > MAX_CACHED_TEXT_BYTES:
+        return None  # never kept
     plain = _read_kept(TREE_PREFIX, _tree_key(text))
     if plain is None:
         return None
@@ -390,9 +397,12 @@ def read_tree(text: str) -> Tree | None:
 
 def write_tree(text: str, tree: Tree) -> None:
     """Keep ``tree`` for the next command that reads ``text``; the oldest trees beyond
-    KEPT_LIMIT are removed. Failing to keep it changes nothing but the next command's speed."""
+    KEPT_LIMIT are removed. Failing to keep it changes nothing but the next command's speed.
+    A text over MAX_CACHED_TEXT_BYTES is not kept."""
     from driversdk.runner.hcl.tree import to_plain
 
+    if len(text) > MAX_CACHED_TEXT_BYTES:
+        return
     try:
         plain = to_plain(tree)
     except RecursionError:
@@ -431,15 +441,20 @@ def _prune_kept(prefix: str) -> None:
         return
     try:
         with os.scandir(directory) as entries:
-            kept = [
-                (entry.stat(follow_symlinks=False).st_mtime_ns, entry.name)
-                for entry in entries
-                if entry.name.startswith(prefix) and entry.name.endswith(".json")
-            ]
+            kept = []
+            for entry in entries:
+                if entry.name.startswith(prefix) and entry.name.endswith(".json"):
+                    info = entry.stat(follow_symlinks=False)
+                    kept.append((info.st_mtime_ns, entry.name, info.st_size))
     except OSError:
         return
-    kept.sort()
-    for _, name in kept[: max(0, len(kept) - KEPT_LIMIT)]:
+    # Newest first: each is kept while both the count and the bytes fit.
+    kept.sort(reverse=True)
+    total = 0
+    for index, (_, name, size) in enumerate(kept):
+        total += size
+        if index < KEPT_LIMIT and total <= KEPT_BYTES_LIMIT:
+            continue
         try:
             os.unlink(directory / name)
         except OSError:

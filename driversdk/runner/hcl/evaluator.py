@@ -19,10 +19,11 @@ run time. ``var.undeclared`` is an error, because ``var`` is known and has no su
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -108,9 +109,40 @@ def parse(text: str, *, keep: bool = False) -> Tree:
     return _parse_text(text, keep)
 
 
-@functools.lru_cache(maxsize=64)
-def _parse_text(text: str, keep: bool) -> Tree:
-    return _parse_uncached(text, keep)
+class _TreeCache:
+    """The trees of the last texts parsed, newest last, their texts adding up to at most
+    ``max_bytes`` (a tree in memory is up to ~700 bytes per byte of text)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.trees: OrderedDict[tuple[str, bool], Tree] = OrderedDict()
+        self.size = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, text: str, keep: bool) -> Tree:
+        key = (text, keep)
+        with self.lock:
+            tree = self.trees.get(key)
+            if tree is not None:
+                self.trees.move_to_end(key)
+                return tree
+        tree = _parse_uncached(text, keep)
+        with self.lock:
+            if key not in self.trees:
+                self.trees[key] = tree
+                self.size += len(text)
+            while self.size > self.max_bytes and len(self.trees) > 1:
+                (old, _), _ = self.trees.popitem(last=False)
+                self.size -= len(old)
+        return tree
+
+    def cache_clear(self) -> None:
+        with self.lock:
+            self.trees.clear()
+            self.size = 0
+
+
+_parse_text = _TreeCache(max_bytes=4 * MAX_CACHED_TEXT_BYTES)
 
 
 def _parse_uncached(text: str, keep: bool) -> Tree:
