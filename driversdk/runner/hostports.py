@@ -168,9 +168,8 @@ def locked() -> Iterator[dict[int, Entry]]:
             fcntl.flock(lock, fcntl.LOCK_EX)
             read = _read(dfd)
             held = {port: entry for port, entry in read.items() if _alive(entry)}
-            before = dict(held)
             yield held
-            if held != read or held != before:
+            if held != read:  # dead runs' entries pruned, or the caller's changes
                 _write(dfd, held)
         finally:
             os.close(lock)  # releases the flock

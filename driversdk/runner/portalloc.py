@@ -161,8 +161,8 @@ def allocate(
                     out.append(PortValue(port.label, value, port.to if port.to > 0 else 0, host_ip))
         except BaseException:
             # The record was not written (the lock block ended in an exception): only this run's map.
-            for port in [p for p, owner in _held.items() if owner == alloc_id]:
-                del _held[port]
+            for number in [p for p, owner in _held.items() if owner == alloc_id]:
+                del _held[number]
             raise
     return out
 

@@ -79,7 +79,9 @@ def test_dynamic_ports_skip_what_host_sockets_of_any_address_hold() -> None:
         group = Group("web", ports=[Port("a")])
         with pytest.raises(portalloc.PortUnavailable) as err:
             portalloc.allocate("alloc-dyn", "j", group, low, low + 1, "192.0.2.9")
-    assert str(err.value).startswith(f'job "j" group "web": no free dynamic port for port "a" in the client\'s range ')
+    assert str(err.value).startswith(
+        f'job "j" group "web": no free dynamic port for port "a" in the client\'s range {low}-{low + 1}; '
+    )
     assert not any(owner == "alloc-dyn" for owner in portalloc._held.values())
 
 
