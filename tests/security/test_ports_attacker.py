@@ -268,3 +268,21 @@ def test_a_port_the_client_reserves_is_refused_and_never_handed_out(env: Env) ->
     assert done.returncode == 2 and sentence in done.stdout + done.stderr, done.stdout + done.stderr
     assert not (env.data / "allocs").exists()
     env.assert_clean()
+
+
+def test_a_malformed_reserved_ports_list_is_refused_with_a_sentence(tmp_path: Path) -> None:
+    from driversdk.runner.clientconfig import load_client
+    from driversdk.runner.problems import ValidationFailed
+
+    config = tmp_path / "client.hcl"
+    config.write_text('client {\n  reserved {\n    reserved_ports = "22,80-70000"\n  }\n}\n')
+    with pytest.raises(ValidationFailed) as err:
+        load_client(config)
+    assert (
+        'client.reserved.reserved_ports must be ports and ranges of 1-65535 in quotes, such as "22,80,8500-8600", '
+        'not "22,80-70000"' in str(err.value)
+    )
+    config.write_text('client {\n  reserved {\n    reserved_ports = "22, 8500-8502"\n    cpu = 500\n  }\n}\n')
+    loaded = load_client(config)
+    assert loaded.reserved_ports == frozenset({22, 8500, 8501, 8502})
+    assert any("client.reserved.cpu" in note for note in loaded.notes)
