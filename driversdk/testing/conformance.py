@@ -220,6 +220,7 @@ class _Kit:
         if self.caps.mount_configs is MountConfigSupport.NONE:
             return _ok("mounts", "driver advertises no mount support (mount_configs NONE): nothing to check")
         src = tempfile.mkdtemp(prefix="conformance-mount-", dir=self.workdir)
+        os.chmod(src, 0o755)  # mkdtemp's 0700 would hide it from a task that runs as another user (exec's nobody)
         with open(os.path.join(src, "probe"), "w") as fh:
             fh.write("mounted")
         mount = Mount(task_path="/conformance", host_path=src, readonly=True, request_name="probe")
