@@ -21,6 +21,8 @@ VOLUME = ROOT / "examples" / "volumes" / "demo-volume.hcl"
 EXEC_CAPS = ["audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod", "net_bind_service",
              "setfcap", "setgid", "setpcap", "setuid", "sys_chroot", "sys_admin"]  # fmt: skip
 CHROOT = ["/bin", "/etc", "/lib", "/lib32", "/lib64", "/sbin", "/usr"]
+# The CSI plugin task mounts, so it runs as root, which the exec plugin refuses unless told.
+ROOT_TASKS = 'denied_host_uids = ""\n    denied_host_gids = ""'
 
 
 def step(text: str) -> None:
@@ -83,7 +85,7 @@ def main() -> int:
         # The volume already exists in the plugin's backing store; we register it, as one
         # registers an existing disk with `nomad volume register`.
         (work / "backing" / "volumes" / "demo-volume").mkdir(parents=True)
-        client = str(client_config(work))
+        client = str(client_config(work, exec_extra=ROOT_TASKS))
         job = work / "csi-demo.hcl"
         job.write_text(JOB.read_text().replace('"/usr/bin/python3"', f'"{os.path.realpath(sys.executable)}"'))
 

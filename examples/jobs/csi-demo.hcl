@@ -17,6 +17,7 @@ job "csi-demo" {
 
     task "plugin" {
       driver = "exec"
+      user   = "root" # it mounts; the client's exec plugin allows root (denied_host_uids = "")
       config {
         command = "/usr/bin/python3"
         args    = ["-m", "driversdk.csi.hostpath"]

@@ -128,7 +128,7 @@ def make_env(engine: docker.DockerClient, work: Path) -> Env:
     demo.client_config(
         work,
         docker_extra='infra_image = "driversdk-test/pause:local"',
-        exec_extra=f'state_dir = "{work / "exec-state"}"',
+        exec_extra=f'state_dir = "{work / "exec-state"}"\n{demo.ROOT_TASKS}',
         extra=f'plugin "hello" {{\n  command = ["{sys.executable}", "{HELLO}"]\n}}',
     )
     return Env(work, engine)
@@ -145,6 +145,7 @@ def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "") 
     }}
     task "plugin" {{
       driver = "exec"
+      user   = "root"
       kill_timeout = "2s"
       config {{
         command = "{binary}"

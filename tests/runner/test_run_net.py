@@ -33,7 +33,7 @@ def env(engine: docker.DockerClient, short_dir: Path) -> Env:
     demo.client_config(
         work,
         docker_extra='infra_image = "driversdk-test/pause:local"',
-        exec_extra=f'state_dir = "{work / "exec-state"}"',
+        exec_extra=f'state_dir = "{work / "exec-state"}"\n{demo.ROOT_TASKS}',
     )
     return Env(work, engine)
 
