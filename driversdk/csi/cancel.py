@@ -58,3 +58,9 @@ class Cancel:
                 return remove
         callback()
         return lambda: None
+
+    def child(self, reason: str = "") -> Cancel:
+        """A token cancelled with this one, and on its own as well."""
+        token = Cancel(reason or self.reason)
+        self.on_cancel(lambda: token.cancel(self.reason))
+        return token

@@ -283,6 +283,14 @@ class NodeVolumeManager:
                 self._dir_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"csi-dirs-{self.plugin_id}")
             return self._dir_pool.submit(fn)
 
+    def close(self) -> None:
+        """End the directory workers: every operation waited for its own work, so none is
+        running, and the pool's threads must not be left for the interpreter's exit to join."""
+        with self._guard:
+            pool, self._dir_pool = self._dir_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def _lock(self, volume: Volume) -> threading.Lock:
         # One operation at a time per (namespace, volume), as the spec asks of a CO.
         with self._guard:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from driversdk.csi.cancel import CallCancelled, Cancel
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.fingerprint import fingerprint
@@ -23,7 +24,9 @@ from driversdk.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
 from driversdk.mountinfo import is_mount_point
+from driversdk.runner import interrupts
 from driversdk.runner.jobspec import Group, Job, VolumeRequest
+from driversdk.runner.supervisor import wait_for_live_plugin
 from driversdk.runner.volumes import (
     NODE_DETACHED,
     TAKEN,
@@ -103,6 +106,9 @@ class CSIHook:
         self.plugin_failure = plugin_failure or (lambda _: None)
         self.watcher = watcher
         self.stubs: dict[str, VolumeStub] = {}
+        # The run's first interrupt ends the claims' waits and CSI calls (see runner.interrupts).
+        run = interrupts.of(watcher.data_dir)
+        self._cancel: Cancel | None = run.setup if run is not None else None
 
     @property
     def requests(self) -> list[VolumeRequest]:
@@ -141,9 +147,15 @@ class CSIHook:
                     f"ready: its task in this job failed: {failure}"
                 )
             try:
-                return self.registry.wait_for_plugin(
-                    "csi-node", volume.plugin_id, min(1.0, max(0.0, deadline - time.monotonic()))
+                return wait_for_live_plugin(
+                    self.registry,
+                    "csi-node",
+                    volume.plugin_id,
+                    min(1.0, max(0.0, deadline - time.monotonic())),
+                    self._cancel,
                 )
+            except CallCancelled:
+                raise
             except CSIError:
                 if time.monotonic() >= deadline:
                     raise CSIHookError(
@@ -179,7 +191,7 @@ class CSIHook:
         )
         try:
             reg = self._plugin(volume, req)
-            node = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+            node = CSIClient(reg.socket_path, plugin=volume.plugin_id, cancel=self._cancel)
             try:
                 facts = fingerprint(node, volume.plugin_id)
                 if not facts.healthy or facts.node is None:
@@ -201,9 +213,17 @@ class CSIHook:
                 detail.node_mounting = True
                 detail.source = manager.publish_paths(volume, self.alloc_id, usage)[0]
                 self.volumes.set_detail(volume.id, volume.namespace, self.alloc_id, detail)
-                info: MountInfo = manager.mount(volume, self.alloc_id, usage, context)
+                try:
+                    info: MountInfo = manager.mount(volume, self.alloc_id, usage, context)
+                finally:
+                    manager.close()
             finally:
                 node.close()
+        except CallCancelled:
+            # The call may have done its work before it was given up: the node side is released
+            # like a mounted volume's (unpublish when there is a target, unstage when last).
+            self._undo_claim(volume, node_side=True)
+            raise
         except CSIError as err:
             self._undo_claim(volume)
             raise CSIHookError(f"{where}: mounting volumes: {err}") from None
@@ -236,29 +256,40 @@ class CSIHook:
                 f'{self._where(req)}: claiming volumes: CSI plugin "{volume.plugin_id}" needs a controller but no '
                 "controller instance is registered; run a csi_plugin task of type controller or monolith"
             )
-        controller = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+        controller = CSIClient(reg.socket_path, plugin=volume.plugin_id, cancel=self._cancel)
         try:
             return controller_publish(controller, volume, csi_node_id, usage)
         finally:
             controller.close()
 
-    def _undo_claim(self, volume: Volume) -> None:
-        """A claim whose mount failed: the volume manager undid the node side already, so what is
-        left is the controller side; what cannot be undone now stays a past claim for the watcher."""
-        self.volumes.set_claim_state(volume.id, volume.namespace, self.alloc_id, NODE_DETACHED)
+    def _undo_claim(self, volume: Volume, *, node_side: bool = False) -> None:
+        """A claim whose mount failed: the volume manager undid the node side already (unless
+        ``node_side``: a call given up on an interrupt), so what is left is the controller side;
+        what cannot be undone now stays a past claim for the watcher."""
+        state = UNPUBLISHING if node_side else NODE_DETACHED
+        self.volumes.set_claim_state(volume.id, volume.namespace, self.alloc_id, state)
         error = self._release(volume.id, volume.namespace)
         if error is not None:
             self.say(volume.id, f"{error}; the past claim is released later by the volume watcher")
 
     def _release(self, volume_id: str, namespace: str) -> str | None:
-        """Release this alloc's (past) claim on a volume, retried; None when it is freed."""
+        """Release this alloc's (past) claim on a volume, retried while its budget lasts (one
+        attempt once the run is interrupted); None when it is freed."""
         error = None
+        run = interrupts.of(self.watcher.data_dir)
+        budget = time.monotonic() + (run.call_timeout() if run is not None else interrupts.TEARDOWN_CALL_TIMEOUT)
         for attempt in range(1, TEARDOWN_ATTEMPTS + 1):
             outcome = self.watcher.reap(volume_id=volume_id, namespace=namespace, alloc_id=self.alloc_id, force=True)
             if self.volumes.get_claim(volume_id, namespace, self.alloc_id) is None:
                 return None
             error = outcome.failed[0][1] if outcome.failed else "another volume watcher pass is still releasing it"
-            if attempt < TEARDOWN_ATTEMPTS:
+            # A plugin that did not answer in time will not the next second either: the watcher
+            # of a later command tries again.
+            if attempt == TEARDOWN_ATTEMPTS or time.monotonic() + attempt > budget:
+                break
+            if run is not None and (run.interrupted or run.teardown.wait(attempt)):
+                break
+            if run is None:
                 time.sleep(attempt)
         return error
 
@@ -279,14 +310,18 @@ class CSIHook:
                     f'"{stub.volume_id}" is no longer registered or requested'
                 )
             reg = self._plugin(volume, req)
-            node = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+            node = CSIClient(reg.socket_path, plugin=volume.plugin_id, cancel=self._cancel)
+            manager = self._manager(node, reg, stub.requires_staging)
             try:
-                info = self._manager(node, reg, stub.requires_staging).mount(volume, self.alloc_id, stub.usage)
+                info = manager.mount(volume, self.alloc_id, stub.usage)
+            except CallCancelled:
+                raise
             except CSIError as err:
                 raise CSIHookError(
                     f'group "{self.group.name}" volume "{stub.request}": restoring mounts: {err}'
                 ) from None
             finally:
+                manager.close()
                 node.close()
             self.stubs[stub.request] = VolumeStub(**{**data, "source": info.pinned})
         # A run killed between a claim and its stub: claim (idempotent for this alloc) and mount now.

@@ -200,14 +200,24 @@ def run_jobs(
     jobs, spare, attributes = _validate(paths, client, emit)
     if not jobs:
         return EXIT_REFUSED
+    from driversdk.csi.cancel import CallCancelled
+    from driversdk.runner import interrupts
     from driversdk.runner.allocrunner import NodeServices
     from driversdk.runner.drivermanager import DriverManager
 
     stop = stop or threading.Event()
+    # A signal also cancels CSI calls in flight (runner.interrupts): the first those of setup,
+    # a second those of teardown.
+    run_interrupts = interrupts.start(client.data_dir, lambda count: _interrupted_again(emit, count))
     previous: dict[signal.Signals, Any] = {}
+
+    def interrupted(*_: object) -> None:
+        stop.set()
+        run_interrupts.signal()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, interrupted)
     node = NodeServices.open(client.data_dir)
     node.stopping = stop
     node.driver_attributes.update(attributes)  # fingerprinted by the plugins the driver manager takes over
@@ -221,6 +231,10 @@ def run_jobs(
                 break
             try:
                 _start_batch(batch, client, emit, node, drivers, allocs, stop)
+            except CallCancelled:
+                if not stop.is_set():
+                    raise
+                break  # a claim given up on the interrupt: said as "interrupted" below, not as its error
             finally:
                 bounds.append(len(allocs))
         tasks = [t for a in allocs for t in a.tasks]
@@ -243,7 +257,20 @@ def run_jobs(
         _tear_down(allocs, bounds)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        interrupts.stop(run_interrupts)
         node.close()  # the driver manager shuts down what is left (validation's unused plugins)
+
+
+def _interrupted_again(emit: Emit, count: int) -> None:
+    if count == 2:
+        emit(
+            RunEvent(
+                "run",
+                "interrupted again: giving up the CSI volume teardown; what it leaves stays a past claim (see "
+                "`driversdk volume status`), released by the volume watcher of the next `driversdk run` or "
+                "`driversdk volume` command, or now with `driversdk volume detach <volume>`",
+            )
+        )
 
 
 def _start_batch(

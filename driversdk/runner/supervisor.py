@@ -6,17 +6,25 @@ bidirectional mounts (the socket dir at ``mount_dir``, the staging/publish tree 
 5 s until the plugin is healthy (or ``health_timeout`` passes), registers it in the node's
 plugin registry, then heartbeats every 30 s and reports health changes as task events. On stop
 it deregisters and removes the socket dir. Timings and event texts follow Nomad (csi reference §5).
+
+An instance that is going away is never handed to a claim: stop() deregisters it before anything
+else (the task is stopped after), and so does the heartbeat as soon as the task has exited; claims
+take the newest registered instance whose socket accepts a connection, so one whose process died
+(its socket gone or refusing, its run killed before it could deregister) is passed over.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 
+from driversdk.csi.cancel import CallCancelled, Cancel
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.manager import sweep_mount_root
@@ -101,6 +109,52 @@ def release_shared(path: str) -> None:
     subprocess.run(["umount", path], capture_output=True, check=False)
 
 
+def answers(socket_path: str) -> bool:
+    """Whether something listens on a plugin's socket now (a connect that does not wait): a
+    socket that is gone or refuses is an instance whose task died or is stopping."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    try:
+        probe.connect(socket_path)
+    except BlockingIOError:
+        return True  # listening, its backlog full: alive and busy
+    except OSError as err:
+        return err.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOTDIR)
+    finally:
+        probe.close()
+    return True
+
+
+def wait_for_live_plugin(
+    registry: PluginRegistry, kind: str, name: str, timeout: float, cancel: Cancel | None = None
+) -> PluginRegistration:
+    """The newest registered instance of a plugin that answers, waited for up to ``timeout``
+    (polled from 200 ms, doubling to 1 s); ``cancel`` ends the wait."""
+    deadline = time.monotonic() + timeout
+    wait = 0.2
+    while True:
+        for reg in registry.instances(kind, name):
+            if answers(reg.socket_path):
+                return reg
+        if cancel is not None and cancel.cancelled:
+            raise CallCancelled(
+                f"{cancel.reason}: the wait for {kind} plugin '{name}' was given up", code="CANCELLED", call=kind
+            )
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CSIError(
+                f"{kind} plugin '{name}' did not become ready: no live instance registered within {timeout:g}s; "
+                "check that the plugin's task is running and healthy",
+                code="DEADLINE_EXCEEDED",
+                call="WaitForPlugin",
+            )
+        step = min(wait, remaining)
+        if cancel is not None:
+            cancel.wait(step)
+        else:
+            time.sleep(step)
+        wait = min(wait * 2, 1.0)
+
+
 class PluginSupervisor:
     def __init__(
         self,
@@ -136,6 +190,8 @@ class PluginSupervisor:
         self.failure = ""
         self.registered: list[str] = []
         self._task_done = threading.Event()
+        # Ends a probe in flight when the supervisor stops: stop() must not wait out its timeout.
+        self._cancel = Cancel("the plugin's supervisor is stopping")
 
     def _event(self, message: str, detail: str = "") -> None:
         text = message + (f": {detail}" if detail else "")
@@ -178,7 +234,9 @@ class PluginSupervisor:
         """One probe; returns the (possibly new) client and None when healthy, else the error."""
         try:
             if client is None:
-                client = CSIClient(self.socket_path, plugin=self.plugin.id, connect_timeout=PROBE_TIMEOUT)
+                client = CSIClient(
+                    self.socket_path, plugin=self.plugin.id, connect_timeout=PROBE_TIMEOUT, cancel=self._cancel
+                )
             return client, None if client.probe() else "plugin is not ready"
         except CSIError as err:
             if client is not None and err.call == "connect":
@@ -229,7 +287,16 @@ class PluginSupervisor:
                 self.failure = f"CSI plugin failed to register: {err}"
                 on_failure(self.failure)
                 return
-            while not self._stop.wait(HEARTBEAT_INTERVAL):
+            while not self._heartbeat_wait():
+                if self._task_done.is_set():
+                    # The task exited for good: no claim may be handed this instance. (One that
+                    # only fails its probe stays registered, as in Nomad: its task may restart;
+                    # claims skip it meanwhile, see wait_for_live_plugin.)
+                    self._deregister()
+                    if self.healthy:
+                        self._event("Plugin became unhealthy", "Error: the plugin task is gone")
+                    self.healthy = False
+                    return
                 client, error = self._probe(client)
                 if error is None and not self.healthy:
                     self._event("Plugin became healthy", f"plugin: {self.plugin.id}")
@@ -239,6 +306,17 @@ class PluginSupervisor:
         finally:
             if client is not None:
                 client.close()
+
+    def _heartbeat_wait(self) -> bool:
+        """Wait for the next heartbeat, waking early when the task exits; True when stopping."""
+        deadline = time.monotonic() + HEARTBEAT_INTERVAL
+        while not self._task_done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self._stop.wait(min(0.5, left)):
+                return True
+        return self._stop.is_set()
 
     def _register(self, client: CSIClient) -> None:
         info = client.plugin_info()
@@ -267,11 +345,14 @@ class PluginSupervisor:
     # --- stop ----------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop supervising and deregister; the task itself is stopped by the alloc."""
+        """Deregister, then stop supervising; the task itself is stopped by the alloc after this,
+        so no claim is handed an instance that is being stopped."""
         self._stop.set()
+        self._deregister()
+        self._cancel.cancel()  # a probe in flight ends now
         if self._thread is not None:
             self._thread.join(PROBE_TIMEOUT + 5)
-        self._deregister()
+        self._deregister()  # registered by the thread meanwhile
 
     def cleanup(self) -> None:
         """After the task is gone: remove the socket dir; the plugin's mount tree when no other

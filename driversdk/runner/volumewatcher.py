@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from driversdk.csi.cancel import CallCancelled, Cancel
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.manager import NodeVolumeManager, UsageOptions, controller_unpublish, forget_node_use
@@ -32,6 +33,7 @@ from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistration, PluginRegistry, RegistryEvent
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
+from driversdk.runner import interrupts
 from driversdk.runner.supervisor import csi_dir, release_shared
 from driversdk.runner.volumes import NODE_DETACHED, TAKEN, UNPUBLISHING, Claim, ClaimDetail, VolumeStore
 
@@ -69,9 +71,19 @@ def _claim_name(claim: Claim) -> str:
 class VolumeWatcher:
     """Releases past claims of one data dir; opens its own connections to ``state.db``."""
 
-    def __init__(self, data_dir: str, *, volumes: VolumeStore | None = None, csi: StateStore | None = None) -> None:
-        """With ``volumes`` and ``csi`` it works on those stores (an allocation's), else its own."""
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        volumes: VolumeStore | None = None,
+        csi: StateStore | None = None,
+        cancel: Cancel | None = None,
+    ) -> None:
+        """With ``volumes`` and ``csi`` it works on those stores (an allocation's), else its own.
+        ``cancel`` ends its CSI calls; without it, those of a run of the data dir end with the
+        run's second interrupt and have the run's teardown deadline (see runner.interrupts)."""
         self.data_dir = data_dir
+        self.cancel = cancel
         db = os.path.join(data_dir, "state.db")
         self._owned = volumes is None or csi is None
         self.volumes = volumes if volumes is not None and csi is not None else VolumeStore(db)
@@ -79,6 +91,12 @@ class VolumeWatcher:
         self.registry = PluginRegistry(self.csi)
         self._lock_path = os.path.join(data_dir, "volumewatcher.lock")
         self._thread_lock = threading.Lock()
+
+    def _client(self, socket_path: str, plugin_id: str) -> CSIClient:
+        run = interrupts.of(self.data_dir)
+        cancel = self.cancel or (run.teardown if run is not None else None)
+        timeout = run.call_timeout() if run is not None else None
+        return CSIClient(socket_path, plugin=plugin_id, cancel=cancel, call_timeout=timeout)
 
     def close(self) -> None:
         if self._owned:
@@ -161,10 +179,14 @@ class VolumeWatcher:
                     self._release_shared_dir()
                 except (CSIError, OSError) as err:
                     error = str(err) if isinstance(err, CSIError) else f"{err.strerror or err} ({err.filename})"
+                    if isinstance(err, CallCancelled):
+                        error += f"; `driversdk volume detach {claim.volume_id}` releases it once the plugin answers"
                     self.volumes.claim_failed(
                         claim.volume_id, claim.namespace, claim.alloc_id, error, backoff(claim.attempts)
                     )
                     outcome.failed.append((claim, error))
+                    if isinstance(err, CallCancelled):
+                        break  # every later call of this pass would be given up the same way
         return outcome
 
     def _release_shared_dir(self) -> None:
@@ -220,21 +242,24 @@ class VolumeWatcher:
         problem = f'no instance of CSI plugin "{plugin_id}" is registered to unmount it'
         if reg is not None:
             try:
-                node = CSIClient(reg.socket_path, plugin=plugin_id)
+                node = self._client(reg.socket_path, plugin_id)
+            except CallCancelled:
+                raise
             except CSIError as err:
                 problem = f'CSI plugin "{plugin_id}" does not answer ({err})'
             else:
+                manager = NodeVolumeManager(
+                    node,
+                    plugin_id=plugin_id,
+                    host_root=reg.options.get("MountPoint", "") or host_root,
+                    plugin_root=reg.options.get("ContainerMountPoint") or None,
+                    store=self.csi,
+                    requires_staging=detail.requires_staging,
+                )
                 try:
-                    manager = NodeVolumeManager(
-                        node,
-                        plugin_id=plugin_id,
-                        host_root=reg.options.get("MountPoint", "") or host_root,
-                        plugin_root=reg.options.get("ContainerMountPoint") or None,
-                        store=self.csi,
-                        requires_staging=detail.requires_staging,
-                    )
                     manager.unmount(volume, claim.alloc_id, usage)
                 finally:
+                    manager.close()
                     node.close()
                 return []
         if not detach or not host_root:
@@ -272,12 +297,16 @@ class VolumeWatcher:
         problem = f'no controller instance of CSI plugin "{plugin_id}" is registered'
         if reg is not None:
             try:
-                controller = CSIClient(reg.socket_path, plugin=plugin_id)
+                controller = self._client(reg.socket_path, plugin_id)
+            except CallCancelled:
+                raise
             except CSIError as err:
                 problem = f'the controller of CSI plugin "{plugin_id}" does not answer ({err})'
             else:
                 try:
                     controller_unpublish(controller, volume, detail.csi_node_id)
+                except CallCancelled:
+                    raise
                 except CSIError as err:
                     raise CSIError(
                         f"could not detach from controller: {err}", code=err.code, call=err.call, volume=volume.id
@@ -323,7 +352,10 @@ class BackgroundWatcher:
     def __init__(
         self, data_dir: str, registry: PluginRegistry, say: Callable[[str, str], None], interval: float = PASS_INTERVAL
     ) -> None:
-        self.watcher = VolumeWatcher(data_dir)
+        run = interrupts.of(data_dir)
+        # Its calls end when the run's teardown is abandoned (second interrupt), or at stop().
+        self._cancel = run.teardown.child() if run is not None else Cancel()
+        self.watcher = VolumeWatcher(data_dir, cancel=self._cancel)
         self.registry = registry
         self.say = say
         self.interval = interval
@@ -352,12 +384,15 @@ class BackgroundWatcher:
             force = event.kind == "registered"
 
     def stop(self) -> None:
-        """End the thread and close its stores; returns as soon as a pass under way has ended."""
+        """End the thread and close its stores. A pass under way has its CSI call cancelled (the
+        claim stays past, for the next command's watcher), so this returns at once."""
         self._stop.set()
+        self._cancel.cancel("the run is ending")
         self.registry.unsubscribe(self._events)
         self._events.put(_WAKE)
         self._thread.join(timeout=30)
-        self.watcher.close()
+        if not self._thread.is_alive():
+            self.watcher.close()
 
 
 _running: dict[str, tuple[BackgroundWatcher, int]] = {}
