@@ -227,7 +227,8 @@ def test_an_exec_task_cannot_redirect_its_log_rotation_to_a_host_file(short_dir:
     data = short_dir / "data"
     client = short_dir / "client.hcl"
     client.write_text(
-        f'data_dir = "{data}"\nplugin "exec" {{\n  config {{\n    state_dir = "{short_dir / "st"}"\n  }}\n}}\n'
+        f'data_dir = "{data}"\nplugin "exec" {{\n  config {{\n    state_dir = "{short_dir / "st"}"\n'
+        '    denied_host_uids = ""\n    denied_host_gids = ""\n  }\n}\n'
     )
     size = 1536 * 1024
     script = f"ln -sf {host} /alloc/logs/web.stdout.1 && yes 0123456789abcdef | head -c {size}"
@@ -238,6 +239,7 @@ def test_an_exec_task_cannot_redirect_its_log_rotation_to_a_host_file(short_dir:
   group "web" {{
     task "web" {{
       driver = "exec"
+      user   = "root" # only root (allowed above) may write alloc/logs, where the link is planted
       kill_timeout = "1s"
       config {{
         command = "/bin/sh"
