@@ -19,7 +19,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from driversdk.errors import ConfigError
+from driversdk.errors import ConfigError, StateWriteError
 from driversdk.plugin.host import pid_alive
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.events import Emit, RunEvent
@@ -205,6 +205,12 @@ def run_jobs(
     from driversdk.runner.allocrunner import NodeServices
     from driversdk.runner.drivermanager import DriverManager
 
+    try:
+        node = NodeServices.open(client.data_dir)  # StateWriteError on a full or read-only data dir
+    except BaseException:
+        for plugin in spare.values():
+            plugin.kill()
+        raise
     stop = stop or threading.Event()
     # A signal also cancels CSI calls in flight (runner.interrupts): the first those of setup,
     # a second those of teardown.
@@ -218,7 +224,6 @@ def run_jobs(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, interrupted)
-    node = NodeServices.open(client.data_dir)
     node.stopping = stop
     node.driver_attributes.update(attributes)  # fingerprinted by the plugins the driver manager takes over
     drivers = node.drivers = DriverManager(client, node.state, emit, spare)
@@ -246,19 +251,35 @@ def run_jobs(
         for t in main:
             while not stop.is_set() and not t.done.wait(0.2):
                 pass
-        if stop.is_set():
+        if node.state_failure is not None:
+            emit(RunEvent("run", "state.db cannot be written: stopping tasks"))
+        elif stop.is_set():
             emit(RunEvent("run", "interrupted: stopping tasks"))
         # A sidecar stopped because its main tasks are done ends killed, and that is success.
         judged = [t for t in main if not (is_sidecar(t) and t.stopped and not t.failure)]
         ok = all(t.result is not None and t.result.successful for t in judged) and not any(t.failure for t in tasks)
         ok = ok and not any(a.failure for a in allocs)
         return EXIT_OK if ok and not stop.is_set() else EXIT_TASK_FAILED
+    except StateWriteError as err:
+        node.state_failed(err)
+        raise
     finally:
-        _tear_down(allocs, bounds)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        interrupts.stop(run_interrupts)
-        node.close()  # the driver manager shuts down what is left (validation's unused plugins)
+        # Every step runs whatever the one before raised; a state write that failed (in any
+        # thread, or in the teardown) ends the run with the first such sentence.
+        try:
+            _tear_down(allocs, bounds)
+        except StateWriteError as err:
+            node.state_failed(err)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            interrupts.stop(run_interrupts)
+            try:
+                node.close()  # the driver manager shuts down what is left (validation's unused plugins)
+            except StateWriteError as err:
+                node.state_failed(err)
+        if node.state_failure is not None:
+            raise node.state_failure
 
 
 def _interrupted_again(emit: Emit, count: int) -> None:
