@@ -77,6 +77,73 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_arg(flag: str, text: str, example: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CLIError(
+            f"{flag} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); give a JSON object, "
+            f"e.g. {flag} '{example}'"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise CLIError(f"{flag} must be a JSON object ({{...}}), not {type(parsed).__name__}")
+    return parsed
+
+
+def _task_factory(template: dict[str, Any]) -> Any:
+    """``--task``'s JSON as a conformance TaskFactory: "$0" is the command, "$@" its arguments."""
+
+    def fill(value: Any, argv: Sequence[str]) -> Any:
+        if value == "$0":
+            return argv[0]
+        if value == "$@":
+            return list(argv[1:])
+        if isinstance(value, dict):
+            return {k: fill(v, argv) for k, v in value.items()}
+        if isinstance(value, list):
+            out: list[Any] = []
+            for item in value:
+                out.extend(argv[1:] if item == "$@" else [fill(item, argv)])
+            return out
+        return value
+
+    return lambda argv: fill(template, argv)
+
+
+def cmd_plugin_test(args: argparse.Namespace) -> int:
+    """Run the conformance kit against a plugin: one line per check, exit 1 when any fails."""
+    import logging
+    import shutil
+    import tempfile
+
+    from driversdk.testing import DriverHarness
+    from driversdk.testing.conformance import run_conformance
+
+    example = '{"command": "$0", "args": "$@"}'
+    template = _json_arg("--task", args.task, example)
+    if "$0" not in json.dumps(template):
+        raise CLIError(f"--task must use \"$0\" where the command to run goes, e.g. --task '{example}'")
+    config = _json_arg("--config", args.config, '{"enabled": true}') if args.config else {}
+    verbose = args.verbose or os.environ.get("DRIVERSDK_VERBOSE", "") not in ("", "0")
+    # The plugin's stderr (grpc's debug lines among it) only with --verbose: a failing check
+    # must not drown in it.
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.CRITICAL, format="%(name)s: %(message)s")
+    workdir = tempfile.mkdtemp(prefix="driversdk-plugin-test-")
+    failed = 0
+
+    def show(result: Any) -> None:
+        nonlocal failed
+        failed += not result.passed
+        print(result, flush=True)
+
+    try:
+        with DriverHarness(args.command, plugin_config=config, timeout=args.timeout) as harness:
+            run_conformance(harness, _task_factory(template), workdir, timeout=args.timeout, on_result=show)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
     from driversdk.runner.hcl import FilePolicy, Inputs
@@ -575,6 +642,20 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--json", action="store_true")
     probe.add_argument("command", nargs="+", help="the plugin command line")
     probe.set_defaults(func=cmd_plugin_probe)
+    ptest = plugin_sub.add_parser(
+        "test", help="run the conformance kit against a plugin (one line per check; exit 1 when any fails)"
+    )
+    ptest.add_argument(
+        "--task",
+        required=True,
+        help='the task config {} as JSON; "$0" stands for the command to run, "$@" for its arguments '
+        '(docker: \'{"image": "busybox", "command": "$0", "args": "$@"}\')',
+    )
+    ptest.add_argument("--config", help="plugin config as JSON (sent in SetConfig)")
+    ptest.add_argument("--timeout", type=float, default=60.0, help="seconds each task may take")
+    ptest.add_argument("--verbose", action="store_true", help="show the plugin's log lines (grpc's debug too)")
+    ptest.add_argument("command", nargs="+", help="the plugin command line (after --)")
+    ptest.set_defaults(func=cmd_plugin_test)
     validate = sub.add_parser("validate", help="check a job before any task starts")
     validate.add_argument("job", help="the job file (HCL)")
     # Not the data-dir parent: validate reads the client config, and a --data-dir would be ignored.

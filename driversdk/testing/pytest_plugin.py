@@ -229,6 +229,11 @@ def _same_device(path: str, dev: int) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_dev == dev
 
 
+def verbose() -> bool:
+    """DRIVERSDK_VERBOSE=1: show every line the plugin logged (grpc's debug lines too)."""
+    return os.environ.get("DRIVERSDK_VERBOSE", "") not in ("", "0")
+
+
 # --- plugin stderr ---------------------------------------------------------------------------
 
 
@@ -247,15 +252,22 @@ class StderrTracebacks(logging.Handler):
         super().__init__(level=1)
         self.lines: list[str] = []
         self._saved_level = logging.NOTSET
+        self._saved_propagate = True
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        # The plugin's DEBUG chatter (grpc, the handshake) would bury a failing check in pytest's
+        # captured log: only warnings and errors go on, everything with DRIVERSDK_VERBOSE=1.
+        if record.levelno >= logging.WARNING or verbose():
+            logging.getLogger("driversdk").handle(record)
 
     def __enter__(self) -> StderrTracebacks:
         logger = logging.getLogger(self.LOGGER)
         self._saved_level = logger.level
+        self._saved_propagate = logger.propagate
         # The host logs raw stderr lines at DEBUG; the logger must let them through to us.
         logger.setLevel(1)
+        logger.propagate = False
         logger.addHandler(self)
         return self
 
@@ -263,6 +275,7 @@ class StderrTracebacks(logging.Handler):
         logger = logging.getLogger(self.LOGGER)
         logger.removeHandler(self)
         logger.setLevel(self._saved_level)
+        logger.propagate = self._saved_propagate
 
     def tracebacks(self) -> list[str]:
         """Each traceback seen, as text."""
