@@ -216,6 +216,15 @@ class RunState:
                 (state, exit_code, signal, int(oom), time.time(), alloc_id, task),
             )
 
+    def lost(self, alloc_id: str, task: str) -> None:
+        """The task ended while no run followed it and its driver cannot tell how (Nomad's "lost"):
+        no exit code is recorded."""
+        with self._recording(self._of_task("the loss", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state='lost', exit_code=NULL, signal=NULL, updated=? WHERE alloc_id=? AND task=?",
+                (time.time(), alloc_id, task),
+            )
+
     def stopped(self, alloc_id: str, task: str) -> None:
         """The run ended while the task had not exited by itself (Ctrl-C, or a failure elsewhere)."""
         with self._recording(self._of_task("the stop", alloc_id, task)):

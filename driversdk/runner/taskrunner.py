@@ -89,6 +89,7 @@ class TaskRunner:
         self._stopping = threading.Event()  # stop() was called: no more restarts
         self._between = False  # the task exited and waits for its restart: nothing to stop
         self._destroyed: set[str] = set()  # task ids already removed from their driver
+        self._unrecovered = False  # RecoverTask failed: the driver does not track the task
 
     # --- events --------------------------------------------------------------------------------
 
@@ -270,15 +271,20 @@ class TaskRunner:
         self.config, self.handle, self.started = handle.config, handle, True
         self._prerun()
         if record.state != "running":
-            self.result = ExitResult(record.exit_code or 0, record.signal or 0, record.oom)
+            lost = record.state == "lost" and record.exit_code is None  # ended, how unknown: not a success
+            self.result = ExitResult(1 if lost else record.exit_code or 0, record.signal or 0, record.oom)
             self.done.set()
             return
         try:
             self.alloc.drivers.dispense(self.task.driver).recover_task(handle)
         except DriverSDKError as err:
-            self.event(f"could not be recovered: {err}")
+            # The task ended (or went) while no run followed it, and the driver cannot say how: it
+            # is lost, as Nomad's client marks a task it cannot restore. The driver does not track
+            # it any more, so its removal finding nothing is no failure (see _destroy_task).
+            self.event(f"lost: it ended or went while no run followed it, and could not be recovered: {err}")
+            self._unrecovered = True
             self.result = ExitResult(exit_code=1)
-            self.alloc.state.finished(self.alloc.alloc_id, self.task.name, 1, 0, False)
+            self.alloc.state.lost(self.alloc.alloc_id, self.task.name)
             self.done.set()
             return
         self.event(f"recovered ({self.label})")
@@ -515,6 +521,8 @@ class TaskRunner:
                 self.client.destroy_task(task_id, force=True)
                 return
             except PluginCallError as err:
+                if err.code == "NOT_FOUND" and self._unrecovered:
+                    return  # nothing left to remove: the task was lost before this run
                 if not err.recoverable or time.monotonic() >= deadline:
                     self.event(f"destroy failed: {err}")
                     return
