@@ -93,7 +93,6 @@ class StateConnection(sqlite3.Connection):
             raise failure from None
 
 
-
 def storage_failure(err: sqlite3.Error, db_path: str) -> StateWriteError | None:
     """The :class:`StateWriteError` an SQLite error stands for when the storage under ``db_path``
     failed; None for any other error (a bug, a lock another process holds)."""
