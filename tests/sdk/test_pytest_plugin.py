@@ -160,3 +160,32 @@ def test_command_and_config_come_from_the_ini_or_the_command_line(project: Path)
     done = run_project(project, test)
     assert outcomes(done.stdout) == {"error": 1}, done.stdout
     assert "no driver to test: override the driver_command fixture" in done.stdout
+
+
+def test_a_failing_conformance_check_is_not_buried_under_the_plugins_debug_lines(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    test = f"""
+        import os
+        import sys
+        import pytest
+
+        os.environ["LIE"] = "signals"
+
+        @pytest.fixture
+        def driver_command():
+            return [sys.executable, {str(PLUGINS / "lies_driver.py")!r}]
+
+        def test_claims(conformance):
+            conformance(lambda argv: {{"command": argv[0], "args": list(argv[1:])}})
+        """
+    monkeypatch.delenv("DRIVERSDK_VERBOSE", raising=False)
+    done = run_project(project, test)
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "FAIL send_signals: SignalTask(SIGUSR1) succeeded but the task's trap never ran" in out
+    assert "advertised: send_signals=True" in out
+    assert "DEBUG" not in out, out
+    monkeypatch.setenv("DRIVERSDK_VERBOSE", "1")
+    verbose = run_project(project, test)
+    assert "DEBUG" in verbose.stdout, "DRIVERSDK_VERBOSE=1 shows the plugin's log lines"
