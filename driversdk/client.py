@@ -431,6 +431,6 @@ def reattach(config: ReattachConfig, *, name: str = "driver", timeout: float = 1
     try:
         client.plugin_info()
     except BaseException:
-        process.channel.close()
+        process.disconnect()
         raise
     return client

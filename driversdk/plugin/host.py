@@ -31,6 +31,7 @@ from driversdk.plugin.handshake import (
     MAGIC_COOKIE_VALUE,
     Handshake,
 )
+from driversdk.plugin.verify import CheckedSocket, check_plugin_socket, process_start_time
 
 if TYPE_CHECKING:
     # Imported where it is used: a host can spawn a plugin before it has loaded grpc, and load
@@ -48,13 +49,16 @@ ABANDON_GRACE = 1.0
 
 @dataclass(frozen=True)
 class ReattachConfig:
-    """What a host saves to find a running plugin again after it restarts."""
+    """What a host saves to find a running plugin again after it restarts. ``start_time`` is when
+    the launched process started (field 22 of /proc/<pid>/stat): with the pid, it names that one
+    process, and no later one that is given the same pid (0 in records of older versions)."""
 
     pid: int
     network: str
     address: str
     protocol: str = "grpc"
     app_version: int = APP_PROTOCOL_VERSION
+    start_time: int = 0
 
     def to_json(self) -> str:
         import json
@@ -72,6 +76,7 @@ class ReattachConfig:
             address=str(data["address"]),
             protocol=str(data.get("protocol", "grpc")),
             app_version=int(data.get("app_version", APP_PROTOCOL_VERSION)),
+            start_time=int(data.get("start_time", 0)),
         )
 
 
@@ -133,10 +138,12 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def _connect(address: str, timeout: float) -> grpc.Channel:
+def _connect(address: str, timeout: float, dial: str | None = None) -> grpc.Channel:
+    """A channel to the plugin at ``address``, dialled through ``dial`` when given (a path to the
+    same socket that cannot be swapped: :class:`~driversdk.plugin.verify.CheckedSocket`)."""
     import grpc
 
-    channel = grpc.insecure_channel(f"unix:{address}", options=CHANNEL_OPTIONS)
+    channel = grpc.insecure_channel(f"unix:{dial or address}", options=CHANNEL_OPTIONS)
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
@@ -155,8 +162,11 @@ class PluginProcess:
         popen: subprocess.Popen[bytes] | None,
         name: str,
         stderr_tail: collections.deque[str] | None = None,
+        checked: CheckedSocket | None = None,
     ) -> None:
         self.channel = channel
+        # A reattached plugin's channel dials through the descriptor of its checked socket dir.
+        self._checked = checked
         self.reattach_config = reattach_config
         self.pid = reattach_config.pid
         self.name = name
@@ -209,13 +219,18 @@ class PluginProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
                 self._wait_exit(5.0)
-        self.channel.close()
+        self._close_channel()
         self._remove_orphaned_socket()
 
     def disconnect(self) -> None:
         """Close our channel and leave the process running (a later host reattaches to it)."""
         self._killed = True  # nothing of ours to stop any more
+        self._close_channel()
+
+    def _close_channel(self) -> None:
         self.channel.close()
+        if self._checked is not None:
+            self._checked.close()
 
     def _remove_orphaned_socket(self) -> None:
         """A plugin that was SIGKILLed could not remove its private socket dir; do it for it."""
@@ -265,6 +280,8 @@ class StartingPlugin:
     def __init__(self, popen: subprocess.Popen[bytes], label: str) -> None:
         self._popen = popen
         self.label = label
+        # Read while the child is ours and unreaped, so it is the launched process's own.
+        self.start_time = process_start_time(popen.pid) or 0
         self._tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._lines: queue.Queue[str | None] = queue.Queue()
         logger = logging.getLogger(f"driversdk.plugin.{label}")
@@ -337,7 +354,12 @@ class StartingPlugin:
         except PluginError as err:
             raise self._give_up(f"plugin {label!r}: {err}") from None
         config = ReattachConfig(
-            self._popen.pid, handshake.network, handshake.address, handshake.protocol, handshake.app_version
+            self._popen.pid,
+            handshake.network,
+            handshake.address,
+            handshake.protocol,
+            handshake.app_version,
+            self.start_time,
         )
         return PluginProcess(channel, config, self._popen, label, self._tail)
 
@@ -384,33 +406,18 @@ def launch_plugin(
 
 
 def reattach_plugin(config: ReattachConfig, *, name: str = "plugin", timeout: float = 10.0) -> PluginProcess:
-    """Connect again to a plugin launched by an earlier host process."""
-    if not pid_alive(config.pid):
-        raise PluginError(f"cannot reattach to plugin {name!r}: process {config.pid} is gone; launch it again")
-    import socket
-
-    from driversdk.peercred import peer_uid
-
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """Connect again to a plugin launched by an earlier host process, once it is proved to be
+    that process (:func:`~driversdk.plugin.verify.check_plugin_socket`). Raises
+    :class:`~driversdk.plugin.verify.PluginGone` when it has exited (launch a new one) and
+    :class:`~driversdk.plugin.verify.ReattachRefused` when something else is at its pid or socket:
+    nothing has been sent to it then."""
+    checked = check_plugin_socket(config, name, timeout)
     try:
-        probe.settimeout(timeout)
-        probe.connect(config.address)
-        listener_uid = peer_uid(probe)
-    except OSError as err:
-        raise PluginError(
-            f"cannot reattach to plugin {name!r}: its socket {config.address} does not accept connections "
-            f"({err.strerror}); launch it again"
-        ) from None
-    finally:
-        probe.close()
-    if listener_uid != os.geteuid():
-        # The plugin ran as us; a socket another user listens on at its address (its dir freed when
-        # it stopped) would be handed our plugin config and task configs, credentials included.
-        raise PluginError(
-            f"cannot reattach to plugin {name!r}: its socket {config.address} is served by uid {listener_uid}, "
-            f"not by this user ({os.geteuid()}); launch it again"
-        )
-    return PluginProcess(_connect(config.address, timeout), config, None, name)
+        channel = _connect(config.address, timeout, dial=checked.path)
+    except BaseException:
+        checked.close()
+        raise
+    return PluginProcess(channel, config, None, name, checked=checked)
 
 
 def rpc_call_of(err: grpc.RpcError) -> grpc.Call | None:

@@ -19,6 +19,7 @@ from driversdk.client import DriverClient, launch, reattach
 from driversdk.errors import DriverSDKError
 from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
 from driversdk.plugin.host import ReattachConfig, pid_alive, remove_dead_plugin_socket
+from driversdk.plugin.verify import ReattachRefused
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.events import Emit, RunEvent
 from driversdk.runner.runstate import RunState
@@ -157,9 +158,18 @@ class DriverManager:
         return None
 
     def _try_reattach(self, driver: str, saved: str) -> DriverClient | None:
-        config = ReattachConfig.from_json(saved)
+        """The recorded plugin, reconnected to, or None: it is gone, or it is not provably the
+        process that was launched (then said, and nothing is sent to it). Either way the caller
+        drops the record and goes on as for a dead plugin: a new one, and RecoverTask."""
+        try:
+            config = ReattachConfig.from_json(saved)
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged record: nothing to reattach to
         try:
             plugin = reattach(config, name=driver)
+        except ReattachRefused as refused:
+            self.emit(RunEvent("driver", f"{refused}; a new plugin is launched instead", name=driver))
+            return None
         except DriverSDKError:
             # It died with the run: a new one is launched and RecoverTask finds the tasks. Killed
             # with its host, it could not remove its socket dir, and nobody else knows of it.
@@ -172,9 +182,15 @@ class DriverManager:
         """Per-allocation plugins of an older run: their tasks were recovered through the shared
         instance (or are gone), so the processes only hold memory now."""
         for alloc_id, saved in self.state.retired_plugins(driver):
-            config = ReattachConfig.from_json(saved)
+            try:
+                config = ReattachConfig.from_json(saved)
+            except (ValueError, KeyError, TypeError):
+                self.state.retired_plugin_gone(alloc_id, driver)
+                continue
             try:
                 reattach(config, name=driver).kill()
+            except ReattachRefused as refused:  # not ours to stop
+                self.emit(RunEvent("driver", str(refused), name=driver))
             except DriverSDKError:
                 remove_dead_plugin_socket(config)  # already gone, maybe with its socket dir left
             self.state.retired_plugin_gone(alloc_id, driver)

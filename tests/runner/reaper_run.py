@@ -6,7 +6,9 @@ that detached from it (a daemon, a double fork, a plugin orphaned by its host's 
 re-parented here instead of to init. The command's stdout is passed through; with
 ``--interrupt-on`` the command gets SIGINT (a Ctrl-C) once a line holds TEXT. When the command has
 exited, the last line printed is ``LEFT <json>``: its exit code and every live descendant (pid and
-command line). Those are then killed, so the test that asks leaves nothing either.
+command line). Those are then killed, so the test that asks leaves nothing either; with
+``--keep`` they are left to run and reaped as they exit (a test that kills a run and then stops
+its plugin itself needs the plugin's pid freed for reuse, which an orphan of init may never be).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def descendants(root: int) -> list[tuple[int, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--interrupt-on")
+    parser.add_argument("--keep", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -72,7 +75,7 @@ def main() -> int:
     code = proc.wait()
     left = descendants(os.getpid())
     print("LEFT " + json.dumps({"code": code, "left": [f"{pid}: {cmd}" for pid, cmd in left]}), flush=True)
-    for pid, _ in left:
+    for pid, _ in [] if args.keep else left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     # Reap whatever was re-parented here (killed above, or exited meanwhile).

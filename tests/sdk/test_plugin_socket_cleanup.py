@@ -25,7 +25,6 @@ from driversdk.plugin.host import (
     remove_dead_plugin_socket,
     spawn_plugin,
 )
-from tests.hostcheck import NOBODY, listener_of_another_user
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = [sys.executable, str(ROOT / "examples" / "hello_driver.py")]
@@ -191,18 +190,3 @@ def test_a_plugin_abandoned_while_it_boots_leaves_nothing(place: Path) -> None:
     plugin.abandon()  # at once: still importing, it dies of SIGTERM before making its dir
     assert not pid_alive(plugin.pid)
     assert list(place.glob("plugin-*")) == []
-
-
-def test_a_plugin_socket_served_by_another_user_is_never_reattached_to(place: Path) -> None:
-    """A kept plugin's socket dir is freed when it stops; should another user then serve a socket
-    at its old address (with a pid that is alive), a run must not hand it our plugin config and
-    task configs. The listener's uid comes from the kernel (SO_PEERCRED)."""
-    from driversdk.errors import PluginError
-    from driversdk.plugin.host import reattach_plugin
-
-    address = str(place / "plugin.sock")
-    with listener_of_another_user(address) as pid:
-        config = ReattachConfig(pid=pid, network="unix", address=address, protocol="grpc", app_version=2)
-        with pytest.raises(PluginError) as refused:
-            reattach_plugin(config, name="docker", timeout=5)
-    assert f"served by uid {NOBODY}, not by this user" in str(refused.value)
