@@ -26,7 +26,7 @@ from driversdk.errors import DriverSDKError
 from driversdk.mountinfo import is_mount_point
 from driversdk.runner import interrupts
 from driversdk.runner.jobspec import Group, Job, VolumeRequest
-from driversdk.runner.supervisor import wait_for_live_plugin
+from driversdk.runner.supervisor import live_instance, wait_for_live_plugin
 from driversdk.runner.volumes import (
     NODE_DETACHED,
     TAKEN,
@@ -250,7 +250,7 @@ class CSIHook:
     def _controller_publish(
         self, volume: Volume, req: VolumeRequest, csi_node_id: str, usage: UsageOptions
     ) -> dict[str, str]:
-        reg = self.registry.current("csi-controller", volume.plugin_id)
+        reg = live_instance(self.registry, "csi-controller", volume.plugin_id)
         if reg is None:
             raise CSIHookError(
                 f'{self._where(req)}: claiming volumes: CSI plugin "{volume.plugin_id}" needs a controller but no '

@@ -124,6 +124,13 @@ def answers(socket_path: str) -> bool:
     return True
 
 
+def live_instance(registry: PluginRegistry, kind: str, name: str) -> PluginRegistration | None:
+    """The newest registered instance of a plugin whose socket answers; else the newest one (its
+    error then names it), or None."""
+    instances = registry.instances(kind, name)
+    return next((reg for reg in instances if answers(reg.socket_path)), instances[0] if instances else None)
+
+
 def wait_for_live_plugin(
     registry: PluginRegistry, kind: str, name: str, timeout: float, cancel: Cancel | None = None
 ) -> PluginRegistration:

@@ -34,7 +34,7 @@ from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistration, PluginRegis
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
 from driversdk.runner import interrupts
-from driversdk.runner.supervisor import csi_dir, release_shared
+from driversdk.runner.supervisor import csi_dir, live_instance, release_shared
 from driversdk.runner.volumes import NODE_DETACHED, TAKEN, UNPUBLISHING, Claim, ClaimDetail, VolumeStore
 
 BACKOFF_START = 1.0
@@ -237,7 +237,7 @@ class VolumeWatcher:
         used = self._node_use(plugin_id, claim)
         if not used and not detail.node_mounting:
             return []  # nothing was ever staged or published for this claim
-        reg = self.registry.current("csi-node", plugin_id)
+        reg = live_instance(self.registry, "csi-node", plugin_id)
         host_root = detail.host_root or (reg.options.get("MountPoint", "") if reg is not None else "")
         problem = f'no instance of CSI plugin "{plugin_id}" is registered to unmount it'
         if reg is not None:
@@ -293,7 +293,7 @@ class VolumeWatcher:
         if others:
             return []  # another live claim on this node still needs the volume published here
         what = f'ControllerUnpublishVolume of volume "{volume.remote_id}" from node "{detail.csi_node_id}"'
-        reg = self.registry.current("csi-controller", plugin_id)
+        reg = live_instance(self.registry, "csi-controller", plugin_id)
         problem = f'no controller instance of CSI plugin "{plugin_id}" is registered'
         if reg is not None:
             try:
