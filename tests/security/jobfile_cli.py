@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The tree whose CLI is run: this one, or (to watch the tests fail on older code) a checkout of it.
+CLI_ROOT = Path(os.environ.get("DRIVERSDK_TEST_CLI_ROOT") or ROOT)
 ADDRESS_SPACE = 1024**3  # the CLI's whole address space: far more than a real job file needs
 GUARD_SECONDS = 120  # only against a hang of the suite: the tests assert exit codes and output
 
@@ -51,12 +53,12 @@ def job_text(env: str, prelude: str = "") -> str:
 
 
 def cli(*args: str, cwd: Path | None = None) -> Outcome:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(CLI_ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "driversdk.cli", *args],
         capture_output=True,
         text=True,
-        cwd=cwd or ROOT,
+        cwd=cwd or CLI_ROOT,
         env=env,
         preexec_fn=_bounded,
         timeout=GUARD_SECONDS,
