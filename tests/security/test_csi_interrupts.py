@@ -145,6 +145,31 @@ def test_interrupt_cancels_a_hung_node_publish_and_tears_down(env: Env, sig: sig
     env.assert_clean()
 
 
+@pytest.mark.timeout(180)
+def test_second_interrupt_gives_up_a_hung_teardown_and_keeps_the_claim(env: Env) -> None:
+    env.register()
+    faults = "NodePublishVolume=hang,NodeUnstageVolume=hang"
+    job = write_job(env, "twice", plugin_group(env=f'CSI_HOSTPATH_FAULTS = "{faults}"'), app_group("true"))
+    proc = env.start(job)
+    try:
+        _wait_for_call(env, proc, "NodePublishVolume")
+        proc.send_signal(signal.SIGINT)
+        _wait_for_call(env, proc, "NodeUnstageVolume")  # the teardown is under way, and hangs
+        proc.send_signal(signal.SIGINT)
+        out, err = _finish(proc)
+        assert proc.returncode == 1, out + err
+        assert "Traceback" not in out + err
+        assert "interrupted again: giving up the CSI volume teardown" in out, out
+        assert "`driversdk volume detach vol` releases it once the plugin answers" in out, out
+        states = _claim_states(env)
+        assert len(states) == 1 and states[0] in PAST_STATES, states
+        assert _plugin_pids(env) == [], "the plugin task is stopped all the same"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _unmount_left(env)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "fault", ["INTERNAL:100000", "UNAVAILABLE:100000", "hang"], ids=["fatal", "retryable", "never-answers"]
