@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -78,7 +79,16 @@ class ProcessDriver(DriverPlugin):
     def state_dir(self) -> str:
         """Where the shims write exit files: kept across plugin restarts, private to root's tasks."""
         path = os.path.join(tempfile.gettempdir(), f"driversdk-{self.name}-{os.geteuid()}")
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        # The temp dir is shared with every user: a name someone else made first (a symlink, their
+        # dir, or one they may write) would let them plant or redirect the exit files we trust.
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise DriverError(
+                f"{type(self).__name__}: {path} is not a private directory of uid {os.geteuid()} "
+                "(a symlink, another user's, or open to others); remove it and start the task again"
+            )
         return path
 
     # --- lifecycle ---------------------------------------------------------------------------
