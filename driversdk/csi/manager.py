@@ -253,6 +253,10 @@ def _sweep_below(dir_fd: int, path: str, busy: set[str], depth: int) -> None:
             pass  # not empty, or a mount point after all (EBUSY)
 
 
+_VOLUME_LOCKS: dict[tuple[str, str, str], threading.Lock] = {}  # (plugin, namespace, volume): a few per node
+_VOLUME_LOCKS_GUARD = threading.Lock()
+
+
 class NodeVolumeManager:
     def __init__(
         self,
@@ -270,7 +274,6 @@ class NodeVolumeManager:
         self.plugin_root = plugin_root or host_root
         self.store = store
         self.requires_staging = requires_staging
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
         self._dir_pool: ThreadPoolExecutor | None = None
 
@@ -292,9 +295,12 @@ class NodeVolumeManager:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _lock(self, volume: Volume) -> threading.Lock:
-        # One operation at a time per (namespace, volume), as the spec asks of a CO.
-        with self._guard:
-            return self._locks.setdefault((volume.namespace, volume.id), threading.Lock())
+        # One operation at a time per (namespace, volume), as the spec asks of a CO: across the
+        # managers of this process too (a claim's mount and the run's volume watcher releasing a
+        # past claim of the same volume each make one, and the release's unstage must not run
+        # between the mount's "staged already" and its publish).
+        with _VOLUME_LOCKS_GUARD:
+            return _VOLUME_LOCKS.setdefault((self.plugin_id, volume.namespace, volume.id), threading.Lock())
 
     def staging_paths(self, volume: Volume, usage: UsageOptions) -> tuple[str, str]:
         return self._paths(f'the staging path of volume "{volume.id}"', "staging", volume.namespace, volume.id,
