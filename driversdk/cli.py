@@ -27,11 +27,31 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _probe_command(args: argparse.Namespace) -> list[str]:
+    """The command line to probe: given, or the file Nomad's loader would pick from --plugin-dir."""
+    by_dir = args.plugin_dir is not None or args.name is not None
+    if by_dir and args.command:
+        args.probe_parser.error("give either --plugin-dir and --name or a plugin command line, not both")
+    if not by_dir:
+        if not args.command:
+            args.probe_parser.error("the following arguments are required: command (or --plugin-dir and --name)")
+        return list(args.command)
+    if args.plugin_dir is None or args.name is None:
+        args.probe_parser.error("--plugin-dir and --name go together: the client's plugin_dir and the plugin's name")
+    from driversdk.pluginpack.catalog import find_plugin
+
+    return [find_plugin(args.plugin_dir, args.name).path]
+
+
 def cmd_plugin_probe(args: argparse.Namespace) -> int:
-    """Launch a plugin as a Nomad client would and print what it says about itself."""
+    """Launch a plugin as a Nomad client would and print what it says about itself; exit 1 when
+    Nomad would not use it or it does not fingerprint healthy."""
     from driversdk.client import launch
     from driversdk.hclspec import decode
+    from driversdk.model import HealthState
+    from driversdk.pluginpack.catalog import api_problem, render
 
+    command = _probe_command(args)
     config: dict[str, Any] = {}
     if args.config:
         # Checked before the plugin is launched: a typo should not cost a plugin start.
@@ -45,18 +65,23 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
         if not isinstance(parsed, dict):
             raise CLIError(f"--config must be a JSON object ({{...}}), not {type(parsed).__name__}")
         config = parsed
-    client = launch(args.command, timeout=args.timeout)
+    client = launch(command, timeout=args.timeout, name=args.name)
     try:
         info = client.plugin_info()
         schema = client.config_schema()
         client.set_config(config)
         client.init()
+        task_schema = client.task_config_schema()
         caps = client.capabilities()
         fingerprint = next(iter(client.fingerprint()))
         report = {
             "name": info.name,
+            "type": "driver",
+            "path": command[0],
             "plugin_version": info.plugin_version,
             "plugin_api_versions": list(info.plugin_api_versions),
+            "config_schema": render(schema),
+            "task_config_schema": render(task_schema),
             "plugin_config": decode(schema, b"", what="defaults") if schema and not config else config,
             "capabilities": _plain(asdict(caps)),
             "health": fingerprint.health.name,
@@ -69,11 +94,37 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(f"{report['name']} {report['plugin_version']} (api {', '.join(report['plugin_api_versions'])})")
+        print(f"  type:         {report['type']}")
         print(f"  health:       {report['health']} ({report['health_description']})")
         caps_text = ", ".join(f"{k}={v}" for k, v in report["capabilities"].items())
         print(f"  capabilities: {caps_text}")
         for key, value in report["attributes"].items():
             print(f"  {key} = {value}")
+        print("  plugin config schema:")
+        print(render(schema, "    "))
+        print("  task config schema:")
+        print(render(task_schema, "    "))
+    problem = api_problem(info.plugin_api_versions, info.plugin_version)
+    if problem is None and fingerprint.health != HealthState.HEALTHY:
+        problem = f"it fingerprints {fingerprint.health.name} ({fingerprint.health_description or 'no description'})"
+    if problem is not None:
+        raise CLIError(f"plugin {info.name!r} ({command[0]}) would not run tasks on a Nomad client: {problem}")
+    return 0
+
+
+def cmd_plugin_package(args: argparse.Namespace) -> int:
+    """Package a driver into one executable file for a Nomad client's plugin_dir."""
+    from driversdk.pluginpack.build import package
+
+    done = package(args.target, args.output, python=args.python, requires=args.require or ())
+    name = done.name or os.path.basename(done.path)
+    print(
+        f"wrote {done.path} ({done.size / 1e6:.1f} MB): driver {name!r} {done.version or ''} ({done.entry}) for "
+        f"{done.python['implementation']} {done.python['version']} ({done.python['platform']}), run by "
+        f"{args.python or 'python' + done.python['version'] + ' on PATH'}".replace("  ", " ")
+    )
+    if os.path.basename(done.path) != name:
+        print(f'note: Nomad matches the file name against plugin "NAME" {{}}: copy it into plugin_dir as {name!r}')
     return 0
 
 
@@ -636,12 +687,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     plugin = sub.add_parser("plugin", parents=[where], help="work with driver plugin binaries")
     plugin_sub = plugin.add_subparsers(dest="plugin_cmd", required=True)
-    probe = plugin_sub.add_parser("probe", help="launch a plugin through the handshake and describe it")
+    probe = plugin_sub.add_parser(
+        "probe", help="launch a plugin through the handshake and describe it (exit 1 unless Nomad could use it)"
+    )
     probe.add_argument("--config", help="plugin config as JSON (encoded with the plugin's own schema)")
     probe.add_argument("--timeout", type=float, default=60.0)
     probe.add_argument("--json", action="store_true")
-    probe.add_argument("command", nargs="+", help="the plugin command line")
-    probe.set_defaults(func=cmd_plugin_probe)
+    probe.add_argument("--plugin-dir", help="a Nomad client's plugin_dir: find the plugin there as Nomad does")
+    probe.add_argument("--name", help="with --plugin-dir: the plugin's name (its file name there)")
+    probe.add_argument("command", nargs="*", help="the plugin command line (or --plugin-dir and --name)")
+    probe.set_defaults(func=cmd_plugin_probe, probe_parser=probe)
+    package = plugin_sub.add_parser("package", help="make one executable file of a driver for a Nomad plugin_dir")
+    package.add_argument("target", metavar="MODULE[:ATTR] | PROJECT_DIR", help="the driver: its module or project")
+    package.add_argument("-o", "--output", required=True, help="the file to write")
+    package.add_argument("--python", help="the interpreter the plugin runs with on the client (absolute path)")
+    package.add_argument("--require", action="append", help="a further requirement to include (repeatable)")
+    package.set_defaults(func=cmd_plugin_package)
     ptest = plugin_sub.add_parser(
         "test", help="run the conformance kit against a plugin (one line per check; exit 1 when any fails)"
     )

@@ -35,6 +35,8 @@ _EXTRA_MARKER = re.compile(r"""^\s*extra\s*==\s*["']([^"']+)["']\s*$""")
 # A fixed timestamp makes the same inputs give the same file, hence the same cache dir.
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 _SKIP_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+# What a project dir may hold besides its sources, left out of the copy that is built.
+_SKIP_PROJECT = {"build", "dist", ".venv", "venv", ".tox"}
 
 # What the import check prints about the entry, run by the target interpreter on the staged tree.
 _CHECK = """
@@ -66,9 +68,7 @@ class Entry:
     def parse(cls, text: str, what: str) -> Entry:
         match = _ENTRY.match(text.strip())
         if not match:
-            raise PackageError(
-                f"{what} {text!r} is not MODULE or MODULE:ATTR (e.g. examples.hello_driver:HelloDriver)"
-            )
+            raise PackageError(f"{what} {text!r} is not MODULE or MODULE:ATTR (e.g. examples.hello_driver:HelloDriver)")
         return cls(match.group(1), match.group(2))
 
     def __str__(self) -> str:
@@ -139,9 +139,12 @@ def _pins(skip: set[str]) -> list[str]:
     return sorted(pins.values())
 
 
-def _copy_tree(source: Path, dest: Path) -> None:
-    def ignore(_: str, names: list[str]) -> set[str]:
-        return {n for n in names if n in _SKIP_DIRS or n.endswith((".pyc", ".pyo"))}
+def _copy_tree(source: Path, dest: Path, *, project: bool = False) -> None:
+    def ignore(where: str, names: list[str]) -> set[str]:
+        skipped = {n for n in names if n in _SKIP_DIRS or n.endswith((".pyc", ".pyo", ".egg-info"))}
+        if project and Path(where) == source:
+            skipped |= _SKIP_PROJECT & set(names)
+        return skipped
 
     shutil.copytree(source, dest, ignore=ignore, dirs_exist_ok=True)
 
@@ -191,7 +194,10 @@ def _project(directory: Path, lib: Path) -> tuple[Entry, list[str]]:
             f"{pyproject} does not say which driver to serve; add [tool.driversdk] with "
             'driver = "yourpackage.module:YourDriver"'
         )
-    _pip(["--no-deps", str(directory)], lib, f"installing the project {directory}")
+    # Built from a copy: setuptools writes build/ and *.egg-info into the tree it builds.
+    copy = lib.parent / "project"
+    _copy_tree(directory, copy, project=True)
+    _pip(["--no-deps", str(copy)], lib, f"installing the project {directory}")
     requirements: list[str] = []
     for info in lib.glob("*.dist-info"):
         meta = importlib.metadata.PathDistribution(info)
@@ -264,7 +270,7 @@ def preamble(python: str | None, built: dict[str, str], label: str) -> bytes:
     lines = [
         "#!/bin/sh",
         f"# {label}: a Nomad task-driver plugin packaged by driversdk for {need}.",
-        f"command -v {quoted} >/dev/null 2>&1 || {{ echo \"$0: this plugin needs {interp} ({need}), which is not "
+        f'command -v {quoted} >/dev/null 2>&1 || {{ echo "$0: this plugin needs {interp} ({need}), which is not '
         'found; install it, or build the plugin again with driversdk plugin package --python PATH" >&2; exit 1; }',
         f'exec {quoted} -I -S "$0" "$@"',
         "",

@@ -1,0 +1,1 @@
+"""A tiny third-party driver packaged by the tests."""
