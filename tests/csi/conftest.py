@@ -35,7 +35,10 @@ class HostPathPlugin:
             self.process.wait(10)
 
 
-def start_plugin(socket: str, root: str, faults: str = "", peers: tuple[str, ...] = ()) -> HostPathPlugin:
+def start_plugin(
+    socket: str, root: str, faults: str = "", peers: tuple[str, ...] = (), options: tuple[str, ...] = ()
+) -> HostPathPlugin:
+    """The plugin as a process; ``options`` are further flags (``--alpha``, ``--without X``)."""
     env = dict(os.environ)
     env["CSI_HOSTPATH_FAULTS"] = faults
     env["CSI_HOSTPATH_PEER_NODES"] = ",".join(peers)
@@ -50,6 +53,7 @@ def start_plugin(socket: str, root: str, faults: str = "", peers: tuple[str, ...
             root,
             "--node-id",
             NODE_ID,
+            *options,
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -68,8 +72,8 @@ def start_plugin(socket: str, root: str, faults: str = "", peers: tuple[str, ...
 def plugin_factory(tmp_path: Path) -> Iterator[Callable[..., HostPathPlugin]]:
     started: list[HostPathPlugin] = []
 
-    def make(faults: str = "") -> HostPathPlugin:
-        p = start_plugin(str(tmp_path / "plugin" / "csi.sock"), str(tmp_path / "plugin-root"), faults)
+    def make(faults: str = "", options: tuple[str, ...] = ()) -> HostPathPlugin:
+        p = start_plugin(str(tmp_path / "plugin" / "csi.sock"), str(tmp_path / "plugin-root"), faults, options=options)
         started.append(p)
         return p
 

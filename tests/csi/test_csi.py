@@ -112,9 +112,7 @@ def test_csi_fingerprint(plugin: HostPathPlugin) -> None:
     assert fp.requires_controller and fp.requires_staging
     assert fp.node is not None and fp.node.node_id == NODE_ID and fp.node.max_volumes == 64
     assert "PUBLISH_UNPUBLISH_VOLUME" in fp.controller_capabilities
-    assert fp.node_capabilities == frozenset(
-        {"STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS", "EXPAND_VOLUME", "VOLUME_CONDITION"}
-    )
+    assert fp.node_capabilities == frozenset({"STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS", "EXPAND_VOLUME"})
     assert fp.requires_topologies, "NodeGetInfo reports topology, so the plugin advertises the constraint"
     client.close()
 

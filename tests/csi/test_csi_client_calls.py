@@ -23,7 +23,8 @@ def calls(client: CSIClient, rpc: str) -> int:
     return int(client.plugin_info().manifest.get(f"calls.{rpc}", "0"))
 
 
-def test_csi_client_create_get_list_delete_volume(plugin: HostPathPlugin) -> None:
+def test_csi_client_create_get_list_delete_volume(plugin_factory: Callable[..., HostPathPlugin]) -> None:
+    plugin = plugin_factory(options=("--alpha",))  # ControllerGetVolume: GET_VOLUME is alpha
     client = CSIClient(plugin.socket, plugin="hostpath")
     vol = client.create_volume("web", [RW], capacity_min=1 << 20, parameters={"tier": "gold"}, requisite=[HERE])
     assert (vol.volume_id, vol.capacity_bytes, vol.context) == ("web", 1 << 20, {"hostpath": "1"})
@@ -48,7 +49,8 @@ def test_csi_client_create_get_list_delete_volume(plugin: HostPathPlugin) -> Non
     client.close()
 
 
-def test_csi_client_volume_errors_are_operator_sentences(plugin: HostPathPlugin) -> None:
+def test_csi_client_volume_errors_are_operator_sentences(plugin_factory: Callable[..., HostPathPlugin]) -> None:
+    plugin = plugin_factory(options=("--alpha",))
     client = CSIClient(plugin.socket, plugin="hostpath")
     client.create_volume("db", [RW], capacity_min=1 << 20)
     with pytest.raises(CSIError) as info:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -580,9 +581,9 @@ CASES: list[tuple[str, str, Message, grpc.StatusCode]] = [
     ("stats-no-path", "NodeGetVolumeStats", C.NodeGetVolumeStatsRequest(volume_id=KNOWN), INVALID),
     ("stats-no-path-unknown", "NodeGetVolumeStats", C.NodeGetVolumeStatsRequest(volume_id=GONE), INVALID),
     (
-        "stats-relative-path",
+        "stats-relative-staging-path",
         "NodeGetVolumeStats",
-        C.NodeGetVolumeStatsRequest(volume_id=KNOWN, volume_path="t"),
+        C.NodeGetVolumeStatsRequest(volume_id=KNOWN, volume_path="/x/t", staging_target_path="s"),
         INVALID,
     ),
     (
@@ -628,21 +629,159 @@ CASES: list[tuple[str, str, Message, grpc.StatusCode]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stubs]:
-    """One plugin for the whole table: the table's calls change nothing it reads."""
-    base = tmp_path_factory.mktemp("conformance")
-    plugin = start_plugin(str(base / "plugin" / "csi.sock"), str(base / "root"))
+# --- what csi-sanity (kubernetes-csi/csi-test v5.3.1) expects, row by row ----------------------
+# Its requests as it sends them: "some/path" is relative on purpose, and an unknown volume must
+# answer NOT_FOUND before anything judges the path. The plugin runs as it starts by default, so
+# only GA capabilities are advertised: the alpha RPCs answer UNIMPLEMENTED.
+
+SANITY: list[tuple[str, str, Message, grpc.StatusCode]] = [
+    ("sanity-stats-no-volume-id", "NodeGetVolumeStats", C.NodeGetVolumeStatsRequest(volume_path="some/path"), INVALID),
+    ("sanity-stats-no-volume-path", "NodeGetVolumeStats", C.NodeGetVolumeStatsRequest(volume_id=GONE), INVALID),
+    (
+        "sanity-stats-volume-not-found",
+        "NodeGetVolumeStats",
+        C.NodeGetVolumeStatsRequest(volume_id=GONE, volume_path="some/path"),
+        NOT_FOUND,
+    ),
+    (
+        "sanity-stats-volume-not-at-path",
+        "NodeGetVolumeStats",
+        C.NodeGetVolumeStatsRequest(volume_id=KNOWN, volume_path="some/path"),
+        NOT_FOUND,
+    ),
+    (
+        "sanity-stats-unknown-volume-bad-staging-path",
+        "NodeGetVolumeStats",
+        C.NodeGetVolumeStatsRequest(volume_id=GONE, volume_path="/x/t", staging_target_path="s"),
+        NOT_FOUND,
+    ),
+    (
+        "sanity-nexpand-no-volume-id",
+        "NodeExpandVolume",
+        C.NodeExpandVolumeRequest(volume_path="/x/t", volume_capability=SNW),
+        INVALID,
+    ),
+    (
+        "sanity-nexpand-no-volume-path",
+        "NodeExpandVolume",
+        C.NodeExpandVolumeRequest(volume_id=KNOWN, volume_capability=SNW),
+        INVALID,
+    ),
+    (
+        "sanity-nexpand-volume-not-found",
+        "NodeExpandVolume",
+        C.NodeExpandVolumeRequest(volume_id=GONE, volume_path="some/path"),
+        NOT_FOUND,
+    ),
+    (
+        "sanity-nexpand-volume-not-at-path",
+        "NodeExpandVolume",
+        C.NodeExpandVolumeRequest(volume_id=KNOWN, volume_path="some/path", capacity_range=rng(1024)),
+        NOT_FOUND,
+    ),
+    ("sanity-npublish-empty", "NodePublishVolume", C.NodePublishVolumeRequest(), INVALID),
+    ("sanity-npublish-no-target", "NodePublishVolume", C.NodePublishVolumeRequest(volume_id=GONE), INVALID),
+    (
+        "sanity-npublish-no-capability",
+        "NodePublishVolume",
+        C.NodePublishVolumeRequest(volume_id=GONE, target_path="/x/t/target"),
+        INVALID,
+    ),
+    ("sanity-nunpublish-empty", "NodeUnpublishVolume", C.NodeUnpublishVolumeRequest(), INVALID),
+    ("sanity-nunpublish-no-target", "NodeUnpublishVolume", C.NodeUnpublishVolumeRequest(volume_id=GONE), INVALID),
+    (
+        "sanity-nstage-no-volume-id",
+        "NodeStageVolume",
+        C.NodeStageVolumeRequest(
+            staging_target_path="/x/s", volume_capability=SNW, publish_context={"device": "/dev/mock"}
+        ),
+        INVALID,
+    ),
+    (
+        "sanity-nstage-no-staging-path",
+        "NodeStageVolume",
+        C.NodeStageVolumeRequest(volume_id=GONE, volume_capability=SNW),
+        INVALID,
+    ),
+    (
+        "sanity-nstage-no-capability",
+        "NodeStageVolume",
+        C.NodeStageVolumeRequest(volume_id=KNOWN, staging_target_path="/x/s"),
+        INVALID,
+    ),
+    (
+        "sanity-nunstage-no-volume-id",
+        "NodeUnstageVolume",
+        C.NodeUnstageVolumeRequest(staging_target_path="/x/s"),
+        INVALID,
+    ),
+    ("sanity-nunstage-no-staging-path", "NodeUnstageVolume", C.NodeUnstageVolumeRequest(volume_id=GONE), INVALID),
+    ("sanity-list-volumes-bad-token", "ListVolumes", C.ListVolumesRequest(starting_token="invalid-token"), ABORTED),
+    ("sanity-create-no-name", "CreateVolume", C.CreateVolumeRequest(), INVALID),
+    ("sanity-create-no-capabilities", "CreateVolume", C.CreateVolumeRequest(name="sanity-no-caps"), INVALID),
+    # Alpha RPCs are not advertised by default, so they are not served either.
+    (
+        "sanity-get-volume-alpha-off",
+        "ControllerGetVolume",
+        C.ControllerGetVolumeRequest(volume_id=KNOWN),
+        UNIMPLEMENTED,
+    ),
+    ("sanity-get-snapshot-alpha-off", "GetSnapshot", C.GetSnapshotRequest(snapshot_id="s"), UNIMPLEMENTED),
+]
+
+# The spec's alpha RPCs: the plain table runs them against a plugin started with --alpha.
+ALPHA_RPCS = frozenset({"ControllerGetVolume", "GetSnapshot"})
+
+
+def _table_plugin(base: Path, options: tuple[str, ...] = ()) -> tuple[Stubs, HostPathPlugin]:
+    plugin = start_plugin(str(base / "plugin" / "csi.sock"), str(base / "root"), options=options)
     stubs = Stubs.of(plugin.socket)
     stubs.controller.CreateVolume(C.CreateVolumeRequest(name=KNOWN, volume_capabilities=[SNW]), timeout=30)
+    return stubs, plugin
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stubs]:
+    """One plugin, started as an operator starts it, for the whole table: the table's calls
+    change nothing it reads."""
+    stubs, plugin = _table_plugin(tmp_path_factory.mktemp("conformance"))
+    yield stubs
+    stubs.channel.close()
+    plugin.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_alpha(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stubs]:
+    """The same with --alpha: GET_VOLUME, GET_SNAPSHOT and node VOLUME_CONDITION advertised."""
+    stubs, plugin = _table_plugin(tmp_path_factory.mktemp("conformance-alpha"), ("--alpha",))
     yield stubs
     stubs.channel.close()
     plugin.stop()
 
 
 @pytest.mark.parametrize(("rpc", "request_", "code"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_conformance_table(shared: Stubs, rpc: str, request_: Message, code: grpc.StatusCode) -> None:
+def test_conformance_table(request: pytest.FixtureRequest, rpc: str, request_: Message, code: grpc.StatusCode) -> None:
+    stubs: Stubs = request.getfixturevalue("shared_alpha" if rpc in ALPHA_RPCS else "shared")
+    assert stubs.code(rpc, request_) == code
+
+
+@pytest.mark.parametrize(("rpc", "request_", "code"), [c[1:] for c in SANITY], ids=[c[0] for c in SANITY])
+def test_conformance_csi_sanity_table(shared: Stubs, rpc: str, request_: Message, code: grpc.StatusCode) -> None:
     assert shared.code(rpc, request_) == code
+
+
+def test_conformance_default_capabilities_are_all_ga(shared: Stubs) -> None:
+    """csi-sanity fails a plugin on any capability its spec does not know ("Unknown capability:
+    15"): by default only values the spec does not mark alpha are advertised."""
+    ctrl = shared.controller.ControllerGetCapabilities(C.ControllerGetCapabilitiesRequest(), timeout=30)
+    node = shared.node.NodeGetCapabilities(C.NodeGetCapabilitiesRequest(), timeout=30)
+    alpha = [
+        enum.Name(c.rpc.type)
+        for enum, caps in ((_CTRL.Type, ctrl.capabilities), (_NODE.Type, node.capabilities))
+        for c in caps
+        if enum.DESCRIPTOR.values_by_number[c.rpc.type].GetOptions().Extensions[csi_pb2.alpha_enum_value]
+    ]
+    assert alpha == []
 
 
 def test_conformance_table_covers_every_served_rpc(shared: Stubs) -> None:
@@ -658,7 +797,9 @@ def test_conformance_table_covers_every_served_rpc(shared: Stubs) -> None:
 
 @pytest.fixture
 def stubs(tmp_path: Path) -> Iterator[tuple[Stubs, HostPathPlugin]]:
-    plugin = start_plugin(str(tmp_path / "plugin" / "csi.sock"), str(tmp_path / "root"), peers=(PEER,))
+    plugin = start_plugin(
+        str(tmp_path / "plugin" / "csi.sock"), str(tmp_path / "root"), peers=(PEER,), options=("--alpha",)
+    )
     s = Stubs.of(plugin.socket)
     yield s, plugin
     s.channel.close()
@@ -979,7 +1120,7 @@ def test_conformance_get_capacity(stubs: tuple[Stubs, HostPathPlugin]) -> None:
 
 def test_conformance_state_survives_a_restart(tmp_path: Path) -> None:
     socket, root = str(tmp_path / "plugin" / "csi.sock"), str(tmp_path / "root")
-    plugin = start_plugin(socket, root)
+    plugin = start_plugin(socket, root, options=("--alpha",))
     s = Stubs.of(socket)
     vol = create(s, "kept", capacity_range=rng(1 << 20)).volume_id
     s.controller.ControllerPublishVolume(
@@ -987,7 +1128,7 @@ def test_conformance_state_survives_a_restart(tmp_path: Path) -> None:
     )
     s.channel.close()
     plugin.kill()
-    plugin = start_plugin(socket, root)
+    plugin = start_plugin(socket, root, options=("--alpha",))
     s = Stubs.of(socket)
     try:
         # Still the same volume for its name, still published, still refusing an incompatible size.
@@ -1110,24 +1251,68 @@ def test_conformance_advertises_exactly_this(shared: Stubs) -> None:
         "PUBLISH_READONLY",
         "EXPAND_VOLUME",
         "LIST_VOLUMES_PUBLISHED_NODES",
-        "GET_VOLUME",
-        "GET_SNAPSHOT",
     }
     node = shared.node.NodeGetCapabilities(C.NodeGetCapabilitiesRequest(), timeout=30)
     assert {_NODE.Type.Name(c.rpc.type) for c in node.capabilities} == {
         "STAGE_UNSTAGE_VOLUME",
         "GET_VOLUME_STATS",
         "EXPAND_VOLUME",
-        "VOLUME_CONDITION",
     }
     # VOLUME_ACCESSIBILITY_CONSTRAINTS: the node and its volumes say where they are.
     info = shared.node.NodeGetInfo(C.NodeGetInfoRequest(), timeout=30)
     assert info.accessible_topology == topology(NODE_ID)
-    got = shared.controller.ControllerGetVolume(C.ControllerGetVolumeRequest(volume_id=KNOWN), timeout=30)
-    assert list(got.volume.accessible_topology) == [topology(NODE_ID)]
+    listed = shared.controller.ListVolumes(C.ListVolumesRequest(), timeout=30)
+    assert [list(e.volume.accessible_topology) for e in listed.entries] == [[topology(NODE_ID)]]
 
 
-def test_conformance_advertised_rpcs_answer_and_others_are_unimplemented(shared: Stubs) -> None:
+def test_conformance_alpha_and_without_change_what_is_advertised_and_served(
+    shared_alpha: Stubs, tmp_path: Path
+) -> None:
+    ctrl = shared_alpha.controller.ControllerGetCapabilities(C.ControllerGetCapabilitiesRequest(), timeout=30)
+    node = shared_alpha.node.NodeGetCapabilities(C.NodeGetCapabilitiesRequest(), timeout=30)
+    assert {"GET_VOLUME", "GET_SNAPSHOT"} <= {_CTRL.Type.Name(c.rpc.type) for c in ctrl.capabilities}
+    assert "VOLUME_CONDITION" in {_NODE.Type.Name(c.rpc.type) for c in node.capabilities}
+    plugin = start_plugin(
+        str(tmp_path / "p" / "csi.sock"),
+        str(tmp_path / "root"),
+        options=("--without", "LIST_SNAPSHOTS", "--without", "EXPAND_VOLUME"),
+    )
+    s = Stubs.of(plugin.socket)
+    try:
+        ctrl = s.controller.ControllerGetCapabilities(C.ControllerGetCapabilitiesRequest(), timeout=30)
+        names = {_CTRL.Type.Name(c.rpc.type) for c in ctrl.capabilities}
+        assert "LIST_SNAPSHOTS" not in names and "EXPAND_VOLUME" not in names and "CREATE_DELETE_SNAPSHOT" in names
+        node = s.node.NodeGetCapabilities(C.NodeGetCapabilitiesRequest(), timeout=30)
+        assert "EXPAND_VOLUME" not in {_NODE.Type.Name(c.rpc.type) for c in node.capabilities}
+        caps = s.identity.GetPluginCapabilities(C.GetPluginCapabilitiesRequest(), timeout=30).capabilities
+        assert not any(c.HasField("volume_expansion") for c in caps), "no expansion at all: no expansion type"
+        assert s.code("ListSnapshots", C.ListSnapshotsRequest()) == UNIMPLEMENTED
+        req = C.ControllerExpandVolumeRequest(volume_id=KNOWN, capacity_range=rng(1024))
+        assert s.code("ControllerExpandVolume", req) == UNIMPLEMENTED
+    finally:
+        s.channel.close()
+        plugin.stop()
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "driversdk.csi.hostpath",
+            "--endpoint",
+            f"unix://{tmp_path}/b.sock",
+            "--without",
+            "NOPE",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "capability 'NOPE' is not one this plugin has" in bad.stderr
+
+
+@pytest.mark.parametrize("which", ["shared", "shared_alpha"])
+def test_conformance_advertised_rpcs_answer_and_others_are_unimplemented(
+    request: pytest.FixtureRequest, which: str
+) -> None:
+    shared: Stubs = request.getfixturevalue(which)
     ctrl = {
         c.rpc.type
         for c in shared.controller.ControllerGetCapabilities(

@@ -15,7 +15,6 @@ import grpc
 from google.protobuf import timestamp_pb2, wrappers_pb2
 
 from driversdk.csi.hostpath.plugin import (
-    CONTROLLER_CAPABILITIES,
     MAX_VOLUMES_PER_NODE,
     MULTI_NODE_MODES,
     NAME,
@@ -146,7 +145,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
         self, request: csi_pb2.ControllerGetCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.ControllerGetCapabilitiesResponse:
         rpc = csi_pb2.ControllerServiceCapability.RPC
-        caps = [csi_pb2.ControllerServiceCapability(rpc=rpc(type=t)) for t in CONTROLLER_CAPABILITIES]
+        caps = [csi_pb2.ControllerServiceCapability(rpc=rpc(type=t)) for t in self.state.advertised.controller]
         resp = csi_pb2.ControllerGetCapabilitiesResponse(capabilities=caps)
         return guard(self.state, "ControllerGetCapabilities", context, lambda: resp)
 

@@ -16,7 +16,7 @@ import grpc
 from driversdk.csi.hostpath.controller import Controller
 from driversdk.csi.hostpath.faults import Faults
 from driversdk.csi.hostpath.node import Node
-from driversdk.csi.hostpath.plugin import HostPathState, Identity
+from driversdk.csi.hostpath.plugin import Advertised, HostPathState, Identity
 from driversdk.pb import csi_pb2_grpc
 
 log = logging.getLogger("driversdk.csi.hostpath")
@@ -41,7 +41,24 @@ def main(argv: list[str] | None = None) -> None:
         help="another CSI node id whose node plugin shares this root; the controller publishes to it too",
     )
     parser.add_argument("--fault", default=os.environ.get("CSI_HOSTPATH_FAULTS", ""), help="e.g. Probe=UNAVAILABLE:2")
+    parser.add_argument(
+        "--alpha",
+        action="store_true",
+        default=os.environ.get("CSI_HOSTPATH_ALPHA", "") not in ("", "0", "false"),
+        help="also advertise the spec's alpha capabilities it implements (GET_VOLUME, GET_SNAPSHOT, node "
+        "VOLUME_CONDITION); clients built against an older spec reject them as unknown",
+    )
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[c for c in os.environ.get("CSI_HOSTPATH_WITHOUT", "").split(",") if c.strip()],
+        help="do not advertise (nor serve) this capability, e.g. LIST_SNAPSHOTS or node.EXPAND_VOLUME",
+    )
     args = parser.parse_args(argv)
+    try:
+        advertised = Advertised.choose(alpha=args.alpha, without=args.without)
+    except ValueError as err:
+        raise SystemExit(f"--without / CSI_HOSTPATH_WITHOUT: {err}") from None
     if not args.endpoint:
         raise SystemExit("set --endpoint or CSI_ENDPOINT to unix:///path/to/csi.sock")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
@@ -50,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     if os.path.exists(path):
         os.unlink(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    state = HostPathState(args.root, args.node_id, Faults(args.fault), args.peer_node_id)
+    state = HostPathState(args.root, args.node_id, Faults(args.fault), args.peer_node_id, advertised)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(state), server)
     # RPCs the plugin does not advertise (ControllerModifyVolume) keep grpc's default answer,

@@ -14,7 +14,6 @@ import grpc
 from driversdk.csi.hostpath.plugin import (
     MAX_VOLUMES_PER_NODE,
     MULTI_NODE_MODES,
-    NODE_CAPABILITIES,
     TOPOLOGY_KEY,
     HostPathState,
     capability_key,
@@ -35,6 +34,7 @@ from driversdk.mountinfo import MountEntry, is_mount_point, read_mountinfo
 from driversdk.pb import csi_pb2, csi_pb2_grpc
 
 _MODE_NAME = csi_pb2.VolumeCapability.AccessMode.Mode.Name
+_NODE = csi_pb2.NodeServiceCapability.RPC
 
 
 def _mounted(path: str, entries: list[MountEntry] | None = None) -> bool:
@@ -56,12 +56,32 @@ class Node(csi_pb2_grpc.NodeServicer):
             mount = None
         return mount, _mounted(path)
 
+    def _found_at(
+        self, st: State, volume_id: str, volume_path: str, staging_path: str, context: grpc.ServicerContext
+    ) -> bool:
+        """NOT_FOUND unless the volume exists and is staged or published at ``volume_path``;
+        returns whether that path is a mount. The volume is looked up before the paths are
+        judged, so an unknown volume is NOT_FOUND whatever path comes with it (csi-sanity sends
+        "some/path"), and a relative path is one the volume is not at."""
+        self._missing_volume(volume_id, context)
+        require_path(context, "staging_target_path", staging_path, required=False)
+        if not os.path.isabs(volume_path):
+            fail(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"volume {volume_id} is not staged or published at {volume_path!r}: not an absolute path",
+            )
+        record, mounted = self._at_path(st, volume_id, volume_path)
+        if record is None and not mounted:
+            fail(context, grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged or published at {volume_path}")
+        return mounted
+
     def NodeGetCapabilities(
         self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetCapabilitiesResponse:
         rpc = csi_pb2.NodeServiceCapability.RPC
         resp = csi_pb2.NodeGetCapabilitiesResponse(
-            capabilities=[csi_pb2.NodeServiceCapability(rpc=rpc(type=t)) for t in NODE_CAPABILITIES]
+            capabilities=[csi_pb2.NodeServiceCapability(rpc=rpc(type=t)) for t in self.state.advertised.node]
         )
         return guard(self.state, "NodeGetCapabilities", context, lambda: resp)
 
@@ -233,18 +253,11 @@ class Node(csi_pb2_grpc.NodeServicer):
         self, request: csi_pb2.NodeGetVolumeStatsRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetVolumeStatsResponse:
         def run() -> csi_pb2.NodeGetVolumeStatsResponse:
-            require(context, volume_id=request.volume_id)
-            require_path(context, "volume_path", request.volume_path)
-            require_path(context, "staging_target_path", request.staging_target_path, required=False)
+            require(context, volume_id=request.volume_id, volume_path=request.volume_path)
             with self.state.store.transaction() as st:
-                self._missing_volume(request.volume_id, context)
-                record, mounted = self._at_path(st, request.volume_id, request.volume_path)
-                if record is None and not mounted:
-                    fail(
-                        context,
-                        grpc.StatusCode.NOT_FOUND,
-                        f"volume {request.volume_id} is not staged or published at {request.volume_path}",
-                    )
+                mounted = self._found_at(
+                    st, request.volume_id, request.volume_path, request.staging_target_path, context
+                )
                 volume = st.volumes.get(request.volume_id)
                 capacity = volume.capacity if volume is not None else 0
             source = self.state.volume_dir(request.volume_id)
@@ -263,6 +276,8 @@ class Node(csi_pb2_grpc.NodeServicer):
                     available=st_inodes.f_favail,
                 ),
             ]
+            if _NODE.VOLUME_CONDITION not in self.state.advertised.node:
+                return csi_pb2.NodeGetVolumeStatsResponse(usage=usage)
             if mounted:
                 condition = csi_pb2.VolumeCondition(abnormal=False, message="volume is mounted")
             else:
@@ -277,22 +292,13 @@ class Node(csi_pb2_grpc.NodeServicer):
         self, request: csi_pb2.NodeExpandVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeExpandVolumeResponse:
         def run() -> csi_pb2.NodeExpandVolumeResponse:
-            require(context, volume_id=request.volume_id)
-            require_path(context, "volume_path", request.volume_path)
-            require_path(context, "staging_target_path", request.staging_target_path, required=False)
+            require(context, volume_id=request.volume_id, volume_path=request.volume_path)
             if request.HasField("capacity_range"):
                 check_range(context, request.capacity_range)
             if request.HasField("volume_capability"):
                 check_capability(context, request.volume_capability, "volume_capability")
             with self.state.store.transaction() as st:
-                self._missing_volume(request.volume_id, context)
-                record, mounted = self._at_path(st, request.volume_id, request.volume_path)
-                if record is None and not mounted:
-                    fail(
-                        context,
-                        grpc.StatusCode.NOT_FOUND,
-                        f"volume {request.volume_id} is not staged or published at {request.volume_path}",
-                    )
+                self._found_at(st, request.volume_id, request.volume_path, request.staging_target_path, context)
                 volume = st.volumes.get(request.volume_id)
                 capacity = volume.capacity if volume is not None else 0
             wanted = request.capacity_range.required_bytes

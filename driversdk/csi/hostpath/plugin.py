@@ -1,7 +1,8 @@
 """The hostpath plugin's shared state and rules, and its identity service.
 
-Honest to the spec (v1.x): it advertises exactly what it implements — see
-``PLUGIN_CAPABILITIES``, ``CONTROLLER_CAPABILITIES`` and ``NODE_CAPABILITIES`` — checks every
+Honest to the spec (v1.x): it advertises what it implements — ``CONTROLLER_CAPABILITIES`` and
+``NODE_CAPABILITIES``, the spec's alpha ones only with ``--alpha`` (see ``Advertised``), and an
+RPC whose capability is not advertised answers UNIMPLEMENTED — checks every
 required argument before any lookup (INVALID_ARGUMENT), answers each documented error code, and
 every call is idempotent. The controller service lives in ``controller.py``, the node service in
 ``node.py``, the bookkeeping in ``store.py``.
@@ -16,10 +17,12 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 import grpc
 from google.protobuf import wrappers_pb2
+from google.protobuf.descriptor import EnumDescriptor
 
 from driversdk.csi.hostpath.faults import HANG, Faults, hang
 from driversdk.csi.hostpath.store import Store
@@ -55,12 +58,6 @@ _EXPANSION = csi_pb2.PluginCapability.VolumeExpansion
 _CTRL = csi_pb2.ControllerServiceCapability.RPC
 _NODE = csi_pb2.NodeServiceCapability.RPC
 
-PLUGIN_CAPABILITIES = (
-    csi_pb2.PluginCapability(service=_SERVICE(type=_SERVICE.CONTROLLER_SERVICE)),
-    # NodeGetInfo and CreateVolume report topology, which the spec ties to this capability.
-    csi_pb2.PluginCapability(service=_SERVICE(type=_SERVICE.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
-    csi_pb2.PluginCapability(volume_expansion=_EXPANSION(type=_EXPANSION.ONLINE)),
-)
 CONTROLLER_CAPABILITIES = (
     _CTRL.CREATE_DELETE_VOLUME,
     _CTRL.PUBLISH_UNPUBLISH_VOLUME,
@@ -82,11 +79,108 @@ NODE_CAPABILITIES = (
     _NODE.VOLUME_CONDITION,
 )
 
+# The RPCs a capability gates: one the plugin does not advertise answers UNIMPLEMENTED.
+GATED_RPCS: dict[str, tuple[str, int]] = {
+    "CreateVolume": ("controller", _CTRL.CREATE_DELETE_VOLUME),
+    "DeleteVolume": ("controller", _CTRL.CREATE_DELETE_VOLUME),
+    "ControllerPublishVolume": ("controller", _CTRL.PUBLISH_UNPUBLISH_VOLUME),
+    "ControllerUnpublishVolume": ("controller", _CTRL.PUBLISH_UNPUBLISH_VOLUME),
+    "ListVolumes": ("controller", _CTRL.LIST_VOLUMES),
+    "GetCapacity": ("controller", _CTRL.GET_CAPACITY),
+    "CreateSnapshot": ("controller", _CTRL.CREATE_DELETE_SNAPSHOT),
+    "DeleteSnapshot": ("controller", _CTRL.CREATE_DELETE_SNAPSHOT),
+    "ListSnapshots": ("controller", _CTRL.LIST_SNAPSHOTS),
+    "ControllerExpandVolume": ("controller", _CTRL.EXPAND_VOLUME),
+    "ControllerGetVolume": ("controller", _CTRL.GET_VOLUME),
+    "GetSnapshot": ("controller", _CTRL.GET_SNAPSHOT),
+    "NodeStageVolume": ("node", _NODE.STAGE_UNSTAGE_VOLUME),
+    "NodeUnstageVolume": ("node", _NODE.STAGE_UNSTAGE_VOLUME),
+    "NodeGetVolumeStats": ("node", _NODE.GET_VOLUME_STATS),
+    "NodeExpandVolume": ("node", _NODE.EXPAND_VOLUME),
+}
+
+
+def is_alpha(enum: EnumDescriptor, value: int) -> bool:
+    """Whether the spec marks an enum value alpha (``alpha_enum_value``): clients built against
+    a spec without it (csi-sanity's switch, an older CO) take it for an unknown capability."""
+    options = enum.values_by_number[value].GetOptions()
+    return bool(options.Extensions[csi_pb2.alpha_enum_value])
+
+
+def _capability_names(without: Iterable[str]) -> tuple[frozenset[int], frozenset[int]]:
+    """Controller and node capabilities named by ``--without``: ``controller.X``, ``node.X`` or a
+    bare ``X`` (whichever service has it); raises ValueError for one the plugin does not have."""
+    ctrl: set[int] = set()
+    node: set[int] = set()
+    for item in without:
+        role, _, name = item.strip().rpartition(".")
+        role, name = role.lower(), name.upper()
+        if role not in ("", "controller", "node"):
+            raise ValueError(f"capability {item!r}: the service is controller or node, not {role!r}")
+        ctrl_cap = _CTRL.Type.Value(name) if name in _CTRL.Type.keys() else None  # noqa: SIM118 - an enum wrapper
+        node_cap = _NODE.Type.Value(name) if name in _NODE.Type.keys() else None  # noqa: SIM118
+        found = False
+        if role in ("", "controller") and ctrl_cap in CONTROLLER_CAPABILITIES:
+            ctrl.add(ctrl_cap)
+            found = True
+        if role in ("", "node") and node_cap in NODE_CAPABILITIES:
+            node.add(node_cap)
+            found = True
+        if not found:
+            known = sorted({*(_CTRL.Type.Name(c) for c in CONTROLLER_CAPABILITIES),
+                            *(_NODE.Type.Name(c) for c in NODE_CAPABILITIES)})  # fmt: skip
+            raise ValueError(f"capability {item!r} is not one this plugin has; it has {', '.join(known)}")
+    return frozenset(ctrl), frozenset(node)
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """What this plugin process advertises: the GA capabilities it implements, the alpha ones only
+    when asked (``--alpha``), less any an operator or test turned off (``--without``)."""
+
+    controller: tuple[csi_pb2.ControllerServiceCapability.RPC.Type.ValueType, ...]
+    node: tuple[csi_pb2.NodeServiceCapability.RPC.Type.ValueType, ...]
+    plugin: tuple[csi_pb2.PluginCapability, ...]
+
+    @classmethod
+    def choose(cls, *, alpha: bool = False, without: Iterable[str] = ()) -> Advertised:
+        off_ctrl, off_node = _capability_names(without)
+        ctrl = tuple(
+            c
+            for c in CONTROLLER_CAPABILITIES
+            if c not in off_ctrl and (alpha or not is_alpha(_CTRL.Type.DESCRIPTOR, c))
+        )
+        node = tuple(
+            c for c in NODE_CAPABILITIES if c not in off_node and (alpha or not is_alpha(_NODE.Type.DESCRIPTOR, c))
+        )
+        plugin = [
+            csi_pb2.PluginCapability(service=_SERVICE(type=_SERVICE.CONTROLLER_SERVICE)),
+            # NodeGetInfo and CreateVolume report topology, which the spec ties to this capability.
+            csi_pb2.PluginCapability(service=_SERVICE(type=_SERVICE.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
+        ]
+        if _CTRL.EXPAND_VOLUME in ctrl or _NODE.EXPAND_VOLUME in node:
+            plugin.append(csi_pb2.PluginCapability(volume_expansion=_EXPANSION(type=_EXPANSION.ONLINE)))
+        return cls(ctrl, node, tuple(plugin))
+
+    def serves(self, rpc: str) -> bool:
+        gate = GATED_RPCS.get(rpc)
+        if gate is None:
+            return True
+        role, capability = gate
+        return capability in (self.controller if role == "controller" else self.node)
+
 
 class HostPathState:
     """What every service shares: the root, this node, the nodes sharing the root, the faults."""
 
-    def __init__(self, root: str, node_id: str, faults: Faults, peer_nodes: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        root: str,
+        node_id: str,
+        faults: Faults,
+        peer_nodes: Iterable[str] = (),
+        advertised: Advertised | None = None,
+    ) -> None:
         self.root = root
         self.volumes = os.path.join(root, "volumes")
         self.snapshots = os.path.join(root, "snapshots")
@@ -99,6 +193,7 @@ class HostPathState:
         self.nodes = frozenset({node_id, *peer_nodes})
         self.faults = faults
         self.store = Store(root)
+        self.advertised = advertised or Advertised.choose()
 
     def volume_dir(self, volume_id: str) -> str:
         return os.path.join(self.volumes, volume_id)
@@ -118,7 +213,15 @@ class HostPathState:
 
 
 def guard(state: HostPathState, rpc: str, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
-    """Apply injected faults, then run the call; an OSError becomes INTERNAL with its text."""
+    """UNIMPLEMENTED for an RPC whose capability is not advertised, then apply injected faults,
+    then run the call; an OSError becomes INTERNAL with its text."""
+    if not state.advertised.serves(rpc):
+        gate = GATED_RPCS[rpc]
+        enum = _CTRL.Type if gate[0] == "controller" else _NODE.Type
+        context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"{rpc} is not served: this plugin does not advertise the {gate[0]} capability {enum.Name(gate[1])}",  # type: ignore[arg-type]
+        )
     delay = state.faults.before(rpc, context)
     if delay == HANG:
         hang(rpc, context)
@@ -284,7 +387,7 @@ class Identity(csi_pb2_grpc.IdentityServicer):
     def GetPluginCapabilities(
         self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.GetPluginCapabilitiesResponse:
-        resp = csi_pb2.GetPluginCapabilitiesResponse(capabilities=PLUGIN_CAPABILITIES)
+        resp = csi_pb2.GetPluginCapabilitiesResponse(capabilities=self.state.advertised.plugin)
         return guard(self.state, "GetPluginCapabilities", context, lambda: resp)
 
     def Probe(self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext) -> csi_pb2.ProbeResponse:
