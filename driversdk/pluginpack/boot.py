@@ -6,8 +6,8 @@ archive was built for, extracts the archive's ``lib/`` tree once into a private 
 the archive's content hash (grpcio's and protobuf's compiled extensions cannot be imported from a
 zip), puts only that tree and the standard library on ``sys.path`` and starts the driver.
 
-Every way this can fail before the driver runs is one sentence on stderr and exit status 1, which
-Nomad's client logs as the plugin's error.
+Every way this can fail before the driver runs is one sentence on stderr and exit status 1
+(:func:`refuse`), which Nomad's client logs as the plugin's error.
 """
 
 from __future__ import annotations
@@ -28,14 +28,10 @@ LIB_PREFIX = "lib/"
 ENV_CACHE = "DRIVERSDK_PLUGIN_CACHE"
 
 
-class BootError(Exception):
-    """One sentence for the operator; the plugin exits 1 with it."""
-
-
-def fail(archive: str, message: str) -> NoReturn:
-    sys.stderr.write(f"{os.path.basename(archive)}: {message}\n")
-    sys.stderr.flush()
-    raise SystemExit(1)
+def refuse(message: str) -> NoReturn:
+    """One sentence for the operator on stderr, exit status 1. (No exception class of driversdk's
+    own: this module runs before driversdk is importable.)"""
+    raise SystemExit(f"{os.path.basename(sys.argv[0])}: {message}")
 
 
 def interpreter() -> dict[str, str]:
@@ -52,7 +48,7 @@ def check_interpreter(built: dict[str, str]) -> None:
     here = interpreter()
     if all(here.get(key) == built.get(key) for key in ("implementation", "version", "ext_suffix")):
         return
-    raise BootError(
+    refuse(
         f"this plugin was built for {built.get('implementation')} {built.get('version')} "
         f"({built.get('platform')}, extensions {built.get('ext_suffix')}) but {sys.executable} is "
         f"{here['implementation']} {here['version']} ({here['platform']}, extensions {here['ext_suffix']}); "
@@ -68,7 +64,7 @@ def cache_root() -> str:
     chosen = os.environ.get(ENV_CACHE, "")
     if chosen:
         if not os.path.isabs(chosen):
-            raise BootError(f"{ENV_CACHE}={chosen!r} must be an absolute path")
+            refuse(f"{ENV_CACHE}={chosen!r} must be an absolute path")
         return chosen
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     if os.path.isabs(xdg):
@@ -97,16 +93,16 @@ def check_private(path: str, what: str) -> None:
     info = os.lstat(path)
     fix = f"remove it, or set {ENV_CACHE} to a directory of your own"
     if stat.S_ISLNK(info.st_mode):
-        raise BootError(f"the plugin {what} {path} is a symlink, which could point anywhere; {fix}")
+        refuse(f"the plugin {what} {path} is a symlink, which could point anywhere; {fix}")
     if not stat.S_ISDIR(info.st_mode):
-        raise BootError(f"the plugin {what} {path} is not a directory; {fix}")
+        refuse(f"the plugin {what} {path} is not a directory; {fix}")
     if info.st_uid != os.geteuid():
-        raise BootError(
+        refuse(
             f"the plugin {what} {path} is owned by uid {info.st_uid}, not by uid {os.geteuid()} "
             f"that runs the plugin, so its contents cannot be trusted; {fix}"
         )
     if info.st_mode & 0o022:
-        raise BootError(
+        refuse(
             f"the plugin {what} {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}), "
             f"so its contents cannot be trusted; {fix}"
         )
@@ -179,10 +175,10 @@ def run_entry(archive: str, meta: dict[str, Any]) -> None:
     try:
         target: Any = importlib.import_module(module)
     except ImportError as err:
-        raise BootError(
+        refuse(
             f"the driver module {module!r} does not load under {sys.executable} ({type(err).__name__}: {err}); "
             "build the plugin again on a host like this one"
-        ) from None
+        )
     for part in attr.split("."):
         target = getattr(target, part)
     from driversdk import serve
@@ -209,16 +205,11 @@ def main() -> None:
                 meta = json.loads(zf.read(META_NAME))
                 check_interpreter(meta["python"])
                 tree = extract(zf, private_dir(cache_root()), key)
-    except BootError as err:
-        fail(archive, str(err))
     except OSError as err:
         where = f" ({err.filename})" if err.filename else ""
-        fail(archive, f"cannot prepare the plugin's files: {err.strerror or err}{where}")
+        refuse(f"cannot prepare the plugin's files: {err.strerror or err}{where}")
     isolate(tree)
-    try:
-        run_entry(archive, meta)
-    except BootError as err:
-        fail(archive, str(err))
+    run_entry(archive, meta)
 
 
 if __name__ == "__main__":

@@ -414,5 +414,5 @@ def test_readme_package_and_probe_commands_work(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "health:       HEALTHY" in done.stdout
-    hcl = re.search(r'<!-- example: client -->\s*```hcl\n(.*?)```', (ROOT / "README.md").read_text(), re.S)
+    hcl = re.search(r"<!-- example: client -->\s*```hcl\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert hcl and 'plugin_dir = "/opt/nomad/plugins"' in hcl.group(1) and 'plugin "hello"' in hcl.group(1)
