@@ -35,6 +35,18 @@ def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subp
     )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every plugin started here extracts into a cache of this module's, not the user's ~/.cache."""
+    before = os.environ.get("DRIVERSDK_PLUGIN_CACHE")
+    os.environ["DRIVERSDK_PLUGIN_CACHE"] = str(tmp_path_factory.mktemp("plugin-cache") / "cache")
+    yield
+    if before is None:
+        del os.environ["DRIVERSDK_PLUGIN_CACHE"]
+    else:
+        os.environ["DRIVERSDK_PLUGIN_CACHE"] = before
+
+
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A client's plugin_dir holding the packaged hello example (run by python3.11 from PATH)."""
@@ -199,7 +211,7 @@ def test_a_project_with_its_own_dependency_runs_under_a_bare_system_python(greet
     import idna
 
     assert report["attributes"]["driver.greet.idna"] == idna.__version__
-    assert "/driversdk-plugins/" in report["attributes"]["driver.greet.file"]
+    assert report["attributes"]["driver.greet.file"].startswith(os.environ["DRIVERSDK_PLUGIN_CACHE"] + "/")
     alloc = AllocDir.create(tmp_path)
     try:
         with DriverHarness([str(nomad / "greet")]) as harness:
