@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from drivers.exec.bundle import Bundle, build_spec
-from drivers.exec.cgroups import cgroup_mounts
 from drivers.exec.config import PluginConfig, TaskExecConfig
+from driversdk.taskkit.cgroups import cgroup_mounts
 from driversdk.testing import AllocDir, DriverHarness
 
 PLUGIN = [sys.executable, "-m", "drivers.exec"]

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from drivers.exec.config import PluginConfig, TaskExecConfig
-from drivers.exec.ids import HostUser
 from driversdk import procwatch
 from driversdk.errors import ConfigError
 from driversdk.model import Device, DNSConfig, NetworkIsolationMode, TaskConfig
 from driversdk.mounts import Mount, Propagation
+from driversdk.taskkit.ids import HostUser
 
 OCI_VERSION = "1.0.2"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -113,7 +113,7 @@ def chroot_entries(chroot_env: tuple[str, ...]) -> tuple[list[dict[str, Any]], d
 
 
 def process_user(user: HostUser) -> dict[str, Any]:
-    """The OCI process user for the task's host user (resolved by :func:`drivers.exec.ids.lookup_user`)."""
+    """The OCI process user for the task's host user (resolved by :func:`driversdk.taskkit.ids.lookup_user`)."""
     out: dict[str, Any] = {"uid": user.uid, "gid": user.gid}
     if user.groups:
         out["additionalGids"] = list(user.groups)

@@ -7,10 +7,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from drivers.exec.ids import IdRanges
 from driversdk import hclspec as hs
-from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
+from driversdk.taskkit.ids import IdRanges
+from driversdk.taskkit.reconcilecfg import ReconcileConfig, reconcile_spec
 
 # Nomad's default allow_caps for exec (Docker's defaults less NET_RAW).
 DEFAULT_ALLOW_CAPS = (
@@ -25,10 +25,6 @@ DEFAULT_STATE_DIR = "/var/lib/driversdk-exec"
 DEFAULT_BRIDGE = "dsxbr0"
 DEFAULT_SUBNET = "10.231.0.0/24"
 DEFAULT_CGROUP_PARENT = "driversdk-exec"
-# How often the reconciler looks for what killed plugins left, and how long a half-made task or
-# network must have been abandoned first (Nomad's docker dangling-container defaults).
-DEFAULT_RECONCILE_PERIOD = "5m"
-DEFAULT_RECONCILE_GRACE = "5m"
 MODES = ("private", "host")
 # Who a task may run as when the plugin config does not say: never root (uid 0 or gid 0). An
 # operator who wants root tasks sets both options to "", which denies no id.
@@ -59,22 +55,7 @@ def plugin_spec() -> hs.Spec:
             "bridge_name": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_BRIDGE}"')),
             "bridge_subnet": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_SUBNET}"')),
             "cgroup_parent": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_CGROUP_PARENT}"')),
-            # Named after Nomad docker's gc.dangling_containers block, which does the same for containers.
-            "reconcile": hs.default(
-                hs.block(
-                    hs.obj(
-                        {
-                            "enabled": hs.default(hs.attr("bool"), hs.literal("true")),
-                            "period": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_RECONCILE_PERIOD}"')),
-                            "creation_grace": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_RECONCILE_GRACE}"')),
-                        }
-                    )
-                ),
-                hs.literal(
-                    f'{{enabled = true, period = "{DEFAULT_RECONCILE_PERIOD}", '
-                    f'creation_grace = "{DEFAULT_RECONCILE_GRACE}"}}'
-                ),
-            ),
+            "reconcile": reconcile_spec(),
         }
     )
 
@@ -157,13 +138,7 @@ class PluginConfig:
         bridge = cfg.get("bridge_name") or DEFAULT_BRIDGE
         if len(bridge) > 15:
             raise ConfigError(f"plugin config bridge_name {bridge!r} is longer than 15 characters; use a shorter name")
-        reconcile = cfg.get("reconcile") or {}
-        period = parse_duration(reconcile.get("period") or DEFAULT_RECONCILE_PERIOD, "plugin config reconcile.period")
-        if period <= 0:
-            raise ConfigError(f"plugin config reconcile.period {reconcile.get('period')!r} must be longer than 0s")
-        grace = parse_duration(
-            reconcile.get("creation_grace") or DEFAULT_RECONCILE_GRACE, "plugin config reconcile.creation_grace"
-        )
+        reconcile = ReconcileConfig.from_decoded(cfg.get("reconcile"))
         return cls(
             runtime_path=cfg.get("runtime_path") or "runc",
             state_dir=state_dir,
@@ -175,9 +150,9 @@ class PluginConfig:
             bridge_name=bridge,
             bridge_subnet=str(net),
             cgroup_parent=cgroup_parent,
-            reconcile_enabled=reconcile.get("enabled", True) is not False,
-            reconcile_period=period,
-            reconcile_creation_grace=grace,
+            reconcile_enabled=reconcile.enabled,
+            reconcile_period=reconcile.period,
+            reconcile_creation_grace=reconcile.creation_grace,
             no_pivot_root=bool(cfg.get("no_pivot_root")),
             denied_uids=IdRanges.parse(
                 _or_default(cfg, "denied_host_uids", DEFAULT_DENIED_HOST_UIDS), "denied_host_uids"

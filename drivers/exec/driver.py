@@ -18,18 +18,13 @@ from typing import TYPE_CHECKING, Any
 from drivers.exec import owner, reconcile, supervisor
 from drivers.exec import rootfs as task_root
 from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, resolv_conf
-from drivers.exec.cgroups import TaskCgroup
 from drivers.exec.config import DEFAULT_TASK_USER, PluginConfig, TaskExecConfig, plugin_spec, task_spec
 from drivers.exec.fingerprint import fingerprint as read_fingerprint
-from drivers.exec.ids import check_user_allowed, lookup_user
-from drivers.exec.logs import open_logs
 from drivers.exec.network import NetworkManager
 from drivers.exec.owner import ProcessIdentity, TaskRecord
 from drivers.exec.reconcile import Reconciler, ReconcileSettings, claim
 from drivers.exec.runc import Runc
-from drivers.exec.stats import task_stats
 from drivers.exec.store import DriverState, ExecTask
-from drivers.exec.taskdirs import grant_task_dirs
 from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
@@ -53,7 +48,12 @@ from driversdk.model import (
 )
 from driversdk.mounts import ensure_mounts_usable
 from driversdk.signals import signal_name
+from driversdk.taskkit.cgroups import TaskCgroup
+from driversdk.taskkit.ids import check_user_allowed, lookup_user
+from driversdk.taskkit.logs import open_logs
+from driversdk.taskkit.stats import task_stats
 from driversdk.taskkit.streaming import run_session
+from driversdk.taskkit.taskdirs import grant_task_dirs
 from driversdk.taskkit.taskmap import TaskMap
 
 if TYPE_CHECKING:

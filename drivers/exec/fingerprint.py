@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from drivers.exec.cgroups import unified_only
 from drivers.exec.runc import Runc, RuncError
 from driversdk.model import Fingerprint, HealthState
+from driversdk.taskkit.cgroups import unified_only
 
 
 def fingerprint(runc: Runc, *, detected_before: bool = False) -> Fingerprint:

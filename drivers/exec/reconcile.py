@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from drivers.exec import owner
 from drivers.exec import rootfs as task_root
 from drivers.exec.bundle import Bundle
-from drivers.exec.cgroups import TaskCgroup
 from drivers.exec.network import NetworkManager
 from drivers.exec.owner import TaskRecord
 from drivers.exec.runc import Runc
 from driversdk.errors import DriverError
 from driversdk.taskkit import owner as kit
+from driversdk.taskkit.cgroups import TaskCgroup
 
 log = logging.getLogger("driversdk.exec.reconcile")
 

@@ -7,10 +7,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from drivers.exec.cgroups import CGROUP_PARENT, CgroupSample, CounterFiles, TaskCgroup
 from driversdk.errors import ConfigError
 from driversdk.exits import ExitSlot
 from driversdk.model import ExitResult, TaskConfig
+from driversdk.taskkit.cgroups import CGROUP_PARENT, CgroupSample, CounterFiles, TaskCgroup
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
 STATE_VERSION = 1

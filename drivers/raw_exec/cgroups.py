@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from drivers.exec.cgroups import RUNC_CHILD, TaskCgroup, cgroup_mounts
 from driversdk.errors import ConfigError, DriverError
 from driversdk.model import Resources
+from driversdk.taskkit.cgroups import RUNC_CHILD, TaskCgroup, cgroup_mounts
 
 V1_CONTROLLERS = ("memory", "cpu", "cpuacct")
 LEAF = RUNC_CHILD  # "task": the leaf the process joins, the name exec's OOM check already looks at

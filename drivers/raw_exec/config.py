@@ -8,11 +8,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from drivers.exec.config import DEFAULT_RECONCILE_GRACE, DEFAULT_RECONCILE_PERIOD
-from drivers.exec.ids import IdRanges
 from driversdk import hclspec as hs
-from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
+from driversdk.taskkit.ids import IdRanges
+from driversdk.taskkit.reconcilecfg import ReconcileConfig, reconcile_spec
 
 DEFAULT_STATE_DIR = "/var/lib/driversdk-raw-exec"
 DEFAULT_CGROUP_PARENT = "driversdk-raw-exec"
@@ -31,21 +30,7 @@ def plugin_spec() -> hs.Spec:
             "state_dir": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_STATE_DIR}"')),
             "cgroup_parent": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_CGROUP_PARENT}"')),
             # As exec's: removes what a plugin killed inside StartTask left (reconcile.py).
-            "reconcile": hs.default(
-                hs.block(
-                    hs.obj(
-                        {
-                            "enabled": hs.default(hs.attr("bool"), hs.literal("true")),
-                            "period": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_RECONCILE_PERIOD}"')),
-                            "creation_grace": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_RECONCILE_GRACE}"')),
-                        }
-                    )
-                ),
-                hs.literal(
-                    f'{{enabled = true, period = "{DEFAULT_RECONCILE_PERIOD}", '
-                    f'creation_grace = "{DEFAULT_RECONCILE_GRACE}"}}'
-                ),
-            ),
+            "reconcile": reconcile_spec(),
         }
     )
 
@@ -93,17 +78,11 @@ class PluginConfig:
                 f"plugin config cgroup_parent {cfg.get('cgroup_parent')!r} must name a cgroup below the root, "
                 f'such as "{DEFAULT_CGROUP_PARENT}"'
             )
-        reconcile = cfg.get("reconcile") or {}
-        period = parse_duration(reconcile.get("period") or DEFAULT_RECONCILE_PERIOD, "plugin config reconcile.period")
-        if period <= 0:
-            raise ConfigError(f"plugin config reconcile.period {reconcile.get('period')!r} must be longer than 0s")
-        grace = parse_duration(
-            reconcile.get("creation_grace") or DEFAULT_RECONCILE_GRACE, "plugin config reconcile.creation_grace"
-        )
+        reconcile = ReconcileConfig.from_decoded(cfg.get("reconcile"))
         return cls(
-            reconcile_enabled=reconcile.get("enabled", True) is not False,
-            reconcile_period=period,
-            reconcile_creation_grace=grace,
+            reconcile_enabled=reconcile.enabled,
+            reconcile_period=reconcile.period,
+            reconcile_creation_grace=reconcile.creation_grace,
             enabled=bool(cfg.get("enabled")),
             denied_uids=IdRanges.parse(cfg.get("denied_host_uids"), "denied_host_uids"),
             denied_gids=IdRanges.parse(cfg.get("denied_host_gids"), "denied_host_gids"),

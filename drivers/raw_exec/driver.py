@@ -17,11 +17,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from drivers.exec.cgroups import unified_only
-from drivers.exec.ids import check_user_allowed, lookup_user
-from drivers.exec.logs import open_logs
-from drivers.exec.stats import task_stats
-from drivers.exec.taskdirs import grant_task_dirs
 from drivers.raw_exec import reconcile, supervisor
 from drivers.raw_exec.cgroups import RawCgroup
 from drivers.raw_exec.config import PluginConfig, TaskRawConfig, plugin_spec, task_env, task_spec
@@ -48,7 +43,12 @@ from driversdk.model import (
 )
 from driversdk.signals import signal_name, signal_number
 from driversdk.taskkit import owner as kit
+from driversdk.taskkit.cgroups import unified_only
+from driversdk.taskkit.ids import check_user_allowed, lookup_user
+from driversdk.taskkit.logs import open_logs
+from driversdk.taskkit.stats import task_stats
 from driversdk.taskkit.streaming import exit_result, run_session
+from driversdk.taskkit.taskdirs import grant_task_dirs
 from driversdk.taskkit.taskmap import TaskMap
 
 if TYPE_CHECKING:

@@ -7,11 +7,11 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from drivers.exec.cgroups import CgroupSample
 from drivers.raw_exec.cgroups import RawCgroup
 from driversdk.errors import ConfigError
 from driversdk.exits import ExitSlot
 from driversdk.model import ExitResult, TaskConfig
+from driversdk.taskkit.cgroups import CgroupSample
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
 STATE_VERSION = 1

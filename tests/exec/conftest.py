@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from drivers.exec.cgroups import cgroup_mounts
 from drivers.exec.network import netns_name, netns_path, veth_name
 from driversdk import netegress
 from driversdk.mountinfo import read_mountinfo
+from driversdk.taskkit.cgroups import cgroup_mounts
 from driversdk.testing import AllocDir, DriverHarness
 
 PLUGIN = [sys.executable, "-m", "drivers.exec"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from drivers.exec.cgroups import CounterFiles, TaskCgroup, _keyed, _pick, cgroup_mounts, unified_only
 from driversdk.model import Resources
+from driversdk.taskkit.cgroups import CounterFiles, TaskCgroup, _keyed, _pick, cgroup_mounts, unified_only
 from tests.exec.conftest import Tracker
 
 pytestmark = pytest.mark.root

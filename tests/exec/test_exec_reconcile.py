@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from drivers.exec import owner
-from drivers.exec.cgroups import TaskCgroup
 from drivers.exec.config import PluginConfig
 from drivers.exec.driver import container_id_for
 from drivers.exec.network import netns_name, netns_path
@@ -26,6 +25,7 @@ from drivers.exec.owner import ProcessIdentity, TaskRecord
 from drivers.exec.store import DriverState
 from driversdk.errors import ConfigError, PluginCallError
 from driversdk.model import TaskState
+from driversdk.taskkit.cgroups import TaskCgroup
 from driversdk.taskkit.owner import is_orphan
 from driversdk.testing import AllocDir, DriverHarness
 from tests.exec.conftest import PLUGIN, Tracker, sh

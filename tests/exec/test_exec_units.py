@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from drivers.exec.bundle import build_spec, chroot_entries, process_capabilities, root_propagation
-from drivers.exec.cgroups import MIB, memory_limit_bytes
 from drivers.exec.config import DEFAULT_ALLOW_CAPS, PluginConfig, TaskExecConfig, task_capabilities
-from drivers.exec.ids import HostUser
 from drivers.exec.store import DriverState
 from drivers.exec.supervisor import read_status
 from driversdk.errors import ConfigError
 from driversdk.model import LinuxResources, NetworkIsolationMode, NetworkIsolationSpec, Resources, TaskConfig
 from driversdk.mounts import Mount, Propagation
+from driversdk.taskkit.cgroups import MIB, memory_limit_bytes
+from driversdk.taskkit.ids import HostUser
 
 NOBODY = HostUser("nobody", 65534, 65534, (), "/nonexistent")
 ROOT = HostUser("root", 0, 0, (), "/root")

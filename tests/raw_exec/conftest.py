@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from drivers.exec.cgroups import cgroup_mounts
+from driversdk.taskkit.cgroups import cgroup_mounts
 from driversdk.testing import AllocDir, DriverHarness
 from tests.hostcheck import processes
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from drivers.exec.cgroups import cgroup_mounts
 from drivers.raw_exec.driver import task_key_for
 from drivers.raw_exec.store import RawState
 from driversdk.errors import PluginCallError
 from driversdk.model import FSIsolation, HealthState, MountConfigSupport, NetworkIsolationMode, Resources, TaskState
+from driversdk.taskkit.cgroups import cgroup_mounts
 from driversdk.testing import AllocDir, DriverHarness
 from tests.raw_exec.conftest import PLUGIN, Tracker, sh
 

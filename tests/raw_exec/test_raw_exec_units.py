@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from drivers.exec.ids import IdRanges
 from drivers.raw_exec.cgroups import RawCgroup
 from drivers.raw_exec.config import PluginConfig, TaskRawConfig, glob_match, task_env
 from drivers.raw_exec.store import RawState
 from driversdk.errors import ConfigError
+from driversdk.taskkit.ids import IdRanges
 
 
 def test_raw_exec_id_ranges_parse_and_contain() -> None:

@@ -131,8 +131,8 @@ def test_the_example_driver_loads_only_what_serving_needs(tmp_path: Path) -> Non
         # Each bundled driver is built after the handshake (on its preload thread, held back
         # here): neither it nor the data model is loaded before the first answer.
         ("docker", ("drivers.docker.driver", "drivers.docker.config", "driversdk.model")),
-        ("exec", ("drivers.exec.driver", "drivers.exec.bundle", "drivers.exec.cgroups", "driversdk.model")),
-        ("raw_exec", ("drivers.raw_exec.driver", "drivers.exec.cgroups", "driversdk.model")),
+        ("exec", ("drivers.exec.driver", "drivers.exec.bundle", "driversdk.taskkit.cgroups", "driversdk.model")),
+        ("raw_exec", ("drivers.raw_exec.driver", "driversdk.taskkit.cgroups", "driversdk.model")),
     ],
 )
 def test_a_bundled_driver_defers_its_heavy_imports(tmp_path: Path, driver: str, also_not: tuple[str, ...]) -> None:

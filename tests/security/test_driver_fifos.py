@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from drivers.exec.logs import open_log
 from driversdk.errors import DriverError
 from driversdk.logfifo import NotAFifoError, open_fifo_for_writing
+from driversdk.taskkit.logs import open_log
 
 
 def _planted(tmp_path: Path, kind: str) -> tuple[Path, Path]:

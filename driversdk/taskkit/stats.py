@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from drivers.exec.cgroups import CgroupSample, CounterFiles, TaskCgroup
 from driversdk.model import CpuField, CpuUsage, MemoryField, MemoryUsage, ResourceUsage, TaskStats
+from driversdk.taskkit.cgroups import CgroupSample, CounterFiles, TaskCgroup
 
 CPU_FIELDS = (
     CpuField.SYSTEM_MODE,
