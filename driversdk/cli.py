@@ -266,15 +266,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = RunState(_data_dir(args, existing=True))
     records = state.tasks()
     if args.json:
-        print(json.dumps([{k: v for k, v in r.__dict__.items() if k != "handle"} for r in records], indent=2))
+        rows = [{k: v for k, v in r.__dict__.items() if k != "handle"} for r in records]
+        rows += [
+            {"alloc_id": a.alloc_id, "job": a.job, "group": a.group, "task": None, "state": a.state}
+            for a in state.allocs_without_tasks()
+        ]
+        print(json.dumps(rows, indent=2))
         return 0
-    if not records:
+    # An allocation that failed before any task started (its CSI volumes could not be claimed or
+    # mounted, its network not set up) has no task record, but the operator must see it.
+    taskless = state.allocs_without_tasks()
+    if not records and not taskless:
         print("no tasks have been run with this data_dir")
     for r in records:
         result = "" if r.exit_code is None else f" exit={r.exit_code}" + (f" signal={r.signal}" if r.signal else "")
         oom = " oom-killed" if r.oom else ""
         restarted = f" restarts={r.restarts}" if r.restarts else ""
         print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}{restarted}")
+    for a in taskless:
+        why = (
+            "no task started: a prerun hook (CSI volumes, network) failed" if a.state == "failed" else "no task started"
+        )
+        print(f"{a.alloc_id[:8]}  {a.job}/{a.group}  {'-':<8} {a.state} ({why}; its run printed the reason)")
     return 0
 
 
@@ -396,11 +409,17 @@ def cmd_volume_create(args: argparse.Namespace) -> int:
     _watch(data_dir)
     stores = Stores.open(data_dir)
     try:
+        before = stores.volumes.get(volume.id, volume.namespace)
         stored, created = create_volume(stores, volume)
     finally:
         stores.close()
     if not created:
-        print(f'updated CSI volume "{stored.id}" (it exists already; plugin "{stored.plugin_id}")')
+        grown = (
+            f"; expanded from {before.capacity} to {stored.capacity} bytes"
+            if before is not None and stored.capacity != before.capacity
+            else ""
+        )
+        print(f'updated CSI volume "{stored.id}" (it exists already; plugin "{stored.plugin_id}"){grown}')
         return 0
     print(
         f'created CSI volume "{stored.id}" (external ID "{stored.external_id}", capacity {stored.capacity} bytes, '
@@ -529,10 +548,11 @@ def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
 
     stores = _stores(args)
     try:
-        delete_snapshot(stores, args.plugin_id, args.snapshot_id, _pairs(args.secret, "--secret"))
+        existed = delete_snapshot(stores, args.plugin_id, args.snapshot_id, _pairs(args.secret, "--secret"))
     finally:
         stores.close()
-    print(f'deleted snapshot "{args.snapshot_id}" of CSI plugin "{args.plugin_id}"')
+    unknown = "" if existed else " (the plugin cannot list snapshots, so whether it existed is not known)"
+    print(f'deleted snapshot "{args.snapshot_id}" of CSI plugin "{args.plugin_id}"{unknown}')
     return 0
 
 
@@ -541,19 +561,22 @@ def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
 
     stores = _stores(args)
     try:
-        rows = list_snapshots(stores, args.plugin, _pairs(args.secret, "--secret"))
+        listing = list_snapshots(stores, args.plugin, _pairs(args.secret, "--secret"))
     finally:
         stores.close()
+    rows = listing.rows
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print("no snapshots")
+        print("no snapshots" + (" from the plugins that could be asked" if listing.not_asked else ""))
     for r in rows:
         volume = r["volume_id"] or f"(external {r['external_volume_id']})"
         ready = "ready" if r["ready"] else "not ready"
         print(f"{r['snapshot_id']}  plugin={r['plugin_id']}  volume={volume}  size={r['size_bytes']}  "
               f"created={r['created']}  {ready}")  # fmt: skip
+    for plugin, why in sorted(listing.not_asked.items()):
+        print(f'not asked: CSI plugin "{plugin}" ({why}); its snapshots, if any, are not listed')
     return 0
 
 

@@ -98,6 +98,18 @@ def _engine_call(what: str) -> Iterator[None]:
         ) from None
 
 
+def _privileged_hint(privileged: bool, explanation: str) -> str:
+    """What to do when the engine cannot grant ``privileged``: an engine that itself runs with a
+    reduced capability set (a sandbox, rootless docker) fails to apply the full set at start."""
+    if not privileged or ("apply caps" not in explanation and "operation not permitted" not in explanation):
+        return ""
+    return (
+        "; this docker engine cannot grant privileged mode (it lacks capabilities itself): drop "
+        "privileged = true and add only the capabilities the task needs with cap_add, allowed by the docker "
+        "plugin option allow_caps"
+    )
+
+
 class DockerDriver(DriverPlugin):
     name = "docker"
     version = "0.1.0"
@@ -331,7 +343,9 @@ class DockerDriver(DriverPlugin):
                 self._remove_quietly(api, container_id)
                 if isinstance(err, sdk.APIError):
                     raise DriverError(
-                        f"task {task.name!r}: failed to start container: {err.explanation or err}", recoverable=True
+                        f"task {task.name!r}: failed to start container: {err.explanation or err}"
+                        + _privileged_hint(cfg.privileged, str(err.explanation or err)),
+                        recoverable=True,
                     ) from None
                 if _unreachable(err):
                     raise DriverError(

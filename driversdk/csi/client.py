@@ -452,6 +452,55 @@ class CSIClient:
         req = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=dict(secrets or {}))
         self._call("DeleteVolume", self.controller.DeleteVolume, req, volume=volume_id)
 
+    def controller_expand(
+        self,
+        volume: Volume,
+        capacity_min: int,
+        capacity_max: int,
+        capability: VolumeCapability | None = None,
+    ) -> tuple[int, bool]:
+        """ControllerExpandVolume (EXPAND_VOLUME) with the volume's secrets; returns the new
+        capacity and whether the node must expand it too (node_expansion_required)."""
+        req = csi_pb2.ControllerExpandVolumeRequest(
+            volume_id=volume.remote_id,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=capacity_min, limit_bytes=capacity_max),
+            secrets=dict(volume.secrets),
+        )
+        if capability is not None:
+            req.volume_capability.CopyFrom(capability.to_proto())
+        resp = self._call(
+            "ControllerExpandVolume", self.controller.ControllerExpandVolume, req, volume=volume.remote_id
+        )
+        return resp.capacity_bytes, resp.node_expansion_required
+
+    def node_expand(
+        self,
+        volume: Volume,
+        target_path: str,
+        staging_path: str,
+        capacity_min: int,
+        capacity_max: int,
+        capability: VolumeCapability,
+    ) -> int:
+        """NodeExpandVolume (node EXPAND_VOLUME), without secrets as Nomad sends it; NotFound
+        (nothing of it here any more) is ignorable and answers 0."""
+        req = csi_pb2.NodeExpandVolumeRequest(
+            volume_id=volume.remote_id,
+            volume_path=target_path,
+            staging_target_path=staging_path,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=capacity_min, limit_bytes=capacity_max),
+            volume_capability=capability.to_proto(),
+        )
+        try:
+            resp = self._call(
+                "NodeExpandVolume", self.node.NodeExpandVolume, req, volume=volume.remote_id, path=target_path
+            )
+        except CSIError as err:
+            if not err.ignorable:
+                raise
+            return 0
+        return resp.capacity_bytes
+
     def controller_get_volume(self, volume_id: str) -> PluginVolume:
         """ControllerGetVolume (GET_VOLUME): the volume with where it is published and its condition."""
         if not volume_id:

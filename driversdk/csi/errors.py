@@ -105,9 +105,21 @@ _MESSAGES: dict[tuple[str, grpc.StatusCode], str] = {
         'volume "{v}" is already published at target path "{p}" but with capabilities or a read_only setting '
         "incompatible with this request"
     ),
+    # The plugin's own reason says which precondition failed (not staged, a missing parent, an
+    # access mode allowing one target...): no guess is put before it.
     ("NodePublishVolume", grpc.StatusCode.FAILED_PRECONDITION): (
-        'volume "{v}" does not have MULTI_NODE volume capability'
+        'CSI plugin {plugin!r} refused to publish volume "{v}" at "{p}" (a precondition failed)'
     ),
+    ("ControllerExpandVolume", grpc.StatusCode.INVALID_ARGUMENT): (
+        'requested capabilities not compatible with volume "{v}"'
+    ),
+    ("ControllerExpandVolume", grpc.StatusCode.NOT_FOUND): 'volume "{v}" could not be found',
+    ("ControllerExpandVolume", grpc.StatusCode.FAILED_PRECONDITION): 'volume "{v}" cannot be expanded online',
+    ("ControllerExpandVolume", grpc.StatusCode.OUT_OF_RANGE): 'unsupported capacity_range for volume "{v}"',
+    ("NodeExpandVolume", grpc.StatusCode.INVALID_ARGUMENT): 'requested capabilities not compatible with volume "{v}"',
+    ("NodeExpandVolume", grpc.StatusCode.NOT_FOUND): IGNORABLE + ': volume "{v}" could not be found',
+    ("NodeExpandVolume", grpc.StatusCode.FAILED_PRECONDITION): 'volume "{v}" cannot be expanded while in use',
+    ("NodeExpandVolume", grpc.StatusCode.OUT_OF_RANGE): 'unsupported capacity_range for volume "{v}"',
     ("NodeUnstageVolume", grpc.StatusCode.NOT_FOUND): IGNORABLE + ': volume "{v}" could not be found',
     ("NodeUnpublishVolume", grpc.StatusCode.NOT_FOUND): IGNORABLE + ': volume "{v}" could not be found',
 }
@@ -120,6 +132,7 @@ _IGNORABLE: frozenset[tuple[str, grpc.StatusCode]] = frozenset(
         ("ControllerUnpublishVolume", grpc.StatusCode.NOT_FOUND),
         ("NodeUnstageVolume", grpc.StatusCode.NOT_FOUND),
         ("NodeUnpublishVolume", grpc.StatusCode.NOT_FOUND),
+        ("NodeExpandVolume", grpc.StatusCode.NOT_FOUND),
     }
 )
 
@@ -158,7 +171,7 @@ def unpack(
     raw = f"rpc error: code = {_camel(code)} desc = {detail}"
     template = _MESSAGES.get((call, code))
     if template is not None:
-        head = template.format(v=volume, n=node, p=path, s=snapshot, src=source, t=token)
+        head = template.format(v=volume, n=node, p=path, s=snapshot, src=source, t=token, plugin=plugin)
     elif code == grpc.StatusCode.INTERNAL:
         role = "controller" if call in _CONTROLLER_CALLS else "node"
         head = f"{role} plugin returned an internal error, check the plugin allocation logs for more information"

@@ -621,7 +621,13 @@ def forget_node_use(
             volume=volume.id,
         )
     left = store.drop_usage(plugin_id, volume.namespace, volume.id, usage.key, alloc_id)
-    not_undone = [f"NodeUnpublishVolume of {target} (the plugin was not asked; the target is no mount)"]
+    # A target that is gone was unpublished (and removed) through the plugin already: only one
+    # still there was left to the operator.
+    not_undone = (
+        [f"NodeUnpublishVolume of {target} (the plugin was not asked; the target is no mount)"]
+        if os.path.lexists(target)
+        else []
+    )
     if requires_staging and left == 0:
         # Checked whether or not a stage is recorded: a mount that stopped before recording
         # the stage it made leaves one all the same.

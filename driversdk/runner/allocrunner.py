@@ -140,6 +140,7 @@ class AllocRunner:
         self.ports: list[PortValue] = []
         self.csi_sources: dict[str, str] = {}
         self.teardown_failed = False
+        self.prerun_failed = False
         self._closed = False
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -180,7 +181,11 @@ class AllocRunner:
             self._acquired.append(driver)
         for hook in self.hooks:
             self._ran.append(hook)
-            hook.prerun(self)
+            try:
+                hook.prerun(self)
+            except BaseException:
+                self.prerun_failed = True  # recorded as failed: `status` lists it though no task ran
+                raise
         records = {r.task: r for r in self.state.tasks(self.alloc_id)} if self.restoring is not None else {}
         # Every runner exists before any starts: close() undoes whatever part of them ran.
         self.tasks = [TaskRunner(self, task, records.get(task.name)) for task in self.group.tasks]
@@ -236,7 +241,8 @@ class AllocRunner:
                 unrecorded.append(err)
         self._acquired.clear()
         try:
-            self.state.alloc_update(self.alloc_id, state="failed" if self.teardown_failed else "stopped")
+            failed = self.teardown_failed or self.prerun_failed
+            self.state.alloc_update(self.alloc_id, state="failed" if failed else "stopped")
         except StateWriteError as err:
             unrecorded.append(err)
         for hook in self.hooks:

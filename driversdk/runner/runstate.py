@@ -111,6 +111,15 @@ class RunState:
 
     # --- driver plugins: one per driver per run process (the driver manager) --------------------
 
+    def allocs_without_tasks(self) -> list[AllocRecord]:
+        """Allocations no task of which was ever started (a prerun hook failed), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs a "
+                "WHERE NOT EXISTS (SELECT 1 FROM run_tasks t WHERE t.alloc_id = a.alloc_id) ORDER BY updated",
+            ).fetchall()
+        return [AllocRecord(*r) for r in rows]
+
     def plugin_started(self, driver: str, reattach: str) -> None:
         with self._recording(f'the launch of the "{driver}" driver plugin'):
             self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (driver, os.getpid(), reattach))

@@ -15,14 +15,24 @@ from typing import Any
 from driversdk.csi.client import CSIClient, PluginSnapshot
 from driversdk.csi.errors import CSIError
 from driversdk.csi.fingerprint import fingerprint
-from driversdk.csi.model import Volume, VolumeCapability, topology_reachable
+from driversdk.csi.manager import UsageOptions
+from driversdk.csi.model import AccessMode, AttachmentMode, Volume, VolumeCapability, topology_reachable
 from driversdk.csi.registry import PluginRegistry
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
 from driversdk.pb import csi_pb2
-from driversdk.runner.volumes import VolumeError, VolumeStore, claim_state_text
+from driversdk.runner.volumes import (
+    TAKEN,
+    Claim,
+    VolumeError,
+    VolumeStore,
+    claim_state_text,
+    claims_refusal,
+    merge,
+)
 
 _RPC = csi_pb2.ControllerServiceCapability.RPC
+_NODE_EXPAND = csi_pb2.NodeServiceCapability.RPC.EXPAND_VOLUME
 
 
 class VolumeOpError(DriverSDKError):
@@ -77,7 +87,13 @@ def create_volume(stores: Stores, volume: Volume) -> tuple[Volume, bool]:
     is updated instead (Nomad reconciles a create of a known volume as an update)."""
     existing = stores.volumes.get(volume.id, volume.namespace)
     if existing is not None:
+        # Checked before the plugin is asked for anything: a refused update expands nothing.
+        merged = merge(existing, volume)
+        capacity = expand_volume(stores, merged, existing.capacity)
         stored, _ = stores.volumes.register(volume)
+        if capacity != stored.capacity:
+            stored = replace(stored, capacity=capacity)
+            stores.volumes.update_record(stored)
         return stored, False
     if volume.external_id:
         raise VolumeOpError(
@@ -116,6 +132,83 @@ def create_volume(stores: Stores, volume: Volume) -> tuple[Volume, bool]:
     return stored, True
 
 
+def _live_claims(stores: Stores, volume: Volume) -> list[Claim]:
+    return [
+        c
+        for c in stores.volumes.claims(volume.id, volume.namespace)
+        if c.state == TAKEN and not stores.volumes.alloc_terminal(c.alloc_id)
+    ]
+
+
+def expand_volume(stores: Stores, volume: Volume, current: int) -> int:
+    """Grow a registered volume to its (new) ``capacity_min`` as Nomad does on an update
+    (``volume create`` or ``register`` of a known volume, since Nomad 1.6): ControllerExpandVolume,
+    then, when the controller answers node_expansion_required, NodeExpandVolume for each live
+    claim where it is staged and published. Returns the capacity to record (``current`` when
+    nothing needed growing); raises VolumeOpError for a plugin that cannot expand or a node
+    that failed, once the controller's new capacity is recorded."""
+    lo, hi = volume.capacity_min, volume.capacity_max
+    if hi and hi < current:
+        raise VolumeOpError(
+            f'volume "{volume.id}" has {current} bytes and capacity_max asks for at most {hi}: volumes do not '
+            "shrink; raise capacity_max or leave it out"
+        )
+    if lo <= current:
+        return current
+    claims = _live_claims(stores, volume)
+    # The capability of the claims using it, when any (the spec's ONLINE expansion); else none.
+    capability = (
+        VolumeCapability(
+            AccessMode.parse(claims[0].access_mode),
+            AttachmentMode.parse(claims[0].attachment_mode),
+            volume.mount_options,
+        )
+        if claims
+        else None
+    )
+    what = f'expanding volumes (volume "{volume.id}" has {current} bytes, capacity_min asks for {lo})'
+    with controller_for(stores.registry, volume.plugin_id, _RPC.EXPAND_VOLUME, what) as client:
+        capacity, node_required = client.controller_expand(volume, lo, hi, capability)
+    capacity = capacity or lo
+    stores.volumes.update_record(replace(volume, capacity=capacity))
+    if node_required:
+        failed = [problem for claim in claims if (problem := _node_expand(stores, volume, claim, lo, hi))]
+        if failed:
+            raise VolumeOpError(
+                f'volume "{volume.id}" was expanded to {capacity} bytes by the controller, but not on the node: '
+                + "; ".join(failed)
+                + "; run `driversdk volume create` with this file again to retry"
+            )
+    return capacity
+
+
+def _node_expand(stores: Stores, volume: Volume, claim: Claim, lo: int, hi: int) -> str:
+    """NodeExpandVolume for one claim on this node's plugin; returns what failed, or ""."""
+    from driversdk.runner.supervisor import live_instance
+
+    detail = claim.details()
+    reg = live_instance(stores.registry, "csi-node", volume.plugin_id)
+    if reg is None or not detail.plugin_root:
+        return ""  # nothing of it is mounted by a node plugin here
+    usage = UsageOptions(
+        AccessMode.parse(claim.access_mode), AttachmentMode.parse(claim.attachment_mode), detail.read_only
+    )
+    capability = usage.capability(volume)
+    target = os.path.join(detail.plugin_root, "per-alloc", claim.alloc_id, volume.id, usage.key)
+    staging = os.path.join(detail.plugin_root, "staging", volume.namespace, volume.id, usage.key)
+    try:
+        client = CSIClient(reg.socket_path, plugin=volume.plugin_id)
+        try:
+            if _NODE_EXPAND not in client.node_capabilities():
+                return ""  # the spec leaves growing the file system to the controller then
+            client.node_expand(volume, target, staging if detail.requires_staging else "", lo, hi, capability)
+        finally:
+            client.close()
+    except CSIError as err:
+        return f"alloc {claim.alloc_id[:8]} (job {claim.job}): {err}"
+    return ""
+
+
 def delete_volume(stores: Stores, volume_id: str, namespace: str, secrets: Mapping[str, str]) -> Volume:
     """DeleteVolume through the controller, then deregister; refused while the volume is claimed."""
     volume = stores.volumes.get(volume_id, namespace)
@@ -123,11 +216,7 @@ def delete_volume(stores: Stores, volume_id: str, namespace: str, secrets: Mappi
         raise VolumeError(f'volume "{volume_id}" is not registered in namespace "{namespace}"')
     held = stores.volumes.claims(volume_id, namespace)
     if held:
-        users = ", ".join(f"alloc {c.alloc_id[:8]} of job {c.job} ({claim_state_text(c)})" for c in held)
-        raise VolumeOpError(
-            f'volume "{volume_id}" is claimed by {users}; stop those jobs (a past claim is released by the volume '
-            f"watcher, or by `driversdk volume detach {volume_id}`) before deleting it"
-        )
+        raise VolumeOpError(claims_refusal(stores.volumes, volume_id, held, "deleting"))
     if not volume.external_id:
         raise VolumeOpError(
             f'volume "{volume_id}" has no external_id, so there is nothing to ask the plugin to delete; forget it '
@@ -162,16 +251,36 @@ def create_snapshot(
         )
 
 
-def delete_snapshot(stores: Stores, plugin_id: str, snapshot_id: str, secrets: Mapping[str, str]) -> None:
+def delete_snapshot(stores: Stores, plugin_id: str, snapshot_id: str, secrets: Mapping[str, str]) -> bool | None:
+    """DeleteSnapshot; returns whether the snapshot existed (None when the plugin cannot list
+    snapshots to tell). The spec has a plugin answer OK for a snapshot it does not have, so an
+    unknown id is looked up first and refused with a sentence, nothing deleted."""
     with controller_for(stores.registry, plugin_id, _RPC.CREATE_DELETE_SNAPSHOT, "snapshots") as client:
+        existed: bool | None = None
+        if _RPC.LIST_SNAPSHOTS in client.controller_capabilities():
+            existed = bool(client.list_snapshots(snapshot_id=snapshot_id, secrets=secrets).entries)
+            if not existed:
+                raise VolumeOpError(
+                    f'CSI plugin "{plugin_id}" has no snapshot "{snapshot_id}", so nothing was deleted; list its '
+                    f"snapshots with `driversdk volume snapshot list -plugin {plugin_id}`"
+                )
         client.delete_snapshot(snapshot_id, secrets)
+    return existed
 
 
-def list_snapshots(stores: Stores, plugin_id: str | None, secrets: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Every snapshot of one plugin (or of each registered controller that can list them)."""
+@dataclass
+class SnapshotListing:
+    rows: list[dict[str, Any]]
+    not_asked: dict[str, str]  # plugin id -> why its snapshots could not be listed
+
+
+def list_snapshots(stores: Stores, plugin_id: str | None, secrets: Mapping[str, str]) -> SnapshotListing:
+    """Every snapshot of one plugin, or of each registered controller; a plugin that cannot
+    list them (no LIST_SNAPSHOTS, no controller) is named in ``not_asked`` with why."""
     plugins = [plugin_id] if plugin_id else sorted(stores.registry.plugins("csi-controller"))
     by_external = {v.remote_id: v.id for v in stores.volumes.list()}
     rows: list[dict[str, Any]] = []
+    not_asked: dict[str, str] = {}
     for plugin in plugins:
         try:
             with controller_for(stores.registry, plugin, _RPC.LIST_SNAPSHOTS, "listing snapshots") as client:
@@ -193,10 +302,11 @@ def list_snapshots(stores: Stores, plugin_id: str | None, secrets: Mapping[str, 
                     if not page.next_token:
                         break
                     token = page.next_token
-        except VolumeOpError:
+        except VolumeOpError as err:
             if plugin_id:
                 raise  # asked for by name: say why not
-    return rows
+            not_asked[plugin] = str(err)
+    return SnapshotListing(rows, not_asked)
 
 
 # --- status ---------------------------------------------------------------------------------------

@@ -445,15 +445,7 @@ class VolumeStore:
             raise VolumeError(f'volume "{volume_id}" is not registered in namespace "{namespace}"')
         held = self.claims(volume_id, namespace)
         if held:
-            users = ", ".join(
-                sorted(
-                    {f"{c.alloc_id[:8]} (job {c.job}{', a past claim being released' if c.past else ''})" for c in held}
-                )
-            )
-            raise VolumeError(
-                f'volume "{volume_id}" is in use by allocation(s) {users}; stop them before deregistering it '
-                f"(a past claim is released by the volume watcher, or by `driversdk volume detach {volume_id}`)"
-            )
+            raise VolumeError(claims_refusal(self, volume_id, held, "deregistering"))
         with self._lock:
             self._db.execute("DELETE FROM volumes WHERE namespace=? AND id=?", (namespace, volume_id))
 
@@ -602,12 +594,42 @@ class VolumeStore:
         self._db.close()
 
 
+def claims_refusal(store: VolumeStore, volume_id: str, held: builtins.list[Claim], doing: str) -> str:
+    """Why a claimed volume cannot be deleted or deregistered, and what to do: stop the jobs of
+    live claims; a claim whose allocation is over only waits for its release."""
+    live = [c for c in held if c.state == TAKEN and not store.alloc_terminal(c.alloc_id)]
+    past = ", ".join(f"alloc {c.alloc_id[:8]} of job {c.job}" for c in held if c not in live)
+    release = (
+        f"the volume watcher of a run with its plugin releases them, or `driversdk volume detach {volume_id}` does now"
+    )
+    if not live:
+        return (
+            f'volume "{volume_id}" still has past claims ({past}: their allocations are over) being released; '
+            f"{release}; {doing} it works once they are released"
+        )
+    users = ", ".join(f"alloc {c.alloc_id[:8]} of job {c.job} ({claim_state_text(c)})" for c in live)
+    text = f'volume "{volume_id}" is claimed by {users}; stop those jobs before {doing} it'
+    return text + (f" (its past claims of {past} are being released: {release})" if past else "")
+
+
+def _next_release_step(claim: Claim) -> str:
+    """The release step a past claim waits for. A node-side release unpublishes, then unstages
+    when it was the last use: once its publish target is gone (the plugin unpublished it and
+    the target was removed) the step left is the unstage."""
+    if claim.state != UNPUBLISHING:
+        return "controller unpublish"
+    detail = claim.details()
+    if detail.requires_staging and detail.source and not os.path.lexists(detail.source):
+        return "node unstage"
+    return "node unpublish"
+
+
 def claim_state_text(claim: Claim) -> str:
     """How ``volume status`` names a claim's state: in use, past (waiting to be released), or
-    being released, with the last error."""
+    being released, with the next step and the last error."""
     if claim.state == TAKEN:
         return "in use"
-    step = "node unpublish" if claim.state == UNPUBLISHING else "controller unpublish"
+    step = _next_release_step(claim)
     text = f"past, being released (next: {step})"
     if claim.last_error:
         text += f"; last error: {claim.last_error}"
