@@ -84,7 +84,10 @@ def test_claim_refuses_another_attachment_mode_and_unknown_volumes(tmp_path: Pat
 def test_deregister_refuses_a_claimed_volume(tmp_path: Path) -> None:
     store = store_with(tmp_path, "single-node-writer")
     claim(store, "abcdef123456", "write", "single-node-writer")
-    with pytest.raises(ConfigError, match=r'volume "vol" is in use by allocation\(s\) abcdef12 \(job job\)'):
+    with pytest.raises(
+        ConfigError,
+        match=r'^volume "vol" is claimed by alloc abcdef12 of job job \(in use\); stop those jobs before deregistering it$',
+    ):
         store.deregister("vol")
     store.release("vol", "default", "abcdef123456")
     store.deregister("vol")
