@@ -212,12 +212,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
+        # Errors first: an `ok` never comes before an error (validate prints none for an object
+        # that has one).
+        for problem in report.problems:
+            print(f"error {problem}")
         for line in report.checked:
             print(f"ok    {line}")
         for note in report.notes:
             print(f"note  {note}")
-        for problem in report.problems:
-            print(f"error {problem}")
         verdict = "valid" if report.valid else f"{len(report.problems)} problem(s)"
         name = report.job or args.job
         # repr escapes control characters; a hostile 5000-character name is shortened.

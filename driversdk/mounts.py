@@ -7,6 +7,7 @@ This module is the one place that knows what ``private`` / ``host-to-task`` /
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -195,8 +196,8 @@ def check_mounts(
                     req.volume,
                     "propagation_mode",
                     f'{where}: propagation_mode "bidirectional" needs a read-write mount, but the mount is '
-                    "read-only; set read_only = false on the volume and its volume_mount, or use "
-                    'propagation_mode = "host-to-task"',
+                    "read-only; set read_only = false on the volume and its volume_mount, or keep it read-only "
+                    'with propagation_mode = "private"',
                 )
             )
         mount = Mount(
@@ -254,7 +255,7 @@ def _host_problems(
                     volume,
                     "propagation_mode",
                     f'{where}: propagation_mode "bidirectional" needs a read-write mount, but the mount is '
-                    'read-only; set read_only = false or use propagation_mode = "host-to-task"',
+                    'read-only; set read_only = false, or keep it read-only with propagation_mode = "private"',
                 )
             )
         if m.propagation.needs_shared_source:
@@ -269,11 +270,23 @@ def _host_problems(
                         "propagation_mode",
                         f'{where}: propagation_mode "{m.propagation.value}" ({m.propagation.linux}) needs the host '
                         f'source "{m.host_path}" on a shared or slave mount, but it sits on "{entry.mount_point}", '
-                        f"which is {entry.propagation}; run `mount --make-rshared {entry.mount_point}` on the host "
-                        'or use propagation_mode = "private"',
+                        f"which is {entry.propagation}; make that path a shared mount on the host: "
+                        f'`{shared_mount_command(m.host_path, entry)}` (or use propagation_mode = "private")',
                     )
                 )
     return problems
+
+
+def shared_mount_command(path: str, entry: MountEntry | None) -> str:
+    """The narrowest host change that puts ``path`` on a shared mount: a bind of the path onto
+    itself made shared (or, when the path is a mount point already, that mount made shared);
+    never the whole host (``mount --make-rshared /``). ``entry`` None: the path does not exist."""
+    p = shlex.quote(path)
+    if entry is None:
+        return f"mkdir -p {p} && mount --bind {p} {p} && mount --make-shared {p}"
+    if os.path.realpath(path) == entry.mount_point:
+        return f"mount --make-shared {p}"
+    return f"mount --bind {p} {p} && mount --make-shared {p}"
 
 
 def ensure_mounts_usable(mounts: Sequence[Mount], *, task: str) -> None:

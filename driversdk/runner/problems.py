@@ -44,14 +44,16 @@ class Problem:
             where.append(self.field)
         return f"{', '.join(where)}: {self.message}" if where else self.message
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, str | int | None]:
+        # ``line`` is a number where the problem has a place in its file, null where it has none
+        # (a file that cannot be read, a problem of the whole job): never text.
         return {
             "file": self.file,
             "job": self.job,
             "group": self.group,
             "task": self.task,
             "field": self.field,
-            "line": str(self.line) if self.line else "",
+            "line": self.line or None,
             "message": self.message,
             "text": str(self),
         }

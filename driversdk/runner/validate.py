@@ -9,6 +9,7 @@ schema, and check the job's volumes and mounts against them and against this hos
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.hclspec import Spec, encode
 from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap, BlockSet, Default, Object, input_name
 from driversdk.model import Capabilities
-from driversdk.mounts import MountRequest, MountValidationError, check_mounts
+from driversdk.mountinfo import MountEntry, read_mountinfo
+from driversdk.mounts import MountRequest, MountValidationError, Propagation, UnknownPropagationError, check_mounts
 from driversdk.paths import check_name, show
 from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by connecting
 from driversdk.runner import constraints, nodeattrs, portalloc, taskenv
@@ -26,6 +28,7 @@ from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.inprocess import InProcessDriver, answers_here
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
+from driversdk.runner.mountadvice import HostMount, advise
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS, TASK_CONFIG
 from driversdk.runner.problems import Problem, ValidationFailed, with_field
 
@@ -94,6 +97,10 @@ class Report:
     # The node attributes each kept plugin fingerprinted (``keep_plugins``): the run's node has
     # them without asking the same plugin again.
     driver_attributes: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    # Host volumes (client names) a problem is about: no `ok` line is printed for them.
+    troubled_host_volumes: set[str] = field(default_factory=set, repr=False)
+    # (group, volume) requests a mount problem already asks to make read-only.
+    read_only_asked: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
     @property
     def valid(self) -> bool:
@@ -251,7 +258,10 @@ def _mount_requests(
     client: ClientConfig,
     problems: list[Problem],
     refused: frozenset[str] = frozenset(),
+    facts: list[HostMount] | None = None,
 ) -> tuple[list[MountRequest], list[MountRequest]]:
+    """The task's mounts as requests (host, CSI); with ``facts``, each host mount's facts (where
+    its read-only flags come from) are appended there, in the same order."""
     host, csi = [], []
     for i, mount in enumerate(task.volume_mounts):
         req = group.volumes.get(mount.volume)
@@ -271,6 +281,11 @@ def _mount_requests(
                     )
                 )
                 continue
+            if facts is not None:
+                facts.append(
+                    HostMount(req.name, req.source, volume.host_path, mount.propagation_mode, volume.read_only,
+                              req.read_only, mount.read_only)
+                )  # fmt: skip
             host.append(
                 MountRequest(
                     volume=req.name,
@@ -295,6 +310,23 @@ def _mount_requests(
                 )
             )
     return host, csi
+
+
+def _known_mode(requests: list[MountRequest], volume: str) -> bool:
+    """Whether the volume's mount asks for one of the three propagation modes."""
+    try:
+        for req in requests:
+            if req.volume == volume:
+                Propagation.parse(req.propagation)
+        return True
+    except UnknownPropagationError:
+        return False
+
+
+@functools.cache
+def mount_table() -> list[MountEntry]:
+    """This host's mount table, read once per process: validate changes no mount."""
+    return read_mountinfo()
 
 
 def _plugin_down(socket_path: str, plugin_id: str) -> str | None:
@@ -340,7 +372,6 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     # Only now: a job without CSI volumes does not pay for loading the stores.
     from driversdk.csi.registry import PluginRegistry
     from driversdk.csi.state import StateStore
-    from driversdk.runner.supervisor import live_instance
     from driversdk.runner.volumes import VolumeStore
 
     db = os.path.join(client.data_dir, "state.db")
@@ -391,7 +422,7 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
             )
         if volume.plugin_id in provided:
             continue
-        running = live_instance(registry, "csi-node", volume.plugin_id)  # a dead newer one is passed over
+        running = registry.current("csi-node", volume.plugin_id)
         if running is None:
             out.append(
                 Problem(
@@ -475,7 +506,6 @@ def _validate(
         # Names that would escape or break a path must not reach the state store, the host or a
         # plugin: stop at the static problems, before anything is opened or launched.
         return report
-    report.checked += _host_volume_lines(job, client)
     for group in job.groups:
         if group.count == 0:
             report.checked.append(f"group {show(group.name)}: count = 0, `driversdk run` starts no allocation of it")
@@ -514,6 +544,8 @@ def _validate(
             else:
                 pending.kill()
     _placement(path, inputs, job, client, cache, report)
+    # Said last, when every problem is known: no `ok` for a host volume a problem is about.
+    report.checked[:0] = _host_volume_lines(job, client, report.troubled_host_volumes)
     if keep_plugins is not None:
         report.driver_attributes = {
             driver: facts.attributes for driver, facts in cache.items()
@@ -560,27 +592,47 @@ def _check_tasks(
                 report.problems.append(Problem(job.file, str(err), **where, field="config"))
             # A mount the static rules already refused is not checked again (one problem, once).
             refused = frozenset(p.field for p in report.problems if p.task == task.name and p.group == group.name)
-            host, csi = _mount_requests(job, group, task, client, report.problems, refused)
-            for requests, check_host in ((host, True), (csi, False)):
+            host_facts: list[HostMount] = []
+            host, csi = _mount_requests(job, group, task, client, report.problems, refused, host_facts)
+            troubled: set[str] = set()
+            for requests, is_host in ((host, True), (csi, False)):
                 if not requests:
                     continue
                 try:
+                    # The host side of host mounts is weighed below, all its reasons at once.
                     check_mounts(
                         requests,
                         task=task.name,
                         driver=task.driver,
                         mount_configs=int(facts.capabilities.mount_configs),
-                        check_host=check_host,
+                        check_host=False,
                     )
                 except MountValidationError as err:
                     for p in err.problems:
+                        if is_host and p.field == "propagation_mode" and _known_mode(requests, p.volume):
+                            continue  # bidirectional on a read-only mount: said with its cause below
+                        troubled.add(p.volume)
                         # The location goes in the Problem; keep the sentence itself short.
                         message = p.message.removeprefix(f'task "{task.name}" volume "{p.volume}": ')
                         report.problems.append(
                             Problem(job.file, message, **where, field=f'volume "{p.volume}" {p.field}')
                         )
-            if host or csi:
-                report.checked.append(f'task "{task.name}": {len(host) + len(csi)} mount(s) checked')
+            for fact in host_facts:
+                advice = advise(fact, mount_table())
+                if advice is None:
+                    continue
+                message, asks_read_only = advice
+                troubled.add(fact.volume)
+                report.troubled_host_volumes.add(fact.source)
+                if asks_read_only:
+                    report.read_only_asked.add((group.name, fact.volume))
+                report.problems.append(Problem(job.file, message, **where, field=f'volume "{fact.volume}"'))
+            for mount in task.volume_mounts:
+                if mount.volume in troubled or not any(r.volume == mount.volume for r in host + csi):
+                    continue
+                report.checked.append(
+                    f'task "{task.name}": volume_mount of volume "{mount.volume}" at "{mount.destination}" checked'
+                )
 
 
 def _placement(
@@ -605,10 +657,10 @@ def _placement(
                 report.notes.append(note)
     report.problems.extend(_static_port_collisions(job))
     report.problems.extend(portalloc.reserved_problems(job, client))
-    report.problems.extend(_host_volume_fit(job, client))
+    report.problems.extend(_host_volume_fit(job, client, report))
 
 
-def _host_volume_fit(job: Job, client: ClientConfig) -> list[Problem]:
+def _host_volume_fit(job: Job, client: ClientConfig, report: Report) -> list[Problem]:
     """Nomad's scheduler places a group only on a client that has each host volume the group
     asks for, mounted by a task or not, and read-write unless the request is read-only (its host
     volume checker). A missing volume that a task mounts is reported with that mount instead (it
@@ -622,6 +674,8 @@ def _host_volume_fit(job: Job, client: ClientConfig) -> list[Problem]:
                 continue
             where = {"job": job.name, "group": group.name, "field": f"volume {show(req.name)}"}
             volume = client.host_volumes.get(req.source)
+            if volume is None:
+                report.troubled_host_volumes.add(req.source)
             if volume is None and req.name not in mounted:
                 known = ", ".join(sorted(client.host_volumes)) or "none"
                 out.append(
@@ -634,6 +688,9 @@ def _host_volume_fit(job: Job, client: ClientConfig) -> list[Problem]:
                     )
                 )
             elif volume is not None and volume.read_only and not req.read_only:
+                report.troubled_host_volumes.add(req.source)
+                if (group.name, req.name) in report.read_only_asked:
+                    continue  # the mount's problem asks for it, with the change to its propagation
                 out.append(
                     Problem(
                         job.file,
@@ -695,13 +752,14 @@ def _task_config_for_driver(task: Task, facts: DriverFacts, report: Report, pars
     return {k: v for k, v in task.config.items() if k not in dropped}
 
 
-def _host_volume_lines(job: Job, client: ClientConfig) -> list[str]:
-    """Where each host volume the job uses really is: resolved once, when the config was read."""
+def _host_volume_lines(job: Job, client: ClientConfig, troubled: set[str]) -> list[str]:
+    """Where each host volume the job uses really is: resolved once, when the config was read.
+    A volume a problem is about has no line (its problem says where it is)."""
     names = sorted({r.source for g in job.groups for r in g.volumes.values() if r.type == "host"})
     out = []
     for name in names:
         volume = client.host_volumes.get(name)
-        if volume is None:
+        if volume is None or name in troubled:
             continue  # reported with the mount that needs it
         note = " (symlink resolved)" if volume.host_path != os.path.normpath(volume.path) else ""
         out.append(f"host volume {show(name)} → {volume.host_path}{note}")

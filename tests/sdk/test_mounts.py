@@ -155,8 +155,8 @@ def test_private_source_refused_for_rslave_and_rshared(tmp_path: Path, mounted: 
     linux = Propagation.parse(mode).linux
     assert problems[0].message == (
         f'task "web" volume "/data": propagation_mode "{mode}" ({linux}) needs the host source "{src}" on a shared '
-        f'or slave mount, but it sits on "{src}", which is private; run `mount --make-rshared {src}` on the host '
-        'or use propagation_mode = "private"'
+        f'or slave mount, but it sits on "{src}", which is private; make that path a shared mount on the host: '
+        f'`mount --make-shared {src}` (or use propagation_mode = "private")'
     )
     # private propagation is always fine
     assert check_host_preconditions([Mount("/data", str(src))], task="web") == []
