@@ -372,6 +372,7 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
     # Only now: a job without CSI volumes does not pay for loading the stores.
     from driversdk.csi.registry import PluginRegistry
     from driversdk.csi.state import StateStore
+    from driversdk.runner.supervisor import live_instance
     from driversdk.runner.volumes import VolumeStore
 
     db = os.path.join(client.data_dir, "state.db")
@@ -422,7 +423,7 @@ def _csi_problems(job: Job, client: ClientConfig) -> list[Problem]:
             )
         if volume.plugin_id in provided:
             continue
-        running = registry.current("csi-node", volume.plugin_id)
+        running = live_instance(registry, "csi-node", volume.plugin_id)  # a dead newer one is passed over
         if running is None:
             out.append(
                 Problem(
