@@ -105,12 +105,23 @@ def _plugin_pids(env: Env) -> list[int]:
     return pids
 
 
-def _serves(pid: int, alloc_id: str) -> bool:
-    """Whether a plugin process serves the socket dir of that alloc (mounted into its task)."""
-    try:
-        return f"/plugins/{alloc_id} " in Path(f"/proc/{pid}/mountinfo").read_text()
-    except OSError:
-        return False
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (a run's driver plugin, runc, its task)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _claim_states(env: Env) -> list[str]:
@@ -210,11 +221,11 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
         wait_for_line(newer, '==> task "plugin": Plugin became healthy')
         [dead] = [r for r in env.registrations() if r.type == "csi-node"]  # the newest is the one in use
         dead_alloc = dead.alloc_id
+        [pid] = [p for p in _plugin_pids(env) if p in _descendants(newer.pid)]
         # The newer run is killed (as during its teardown), then its plugin task dies: nothing
         # deregisters the instance, whose socket no longer answers.
         newer.kill()
         newer.communicate(timeout=30)
-        [pid] = [p for p in _plugin_pids(env) if _serves(p, dead.alloc_id)]
         os.kill(pid, signal.SIGKILL)
         leftovers = [int(line.split(":")[0]) for line in processes(dead.alloc_id)]
         app = write_job(env, "app", app_group("echo used", propagation="private"))
