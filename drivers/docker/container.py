@@ -241,7 +241,10 @@ def _resources(task: TaskConfig, cfg: TaskDockerConfig) -> dict[str, Any]:
     mib = 1024 * 1024
     host: dict[str, Any] = {"cpu_shares": max(2, res.cpu_shares or 0)}
     if res.memory_max_mb == -1:
+        # memory_max = -1 (Nomad's memoryNoLimit): no hard limit, memory is the reservation.
         hard = 0
+        if res.memory_mb:
+            host["mem_reservation"] = res.memory_mb * mib
     else:
         hard = max(cfg.memory_hard_limit, res.memory_max_mb) or res.memory_mb
     if hard:

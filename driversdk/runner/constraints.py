@@ -3,7 +3,9 @@
 operators ``=`` (``==``, ``is``), ``!=`` (``not``), ``<``, ``<=``, ``>``, ``>=``, ``regexp``,
 ``set_contains`` (= ``set_contains_all``), ``set_contains_any``, ``version`` (go-version, which
 lets a prerelease meet only a constraint that names one), ``semver`` (Semver 2.0 ordering),
-``is_set``, ``is_not_set``, ``distinct_hosts`` and ``distinct_property``.
+``is_set``, ``is_not_set``, ``distinct_hosts`` and ``distinct_property``. The job's
+``datacenters`` is checked as the scheduler checks it: the node's datacenter must match one of
+them, each a pattern where ``*`` stands for any run of characters (Nomad's default is ``["*"]``).
 
 On one machine every allocation lands on the same node: ``distinct_hosts`` is met only when at
 most one allocation is placed, ``distinct_property`` only when at most its limit (default 1) are
@@ -39,6 +41,8 @@ class Constraint:
     weight: int = 0  # affinities only
 
     def text(self) -> str:
+        if self.operator == "datacenters":
+            return "datacenters = [" + ", ".join(f'"{d}"' for d in self.value.split("\n")) + "]"
         if self.operator == "distinct_hosts":
             return "distinct_hosts = true"
         if self.operator == "distinct_property":
@@ -89,6 +93,9 @@ class Placement:
     constraints: dict[str, list[Constraint]] = field(default_factory=dict)
     affinities: dict[str, list[Constraint]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    # The job's datacenters as written (Nomad's default when absent: every datacenter).
+    datacenters: tuple[str, ...] = ("*",)
+    job: str = ""
 
     @property
     def job_count(self) -> int:
@@ -100,6 +107,10 @@ def collect(data: Mapping[str, Any]) -> Placement:
     out = Placement()
     for job_name, job in labelled(data.get("job")):
         jwhere = {"job": job_name}
+        out.job = job_name
+        dcs = job.get("datacenters")
+        if isinstance(dcs, list) and dcs and all(isinstance(d, str) for d in dcs):
+            out.datacenters = tuple(dcs)
         job_c = [_one(b, jwhere, False) for b in _blocks(job, "constraint")]
         job_a = [_one(b, jwhere, True) for b in _blocks(job, "affinity")]
         groups = labelled(job.get("group"))
@@ -313,11 +324,27 @@ def _place(where: Mapping[str, str]) -> str:
     return " ".join(f'{k} "{where[k]}"' for k in ("job", "group", "task") if where.get(k))
 
 
+def datacenter_matches(pattern: str, datacenter: str) -> bool:
+    """Whether ``datacenter`` matches a ``datacenters`` entry: ``*`` is any run of characters,
+    every other character stands for itself (go-glob, which the scheduler uses, has no ``?`` or ``[]``)."""
+    parts = pattern.split("*")
+    if len(parts) == 1:
+        return pattern == datacenter
+    regex = ".*".join(re.escape(p) for p in parts)
+    return re.fullmatch(regex, datacenter, re.DOTALL) is not None
+
+
+DATACENTERS = "datacenters"  # the operator of the pseudo-constraint refusals() reports an unmet datacenters with
+
+
 def refusals(placement: Placement, node: Node, group: str) -> list[tuple[Constraint, str]]:
-    """The group's constraints this node does not meet, each with why."""
+    """The group's constraints this node does not meet, each with why; the job's datacenters first."""
     if placement.counts.get(group, 1) == 0:
         return []
     out = []
+    if not any(datacenter_matches(p, node.datacenter) for p in placement.datacenters):
+        c = Constraint("${node.datacenter}", DATACENTERS, "\n".join(placement.datacenters), {"job": placement.job})
+        out.append((c, f'this node is in datacenter "{node.datacenter}"'))
     for c in placement.constraints.get(group, []):
         why = unmet(c, node, placement)
         if why is not None:
@@ -326,6 +353,12 @@ def refusals(placement: Placement, node: Node, group: str) -> list[tuple[Constra
 
 
 def sentence(c: Constraint, why: str, affinity: bool = False) -> str:
+    if c.operator == DATACENTERS:
+        asked = ", ".join(f'"{d}"' for d in c.value.split("\n"))
+        return (
+            f"the job asks for datacenters {asked} and {why} (the client config's datacenter); driversdk run does "
+            "not place the job here (add the node's datacenter to datacenters, or set datacenter in the client config)"
+        )
     if affinity:
         return (
             f"affinity {c.text()} ({_place(c.where)}) is not met on this node: {why}; "

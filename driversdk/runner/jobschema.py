@@ -198,7 +198,7 @@ VOLUME_MOUNT = blk(volume=S, destination=S, read_only=B, propagation_mode=S, sel
 CSI_PLUGIN = blk(id=S, type=S, mount_dir=S, stage_publish_base_dir=S, health_timeout=D)
 TASK = Block({
     "driver": Attr(S), "user": Attr(S), "kill_timeout": Attr(D), "kill_signal": Attr(S),
-    "leader": Attr(B, NO), "shutdown_delay": Attr(D, NO), "kind": Attr(S, NO),
+    "leader": Attr(B), "shutdown_delay": Attr(D, NO), "kind": Attr(S, NO),
     "config": OPEN, "env": ENV, "meta": META, "resources": RESOURCES, "logs": LOGS,
     "volume_mount": VOLUME_MOUNT, "csi_plugin": CSI_PLUGIN,
     "lifecycle": blk(NO, hook=S, sidecar=B), "restart": RESTART, "constraint": CONSTRAINT, "affinity": AFFINITY,
@@ -228,7 +228,8 @@ JOB = Block({
         "region": Block({**attrs(NO, count=N, datacenters=L, node_pool=S),
                          "meta": Block(open=True, as_map=Kind.STRING, acted=NO)}, labels=1, acted=NO),
     }, acted=NO),
-    "periodic": blk(NO, enabled=B, cron=S, crons=L, prohibit_overlap=B, time_zone=S),
+    # Acted on by refusing the job (jobspec.periodic_refusal): `run` has no agent to launch it on its schedule.
+    "periodic": blk(enabled=B, cron=S, crons=L, prohibit_overlap=B, time_zone=S),
     "parameterized": blk(NO, payload=S, meta_required=L, meta_optional=L),
     "reschedule": RESCHEDULE, "migrate": MIGRATE, "meta": META, "vault": VAULT,
     "ui": blk(INERT, description=S, link=blk(INERT, label=S, url=S)),

@@ -35,6 +35,7 @@ MIN_MEMORY_MB = 10
 MAX_CPU = 262144
 # memory becomes a byte limit in an int64 on the wire; 1 PiB is more than any host has.
 MAX_MEMORY_MB = 1 << 30
+MEMORY_NO_LIMIT = -1  # memory_max = -1: no hard memory limit (Nomad's memoryNoLimit)
 
 HOST_ACCESS_MODES = ("", "single-node-reader-only", "single-node-writer", "single-node-single-writer",
                      "single-node-multi-writer")  # fmt: skip
@@ -111,6 +112,8 @@ class Task:
     meta: dict[str, str] = field(default_factory=dict)
     lifecycle_hook: str = ""
     lifecycle_sidecar: bool = False
+    # Nomad's ``leader``: when it ends, the allocation's other tasks are stopped (``Leader Task Dead``).
+    leader: bool = False
     cpu: int = 100
     memory: int = 300
     memory_max: int = 0
@@ -154,6 +157,8 @@ class Job:
     region: str = "global"
     datacenters: tuple[str, ...] = ()
     meta: dict[str, str] = field(default_factory=dict)
+    # The ``periodic`` block as written (None: not a periodic job): refused by `run` (no agent launches it).
+    periodic: dict[str, Any] | None = None
     # Keys Nomad knows that `driversdk run` does not act on, each once ("group.service: …").
     notes: list[str] = field(default_factory=list)
 
@@ -227,6 +232,8 @@ class _Parser:
         job.datacenters = self.strings(body.get("datacenters"), "datacenters", job=shown)
         job.meta = {str(k): self.text(v, f"meta.{k}", job=shown) for k, v in single(body.get("meta")).items()}
         job.type = self.text(body.get("type"), "type", job=shown) or "service"
+        if "periodic" in body:
+            job.periodic = dict(single(body.get("periodic")))
         job.namespace = self.text(body.get("namespace"), "namespace", job=shown) or "default"
         # The namespace is part of CSI staging paths.
         self.name(job.namespace, "namespace", job=shown)
@@ -362,6 +369,7 @@ class _Parser:
             meta={str(k): self.text(v, f"meta.{k}", **where) for k, v in single(body.get("meta")).items()},
             lifecycle_hook=self.text(single(body.get("lifecycle")).get("hook"), "lifecycle.hook", **where),
             lifecycle_sidecar=self.flag(single(body.get("lifecycle")).get("sidecar"), "lifecycle.sidecar", **where),
+            leader=self.flag(body.get("leader"), "leader", **where),
             cpu=self.number(resources.get("cpu"), 100, "resources.cpu", **where),
             memory=self.number(resources.get("memory"), 300, "resources.memory", **where),
             memory_max=self.number(resources.get("memory_max"), 0, "resources.memory_max", **where),
@@ -588,7 +596,14 @@ def static_problems(job: Job) -> list[Problem]:
     """Nomad's submit-time rules for volume requests, volume mounts and csi_plugin, all at once."""
     out: list[Problem] = []
     f = job.file
+    if job.periodic is not None:
+        out.append(Problem(f, periodic_refusal(job), job=job.name, field="periodic"))
     for group in job.groups:
+        leaders = [t.name for t in group.tasks if t.leader]
+        if len(leaders) > 1:
+            # Nomad's TaskGroup.Validate: "Only one task may be marked as leader".
+            message = f"Only one task may be marked as leader; {', '.join(show(n) for n in leaders)} are"
+            out.append(Problem(f, message, job=job.name, group=group.name, field="leader"))
         for req in group.volumes.values():
             where = {"job": job.name, "group": group.name, "field": f"volume {show(req.name)}"}
             out.extend(Problem(f, m, **where) for m in _volume_problems(job, group, req))
@@ -654,6 +669,18 @@ def static_problems(job: Job) -> list[Problem]:
     return out
 
 
+def periodic_refusal(job: Job) -> str:
+    """Why `driversdk run` does not run a periodic job: the file is a valid Nomad job, but a
+    periodic one is launched on its schedule by an agent, and `run` has none."""
+    periodic = job.periodic or {}
+    crons: list[Any] = periodic["crons"] if isinstance(periodic.get("crons"), list) else [periodic.get("cron")]
+    when = ", ".join(f'"{c}"' for c in crons if isinstance(c, str)) or "its schedule"
+    return (
+        f"driversdk run does not run periodic jobs: this one is launched at {when} by a scheduling agent, which "
+        "driversdk does not have; to run one instance now, remove the periodic block and run the file again"
+    )
+
+
 def _task_problems(task: Task) -> list[str]:
     """Resources, durations, signals and logs: what the runner and its drivers would otherwise
     only find (or crash on) once the task is started."""
@@ -668,11 +695,9 @@ def _task_problems(task: Task) -> list[str]:
     for what, value in (("memory", task.memory), ("memory_max", task.memory_max)):
         if value > MAX_MEMORY_MB:
             out.append(f"resources: {what} {value} MB is more than any host has (at most {MAX_MEMORY_MB} MB)")
-    if task.memory_max < 0:
-        # Nomad reads -1 as "no limit"; our drivers always set a hard limit, so refuse rather
-        # than pass a negative number to them.
-        out.append(f"resources: memory_max can't be negative, got {task.memory_max}; leave it unset for no maximum")
-    elif task.memory_max and task.memory_max < task.memory:
+    # Nomad's Resources.Validate: 0 (no maximum: memory is the hard limit) and -1 (no hard limit at
+    # all, memory a soft one) are the two values below memory it accepts.
+    if task.memory_max not in (0, MEMORY_NO_LIMIT) and task.memory_max < task.memory:
         out.append(
             f"resources: MemoryMaxMB value ({task.memory_max}) should be larger than MemoryMB value ({task.memory})"
         )

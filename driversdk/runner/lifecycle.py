@@ -11,6 +11,10 @@
 4. When every task but the sidecars and poststop tasks has exited, the sidecars are stopped
    (``Main Tasks Dead``); once every other task is gone, the **poststop** tasks start (after a
    failure too); the allocation's run is done when they have exited.
+5. Whatever the stage, a task (not a poststop one) that ends failed stops every other live task
+   of the allocation (``Sibling Task Failed``), and a ``leader`` task that ends stops them too
+   (``Leader Task Dead``): the leader first, then the others together, the sidecars last, as
+   Nomad's alloc runner kills them. Tasks stopped so are not failures of their own.
 
 The first stage is started by the caller's thread, so a task that cannot start (an image that
 cannot be pulled), once its restart policy gives up on it, is the run's error; the later stages
@@ -82,6 +86,8 @@ class Coordinator:
         self.stopping = stopping
         self.failure = ""
         self._thread: threading.Thread | None = None
+        self._killed = False  # a failed task or a dead leader has stopped the others already
+        self._kill_lock = threading.Lock()
 
     def of(self, name: str) -> list[TaskRunner]:
         return [r for r in self.alloc.tasks if stage(r) == name]
@@ -145,12 +151,40 @@ class Coordinator:
             return False
         return True
 
+    def task_ended(self, runner: TaskRunner) -> None:
+        """A task has ended for good (past its restarts): when it failed, or it is the leader,
+        the allocation's other live tasks are stopped, as Nomad's handleTaskStateUpdates does."""
+        if stage(runner) == POSTSTOP or runner.stopped or self.alloc.stop_requested():
+            return  # stopped on purpose: no fault of its own
+        failed = bool(runner.failure) or runner.result is None or not runner.result.successful
+        if failed and stage(runner) == PRESTART and not is_sidecar(runner):
+            return  # the lifecycle order fails the allocation and stops the sidecars (_rest)
+        if not failed and not runner.task.leader:
+            return
+        with self._kill_lock:
+            if self._killed:
+                return
+            live = [r for r in self.alloc.tasks if r is not runner and stage(r) != POSTSTOP and not r.done.is_set()]
+            if not live:
+                return
+            self._killed = True
+        kind = restarts.SIBLING_FAILED if failed else restarts.LEADER_DEAD
+        message = restarts.event_message(kind, sibling=runner.task.name)
+        for r in live:
+            if r.started:
+                r.event(f"{kind}: {message}")
+            else:  # waiting for its lifecycle stage: it never starts
+                r.skip(f"{kind}: {message}")
+        # Stopping waits for each task's kill_timeout: not in the ended task's wait thread.
+        started = [r for r in live if r.started]
+        threading.Thread(target=_kill, args=(started,), daemon=True, name="kill-siblings").start()
+
     def _unstarted(self) -> list[TaskRunner]:
         return [r for r in self.alloc.tasks if not r.started and not r.done.is_set()]
 
     def _stop_sidecars(self, why: str, sibling: str = "") -> None:
         for runner in self.alloc.tasks:
-            if is_sidecar(runner) and runner.started and not runner.done.is_set():
+            if is_sidecar(runner) and runner.started and not runner.done.is_set() and not runner.stopped:
                 runner.event(f"{why}: {restarts.event_message(why, sibling=sibling)}")
                 runner.stop()
 
@@ -163,6 +197,20 @@ class Coordinator:
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+def _kill(live: list[TaskRunner]) -> None:
+    """Stop the tasks as Nomad's killTasks does: the leader first, then the others together, the
+    sidecars last."""
+    for r in [r for r in live if r.task.leader]:
+        r.stop()
+    rest = [r for r in live if not r.task.leader]
+    for group in ([r for r in rest if not is_sidecar(r)], [r for r in rest if is_sidecar(r)]):
+        threads = [threading.Thread(target=r.stop, name=f"stop-{r.task.name}") for r in group]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
 
 def _outcome(runner: TaskRunner) -> str:

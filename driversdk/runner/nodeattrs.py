@@ -1,9 +1,11 @@
 """This node's attributes, named as Nomad's client fingerprints them (``client/fingerprint/``):
-``kernel.*``, ``os.*``, ``cpu.*``, ``memory.totalbytes``, ``unique.hostname``,
-``unique.network.ip-address``, ``nomad.version``, and ``driver.<name>`` / ``driver.<name>.*``
-from each driver plugin's first fingerprint; with the client config's node name, datacenter,
-region, class, pool and ``meta`` they make the :class:`~driversdk.runner.taskenv.Node` that
-``${attr.*}``, ``${node.*}`` and ``${meta.*}`` and constraints are read against.
+``kernel.*``, ``os.*`` (with ``os.cgroups.version``), ``cpu.*``, ``memory.totalbytes``,
+``unique.hostname``, ``unique.network.ip-address``, ``unique.storage.*`` (of the file system the
+data dir is on, as Nomad's storage fingerprint reads its alloc dir's), ``nomad.version``, and
+``driver.<name>`` / ``driver.<name>.*`` from each driver plugin's first fingerprint; with the
+client config's node name, datacenter, region, class, pool and ``meta`` they make the
+:class:`~driversdk.runner.taskenv.Node` that ``${attr.*}``, ``${node.*}`` and ``${meta.*}`` and
+constraints are read against.
 
 The host is fingerprinted once per process (:func:`host_attributes` is cached); driver
 attributes are asked of the plugins a run already has.
@@ -96,6 +98,36 @@ def _memory_bytes() -> int:
     return 0
 
 
+def cgroups_version() -> str:
+    """os.cgroups.version: "2" when /sys/fs/cgroup is the unified hierarchy, else "1" (v1 or
+    hybrid), as Nomad's cgroup fingerprint tells them apart."""
+    return "2" if os.path.exists("/sys/fs/cgroup/cgroup.controllers") else "1"
+
+
+def storage_attributes(data_dir: str) -> dict[str, str]:
+    """unique.storage.volume (the file system's source, as df names it), .bytestotal and
+    .bytesfree (what an unprivileged user may still write) of the data dir's file system; the
+    nearest existing parent is read when the data dir is not made yet."""
+    from driversdk.mountinfo import MountinfoError, find_mount
+
+    path = os.path.abspath(data_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return {}
+    out = {
+        "unique.storage.bytestotal": str(fs.f_blocks * fs.f_frsize),
+        "unique.storage.bytesfree": str(fs.f_bavail * fs.f_frsize),
+    }
+    try:
+        out["unique.storage.volume"] = find_mount(path).source
+    except (MountinfoError, OSError):
+        pass
+    return out
+
+
 def host_ip() -> str:
     """The address of the interface the default route leaves by (Nomad's network fingerprint
     picks the default-route interface); 127.0.0.1 on a host without one."""
@@ -118,6 +150,7 @@ def host_attributes() -> Mapping[str, str]:
         "kernel.arch": uname.machine,
         "os.name": os_name,
         "os.version": os_version,
+        "os.cgroups.version": cgroups_version(),
         "cpu.arch": _GOARCH.get(uname.machine, uname.machine),
         "unique.hostname": socket.gethostname(),
         "unique.network.ip-address": host_ip(),
@@ -161,6 +194,7 @@ def node(client: ClientConfig, drivers: Mapping[str, Mapping[str, str]] | None =
     """The node as taskenv and constraints see it; ``drivers``: each driver's attributes
     (:func:`driver_attributes`)."""
     attrs = dict(host_attributes())
+    attrs.update(storage_attributes(client.data_dir))  # not cached: free bytes change, data dirs differ
     for name in sorted(drivers or {}):
         attrs.update((drivers or {})[name])
     return Node(

@@ -37,6 +37,7 @@ TERMINATED = "Terminated"
 KILLED = "Killed"
 SIBLING_FAILED = "Sibling Task Failed"
 MAIN_DEAD = "Main Tasks Dead"
+LEADER_DEAD = "Leader Task Dead"
 DRIVER_FAILURE = "Driver Failure"
 SETUP_FAILURE = "Setup Failure"
 
@@ -237,6 +238,8 @@ def event_message(kind: str, *, reason: str = "", delay: float = 0.0, result: Ex
         return f'Task\'s sibling "{sibling}" failed'
     if kind == MAIN_DEAD:
         return "Main tasks in the group died"
+    if kind == LEADER_DEAD:
+        return "Leader Task in Group dead"
     if kind == KILLED:
         return "Task successfully killed"
     return reason

@@ -25,7 +25,6 @@ from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.events import Emit, RunEvent
 from driversdk.runner.hcl import FilePolicy, Inputs
 from driversdk.runner.jobspec import Group, Job
-from driversdk.runner.lifecycle import is_sidecar
 from driversdk.runner.runstate import AllocRecord
 from driversdk.runner.validate import validate_job
 
@@ -255,8 +254,9 @@ def run_jobs(
             emit(RunEvent("run", "state.db cannot be written: stopping tasks"))
         elif stop.is_set():
             emit(RunEvent("run", "interrupted: stopping tasks"))
-        # A sidecar stopped because its main tasks are done ends killed, and that is success.
-        judged = [t for t in main if not (is_sidecar(t) and t.stopped and not t.failure)]
+        # A task the run stopped (a sidecar whose main tasks are done, the siblings of a dead leader
+        # or of a failed task) ends killed, and that is no failure of its own (Nomad's too).
+        judged = [t for t in main if not (t.stopped and not t.failure)]
         ok = all(t.result is not None and t.result.successful for t in judged) and not any(t.failure for t in tasks)
         ok = ok and not any(a.failure for a in allocs)
         return EXIT_OK if ok and not stop.is_set() else EXIT_TASK_FAILED

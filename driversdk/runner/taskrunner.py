@@ -315,6 +315,8 @@ class TaskRunner:
         finally:
             if final:
                 self.done.set()
+                # A failed task, or the leader, stops its siblings (Nomad's alloc runner does so).
+                self.alloc.lifecycle.task_ended(self)
 
     def _failed_unexpectedly(self, err: BaseException) -> None:
         self.failure = f"following the task failed: {type(err).__name__}: {err}"
