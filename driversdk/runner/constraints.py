@@ -96,6 +96,8 @@ class Placement:
     # The job's datacenters as written (Nomad's default when absent: every datacenter).
     datacenters: tuple[str, ...] = ("*",)
     job: str = ""
+    # The schedule of a periodic job ("" when it is not one): `run` has no agent to launch it on it.
+    periodic: str = ""
 
     @property
     def job_count(self) -> int:
@@ -111,6 +113,12 @@ def collect(data: Mapping[str, Any]) -> Placement:
         dcs = job.get("datacenters")
         if isinstance(dcs, list) and dcs and all(isinstance(d, str) for d in dcs):
             out.datacenters = tuple(dcs)
+        periodic = job.get("periodic")
+        if periodic is not None:
+            body = periodic[0] if isinstance(periodic, list) and periodic else periodic
+            crons = body.get("crons") if isinstance(body, dict) else None
+            crons = crons if isinstance(crons, list) else [body.get("cron") if isinstance(body, dict) else None]
+            out.periodic = ", ".join(f'"{c}"' for c in crons if isinstance(c, str)) or "its schedule"
         job_c = [_one(b, jwhere, False) for b in _blocks(job, "constraint")]
         job_a = [_one(b, jwhere, True) for b in _blocks(job, "affinity")]
         groups = labelled(job.get("group"))
@@ -334,6 +342,7 @@ def datacenter_matches(pattern: str, datacenter: str) -> bool:
     return re.fullmatch(regex, datacenter, re.DOTALL) is not None
 
 
+PERIODIC = "periodic"  # the pseudo-constraint of a periodic job, which `run` does not launch
 DATACENTERS = "datacenters"  # the operator of the pseudo-constraint refusals() reports an unmet datacenters with
 
 
@@ -342,6 +351,8 @@ def refusals(placement: Placement, node: Node, group: str) -> list[tuple[Constra
     if placement.counts.get(group, 1) == 0:
         return []
     out = []
+    if placement.periodic:
+        out.append((Constraint("", PERIODIC, placement.periodic, {"job": placement.job}), ""))
     if not any(datacenter_matches(p, node.datacenter) for p in placement.datacenters):
         c = Constraint("${node.datacenter}", DATACENTERS, "\n".join(placement.datacenters), {"job": placement.job})
         out.append((c, f'this node is in datacenter "{node.datacenter}"'))
@@ -353,6 +364,12 @@ def refusals(placement: Placement, node: Node, group: str) -> list[tuple[Constra
 
 
 def sentence(c: Constraint, why: str, affinity: bool = False) -> str:
+    if c.operator == PERIODIC:
+        # The file is a valid Nomad job: what refuses it is `run`, which has no scheduling agent.
+        return (
+            f"driversdk run does not run periodic jobs: this one is launched at {c.value} by a scheduling agent, "
+            "which driversdk does not have; to run one instance now, remove the periodic block and run the file again"
+        )
     if c.operator == DATACENTERS:
         asked = ", ".join(f'"{d}"' for d in c.value.split("\n"))
         return (

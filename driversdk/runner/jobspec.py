@@ -596,8 +596,6 @@ def static_problems(job: Job) -> list[Problem]:
     """Nomad's submit-time rules for volume requests, volume mounts and csi_plugin, all at once."""
     out: list[Problem] = []
     f = job.file
-    if job.periodic is not None:
-        out.append(Problem(f, periodic_refusal(job), job=job.name, field="periodic"))
     for group in job.groups:
         leaders = [t.name for t in group.tasks if t.leader]
         if len(leaders) > 1:
@@ -667,18 +665,6 @@ def static_problems(job: Job) -> list[Problem]:
             if task.csi_plugin is not None:
                 out.extend(_csi_plugin_problems(job, group, task, task.csi_plugin))
     return out
-
-
-def periodic_refusal(job: Job) -> str:
-    """Why `driversdk run` does not run a periodic job: the file is a valid Nomad job, but a
-    periodic one is launched on its schedule by an agent, and `run` has none."""
-    periodic = job.periodic or {}
-    crons: list[Any] = periodic["crons"] if isinstance(periodic.get("crons"), list) else [periodic.get("cron")]
-    when = ", ".join(f'"{c}"' for c in crons if isinstance(c, str)) or "its schedule"
-    return (
-        f"driversdk run does not run periodic jobs: this one is launched at {when} by a scheduling agent, which "
-        "driversdk does not have; to run one instance now, remove the periodic block and run the file again"
-    )
 
 
 def _task_problems(task: Task) -> list[str]:
