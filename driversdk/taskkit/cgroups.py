@@ -167,11 +167,13 @@ class CounterFiles:
 
 
 def memory_limit_bytes(resources: Resources) -> int:
-    """The hard memory limit Nomad asks for: memory_max when set, otherwise memory; 0 = none."""
-    if resources.linux.memory_limit_bytes > 0:
-        return resources.linux.memory_limit_bytes
+    """The hard memory limit Nomad asks for: memory_max when set, otherwise memory; 0 = none.
+    memory_max = -1 is no hard limit (Nomad's executor then leaves memory.max at "max" and keeps
+    memory as the soft limit), whatever the client put in the Linux limit."""
     if resources.memory_max_mb < 0:
         return 0
+    if resources.linux.memory_limit_bytes > 0:
+        return resources.linux.memory_limit_bytes
     return max(resources.memory_max_mb, resources.memory_mb) * MIB
 
 
@@ -257,6 +259,8 @@ class TaskCgroup:
                 _write(f"{mem}/memory.memsw.limit_in_bytes", str(limit))
             if soft and soft < limit:
                 _write(f"{mem}/memory.soft_limit_in_bytes", str(soft))
+        elif mem and soft:  # no hard limit (memory_max = -1): memory stays the soft one
+            _write(f"{mem}/memory.soft_limit_in_bytes", str(soft))
         cpu = self._dir("cpu")
         if cpu and shares:
             _write(f"{cpu}/cpu.shares", str(shares))
@@ -281,6 +285,8 @@ class TaskCgroup:
                 _write(f"{path}/memory.swap.max", "0")
             if soft and soft < limit:
                 _write(f"{path}/memory.low", str(soft))
+        elif soft:  # no hard limit (memory_max = -1): memory.max stays "max", memory the soft one
+            _write(f"{path}/memory.low", str(soft))
         if shares:
             _write(f"{path}/cpu.weight", str(1 + ((shares - 2) * 9999) // 262142))
         if quota > 0 and period > 0:
