@@ -30,6 +30,7 @@ from driversdk.hclspec.spec import (
     Spec,
     input_name,
 )
+from driversdk.hclspec.spelling import did_you_mean
 from driversdk.hclspec.types import HclType, convert
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -48,7 +49,16 @@ class _Errors:
 
     def raise_if_any(self) -> None:
         if self.items:
-            raise ConfigError("; ".join(self.items))
+            raise ConfigErrors(self.items)
+
+
+class ConfigErrors(ConfigError):
+    """Every problem of one config at once; ``items`` holds each, its field path first
+    (``config: imgae is not a known field…``), for callers that place each on its own line."""
+
+    def __init__(self, items: list[str]) -> None:
+        super().__init__("; ".join(items))
+        self.items = list(items)
 
 
 def _join(path: str, key: str) -> str:
@@ -107,8 +117,10 @@ def _enc_body(spec: Spec, body: Mapping[str, Any], path: str, errs: _Errors) -> 
     nested directly in an Object (no block between) reads from the same body as its parent.
     """
     body = _clean(body)
-    for name in sorted(set(body) - _consumed(spec, "")):
-        errs.add(f"{errs.where(_join(path, name))} is not a known field; remove it or check its spelling")
+    known = _consumed(spec, "")
+    for name in sorted(set(body) - known):
+        advice = did_you_mean(name, known) or "; remove it or check its spelling"
+        errs.add(f"{errs.where(_join(path, name))} is not a known field{advice}")
     return _enc_child(spec, body, "", path, errs)
 
 
@@ -268,7 +280,8 @@ def _dec(spec: Spec, value: Any, path: str, errs: _Errors) -> Any:
             errs.add(f"{errs.where(path)} is {_kind(value)}, expected an object")
             return None
         for extra in sorted(set(value) - set(spec.attributes), key=str):
-            errs.add(f"{errs.where(_join(path, str(extra)))} is not a known field; remove it or check its spelling")
+            advice = did_you_mean(str(extra), spec.attributes) or "; remove it or check its spelling"
+            errs.add(f"{errs.where(_join(path, str(extra)))} is not a known field{advice}")
         return {k: _dec(child, value.get(k), _join(path, k), errs) for k, child in spec.attributes.items()}
     if isinstance(spec, Attr):
         if value is None:

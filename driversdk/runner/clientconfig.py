@@ -392,6 +392,9 @@ def _parse(path: str | Path) -> dict[str, Any]:
     text = read_text(path)
     try:
         data = hcl1_loads(text, keep=True)
+    except ImportError as err:
+        # pyhcl itself is missing or broken: the runner extra (the caller names it), not the file's fault.
+        raise ImportError(f"pyhcl (module 'hcl') does not import: {err}", name="hcl") from err
     except Exception as err:  # pyhcl raises ValueError (and lexer errors) for any syntax problem
         first = (str(err).strip().splitlines() or ["syntax error"])[0]
         raise HCLFileError(f"{path}: this is not valid HCL ({first}); fix the syntax there") from None

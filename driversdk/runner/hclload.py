@@ -51,9 +51,13 @@ def syntax_error(path: str | Path, err: Exception) -> HCLFileError:
 def load_hcl(path: str | Path) -> dict[str, Any]:
     # python-hcl2 and lark are imported here, not with this module: the client config, job files'
     # helpers and `driversdk run`'s first steps use this module without parsing HCL2 (~80 ms of imports).
-    import hcl2
-    from hcl2.utils import SerializationOptions
-    from lark.exceptions import LarkError
+    try:
+        import hcl2
+        from hcl2.utils import SerializationOptions
+        from lark.exceptions import LarkError
+    except ImportError as err:
+        # The runner extra is missing or broken: said as such by the caller, never as the file's fault.
+        raise ImportError(f"python-hcl2 (module 'hcl2') does not import: {err}", name="hcl2") from err
 
     text = read_text(path)
     options = SerializationOptions(strip_string_quotes=True, with_comments=False, preserve_heredocs=False)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from typing import Any
 
 from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
+from driversdk.hclspec.spelling import did_you_mean
 from driversdk.paths import show
 from driversdk.runner.hcl.values import ConvertError, convert, number_text, type_name
 
@@ -400,8 +400,7 @@ def _walk(
         if child is None:
             if spec.open:
                 continue
-            close = get_close_matches(key, list(spec.fields), n=1, cutoff=0.6)
-            hint = f'; did you mean "{close[0]}"?' if close else ""
+            hint = did_you_mean(key, spec.fields)
             inside = f" in {rel}" if rel else ""
             advice = hint or "; remove it or check its spelling"
             result.problems.append(Finding(what, f"unsupported argument or block {key!r}{inside}{advice}", where, line))

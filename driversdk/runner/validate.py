@@ -11,12 +11,15 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from driversdk.errors import ConfigError, DriverSDKError
+from driversdk.extras import extra_of
 from driversdk.hclspec import Spec, encode
+from driversdk.hclspec.codec import ConfigErrors
 from driversdk.hclspec.spec import Array, Block, BlockAttrs, BlockList, BlockMap, BlockSet, Default, Object, input_name
 from driversdk.model import Capabilities
 from driversdk.mountinfo import MountEntry, read_mountinfo
@@ -26,6 +29,7 @@ from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by c
 from driversdk.runner import constraints, nodeattrs, portalloc, taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
+from driversdk.runner.hclload import is_blocks, labelled, read_text
 from driversdk.runner.inprocess import InProcessDriver, answers_here
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
 from driversdk.runner.mountadvice import HostMount, advise
@@ -101,6 +105,8 @@ class Report:
     troubled_host_volumes: set[str] = field(default_factory=set, repr=False)
     # (group, volume) requests a mount problem already asks to make read-only.
     read_only_asked: set[tuple[str, str]] = field(default_factory=set, repr=False)
+    # The evaluated job body (its blocks carry their lines), when the checks got that far.
+    evaluated: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def valid(self) -> bool:
@@ -190,6 +196,14 @@ def _driver_facts(
         except DriverSDKError as err:
             result = Problem(
                 client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name,
+                field=f'plugin "{driver}"',
+            )  # fmt: skip
+        except ImportError as err:  # a bundled driver answered here whose extra is not installed
+            missing = extra_of(err)
+            if missing is None:
+                raise
+            result = Problem(
+                client.file or job.file, f'driver "{driver}" {missing.sentence()}', job=job.name,
                 field=f'plugin "{driver}"',
             )  # fmt: skip
         except OSError as err:  # e.g. a plugin command that cannot be executed
@@ -488,7 +502,93 @@ def validate_job(
     caller's that then takes the time they take to boot."""
     report = _validate(path, client, keep_plugins, inputs, while_starting)
     report.problems = _once(report.problems)
+    if report.parsed is not None and any(not p.line and p.file == report.parsed.file for p in report.problems):
+        index = _line_index(report.evaluated if report.evaluated is not None else _evaluated(path, inputs))
+        report.problems = [_placed(p, index) if p.file == report.parsed.file else p for p in report.problems]
     return report
+
+
+def _evaluated(path: str, inputs: Inputs | None) -> dict[str, Any]:
+    from driversdk.runner.jobspec import evaluate_job
+
+    try:
+        return evaluate_job(path, inputs)[0]
+    except DriverSDKError:
+        return {}
+
+
+LineIndex = dict[tuple[Any, ...], int]
+
+
+def _line_index(data: dict[str, Any]) -> LineIndex:
+    """Where each block and argument of the job is (the evaluator records lines): keyed
+    ("job", key?), ("group", g, key?), ("volume", g, v, key?), ("task", g, t, key?),
+    ("config", g, t, *path), ("mount", g, t, volume, key?)."""
+    index: LineIndex = {}
+
+    def body(key: tuple[Any, ...], value: Any) -> None:
+        index.setdefault(key, getattr(value, "line", 0))
+        for name, line in getattr(value, "lines", {}).items():
+            index.setdefault((*key, name), line)
+
+    def config(key: tuple[Any, ...], value: Any) -> None:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, dict):
+                for name, line in getattr(item, "lines", {}).items():
+                    index.setdefault((*key, name), line)
+                for name, inner in item.items():
+                    if isinstance(inner, dict | list):
+                        config((*key, name), inner)
+
+    for _, job_body in labelled(data.get("job")):
+        body(("job",), job_body)
+        for g, gbody in labelled(job_body.get("group")):
+            body(("group", g), gbody)
+            for v, vbody in labelled(gbody.get("volume")):
+                body(("volume", g, v), vbody)
+            for t, tbody in labelled(gbody.get("task")):
+                body(("task", g, t), tbody)
+                config(("config", g, t), tbody.get("config"))
+                mounts = tbody.get("volume_mount")
+                for mbody in mounts if is_blocks(mounts) else []:
+                    body(("mount", g, t, str(mbody.get("volume"))), mbody)
+    return index
+
+
+_MOUNT_FIELD = re.compile(r'^volume "([^"]*)"(?: (\w+))?$')
+_CONFIG_PATH = re.compile(r"^config: ([A-Za-z0-9_.\[\]-]+)")
+
+
+def _placed(problem: Problem, index: LineIndex) -> Problem:
+    """``problem`` with the line of the block or argument it is about, when it has none."""
+    if problem.line:
+        return problem
+    g, t, f = problem.group, problem.task, problem.field
+    line = 0
+    if t:
+        if f == "config":
+            found = _CONFIG_PATH.match(problem.message)
+            path = [re.sub(r"\[\d+\]$", "", part) for part in found.group(1).split(".")] if found else []
+            for n in range(len(path), 0, -1):
+                line = line or index.get(("config", g, t, *path[:n]), 0)
+            line = line or index.get(("task", g, t, "config"), 0)
+        elif (mount := _MOUNT_FIELD.match(f)) is not None:
+            line = index.get(("mount", g, t, mount.group(1), mount.group(2)), 0) or index.get(
+                ("mount", g, t, mount.group(1)), 0
+            )
+        line = line or index.get(("task", g, t, f.split(".")[0].split("[")[0]), 0) or index.get(("task", g, t), 0)
+    elif g:
+        volume = re.match(r'^volume "([^"]*)"', f)
+        if volume is not None:
+            line = index.get(("volume", g, volume.group(1)), 0)
+        line = line or index.get(("group", g, f.split(".")[0].split(" ")[0]), 0) or index.get(("group", g), 0)
+    elif problem.job:
+        line = index.get(("job", f.split(".")[0]), 0) or index.get(("job",), 0)
+    if not line:
+        return problem
+    placed = replace(problem)
+    object.__setattr__(placed, "line", line)
+    return placed
 
 
 def _validate(
@@ -587,10 +687,12 @@ def _check_tasks(
             try:
                 shapes = _block_shapes(facts.task_schema, task.config, "", "config")
                 if shapes:
-                    raise ConfigError("; ".join(shapes))
+                    raise ConfigErrors(shapes)
                 encode(facts.task_schema, task.config, what="config")
             except ConfigError as err:
-                report.problems.append(Problem(job.file, str(err), **where, field="config"))
+                # Each field its own problem, so each gets the line it is on.
+                items = err.items if isinstance(err, ConfigErrors) else [str(err)]
+                report.problems += [Problem(job.file, item, **where, field="config") for item in items]
             # A mount the static rules already refused is not checked again (one problem, once).
             refused = frozenset(p.field for p in report.problems if p.task == task.name and p.group == group.name)
             host_facts: list[HostMount] = []
@@ -659,6 +761,7 @@ def _placement(
     report.problems.extend(_static_port_collisions(job))
     report.problems.extend(portalloc.reserved_problems(job, client))
     report.problems.extend(_host_volume_fit(job, client, report))
+    report.evaluated = data
 
 
 def _host_volume_fit(job: Job, client: ClientConfig, report: Report) -> list[Problem]:
@@ -774,12 +877,21 @@ def check_files(
 ) -> Report:
     """What `driversdk validate` answers: a verdict for any pair of files, never an exception
     for something wrong in them (an unreadable, non-UTF-8 or non-HCL file is a problem too)."""
+    report = _check_files(job_path, client_path, inputs)
+    if client_path is not None and any(p.file == client_path and not p.line for p in report.problems):
+        report.problems = _client_lines(client_path, report.problems)
+    return report
+
+
+def _check_files(job_path: str, client_path: str | None, inputs: Inputs | None) -> Report:
     try:
         client = load_client(client_path)
     except ValidationFailed as err:
         return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
         return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
+    except ImportError as err:
+        return Report(job="", problems=[_missing_extra(err)])
     try:
         report = validate_job(job_path, client, inputs=inputs)
         report.notes = client.notes + report.notes
@@ -788,3 +900,49 @@ def check_files(
         return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
         return Report(job="", problems=[Problem("", str(err), field="file")])
+    except ImportError as err:
+        return Report(job="", problems=[_missing_extra(err)])
+
+
+def _missing_extra(err: ImportError) -> Problem:
+    """A package of an extra that is not installed (or does not import): named with the
+    extra that installs it, never blamed on the file being read. Anything else is raised."""
+    extra = extra_of(err)
+    if extra is None:
+        raise err
+    return Problem("", f"`driversdk validate` {extra.sentence()}", field="file")
+
+
+def _client_lines(path: str, problems: list[Problem]) -> list[Problem]:
+    """Client config problems with the line of what they name: pyhcl gives no positions, so the
+    block (``host_volume "x"``, ``plugin "docker"``) and then the key are looked for in the text."""
+    try:
+        text = read_text(path)
+    except DriverSDKError:
+        return problems
+    out = []
+    for problem in problems:
+        line = _text_line(text, problem.field) if problem.file == path and not problem.line else 0
+        if line:
+            problem = replace(problem)
+            object.__setattr__(problem, "line", line)
+        out.append(problem)
+    return out
+
+
+_FIELD_PART = re.compile(r'([A-Za-z_][A-Za-z0-9_-]*)(?: "((?:[^"\\]|\\.)*)")?')
+
+
+def _text_line(text: str, field: str) -> int:
+    """The line of the deepest part of ``field`` (``client.host_volume "x".path``) found in
+    ``text``, each part looked for after the previous one; 0 when not even the first is there."""
+    pos, line = 0, 0
+    for word, label in _FIELD_PART.findall(field):
+        key = rf"(?m)^\s*{re.escape(word)}\b"
+        pattern = key + (rf'\s*"{re.escape(label)}"' if label else "")
+        found = re.compile(pattern).search(text, pos)
+        if found is None:
+            break
+        pos = found.start()
+        line = text.count("\n", 0, found.end()) + 1
+    return line
