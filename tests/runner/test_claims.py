@@ -86,7 +86,7 @@ def test_deregister_refuses_a_claimed_volume(tmp_path: Path) -> None:
     claim(store, "abcdef123456", "write", "single-node-writer")
     with pytest.raises(
         ConfigError,
-        match=r'^volume "vol" is claimed by alloc abcdef12 of job job \(in use\); stop those jobs before deregistering it$',
+        match=r'^volume "vol" is claimed by alloc abcdef12 of job job \(in use\); stop those jobs before deregistering',
     ):
         store.deregister("vol")
     store.release("vol", "default", "abcdef123456")
