@@ -231,16 +231,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run jobs' tasks here through their driver plugins; Ctrl-C stops them cleanly. Exit 0 when
     every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
     from driversdk.runner.clientconfig import load_client
-    from driversdk.runner.events import printer
-    from driversdk.runner.run import EXIT_REFUSED, RunRefused, run_jobs
+    from driversdk.runner.events import error_event, printer
+    from driversdk.runner.run import EXIT_REFUSED, EXIT_TASK_FAILED, RunFailed, RunRefused, run_jobs
 
     client = load_client(args.client)
     try:
         emit = printer(args.json, lambda s: print(s, flush=True))
         return run_jobs(list(args.job), client, emit)
     except RunRefused as err:  # before anything started
-        print(f"error: {err}", file=sys.stderr)
+        if args.json:
+            print(error_event(str(err)).json(), flush=True)
+        else:
+            print(f"error: {err}", file=sys.stderr)
         return EXIT_REFUSED
+    except DriverSDKError as err:
+        if not args.json:
+            raise  # main's "error: …" line; a RunFailed names the job, allocation and task
+        # --json: every line of stdout is an event, the one that ends the run too.
+        print((err.event if isinstance(err, RunFailed) else error_event(str(err))).json(), flush=True)
+        return EXIT_TASK_FAILED
 
 
 class CLIError(DriverSDKError):
@@ -268,7 +277,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = RunState(_data_dir(args, existing=True))
     records = state.tasks()
     if args.json:
-        rows = [{k: v for k, v in r.__dict__.items() if k != "handle"} for r in records]
+        rows = [
+            {**{k: v for k, v in r.__dict__.items() if k != "handle"}, "events": state.task_events(r.alloc_id, r.task)}
+            for r in records
+        ]
         rows += [
             {"alloc_id": a.alloc_id, "job": a.job, "group": a.group, "task": None, "state": a.state}
             for a in state.allocs_without_tasks()
@@ -284,13 +296,41 @@ def cmd_status(args: argparse.Namespace) -> int:
         result = "" if r.exit_code is None else f" exit={r.exit_code}" + (f" signal={r.signal}" if r.signal else "")
         oom = " oom-killed" if r.oom else ""
         restarted = f" restarts={r.restarts}" if r.restarts else ""
-        print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}{restarted}")
+        said = _last_events(state.task_events(r.alloc_id, r.task), failed=r.state in ("failed", "lost"))
+        print(f"{r.alloc_id[:8]}  {r.job}/{r.group}/{r.task}  {r.driver:<8} {r.state}{result}{oom}{restarted}{said}")
     for a in taskless:
         why = (
             "no task started: a prerun hook (CSI volumes, network) failed" if a.state == "failed" else "no task started"
         )
         print(f"{a.alloc_id[:8]}  {a.job}/{a.group}  {'-':<8} {a.state} ({why}; its run printed the reason)")
     return 0
+
+
+# Events that say why a task failed, the most recent of them being the reason `status` gives.
+_FAILING = ("Driver Failure", "Setup Failure", "Failed Restoring Task", "failed")
+
+
+def _last_events(events: list[dict[str, Any]], *, failed: bool) -> str:
+    """``  <type>: <message>`` of a task's last event (its end line aside, which only repeats
+    the exit), and for a failed task the event that failed it when that is an earlier one."""
+
+    def say(e: dict[str, Any]) -> str:
+        return f"{e.get('type', '')}: {e.get('message', '')}"
+
+    shown = [e for e in events if e.get("type") != "finished"]
+    if not shown:
+        return ""
+    out = f"  {say(shown[-1])}"
+    if failed:
+        reasons = [
+            e
+            for e in shown
+            if e.get("type") in _FAILING
+            or (e.get("type") == "Terminated" and (e.get("exit_code") or e.get("signal") or e.get("details")))
+        ]
+        if reasons and reasons[-1] is not shown[-1]:
+            out += f"; failed by {say(reasons[-1])}"
+    return out
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

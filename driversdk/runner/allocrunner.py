@@ -21,7 +21,7 @@ from driversdk.model import NetworkIsolationSpec, TaskEvent
 from driversdk.paths import resolve_under
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.drivermanager import DriverManager
-from driversdk.runner.events import Emit, RunEvent
+from driversdk.runner.events import Emit, EventType, RunEvent
 from driversdk.runner.hooks import AllocHook
 from driversdk.runner.hooks.alloc_dir import AllocDirHook
 from driversdk.runner.hooks.csi_plugin import CSIPluginDirHook
@@ -159,12 +159,18 @@ class AllocRunner:
     def provides_plugins(self) -> bool:
         return any(t.csi_plugin is not None for t in self.group.tasks)
 
-    def event(self, kind: str, message: str, *, task: str = "", name: str = "") -> None:
+    def event(self, kind: str, message: str, *, task: str = "", name: str = "", type: str = "") -> None:
         self.emit(RunEvent(kind, message, job=self.job.name, group=self.group.name, alloc_id=self.alloc_id,
-                           task=task, name=name))  # fmt: skip
+                           task=task, name=name, type=type))  # fmt: skip
 
     def _driver_event(self, event: TaskEvent) -> None:
-        self.event("task", f"event: {event.message}", task=event.task_name)
+        """A driver's own event about a task (Nomad's "Driver" type), kept with the task's events."""
+        runner = next((r for r in self.tasks if r.task.name == event.task_name), None)
+        if runner is None:
+            self.event("task", event.message, task=event.task_name, type=EventType.DRIVER_MESSAGE)
+        else:
+            runner.event(event.message, type=EventType.DRIVER_MESSAGE,
+                         details={"driver_message": event.message})  # fmt: skip
 
     # --- run -----------------------------------------------------------------------------------
 

@@ -19,10 +19,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from driversdk.errors import ConfigError, StateWriteError
+from driversdk.errors import ConfigError, DriverSDKError, StateWriteError
 from driversdk.plugin.host import pid_alive
+from driversdk.runner.allocgc import GCPolicy, PeriodicGC
 from driversdk.runner.clientconfig import ClientConfig
-from driversdk.runner.events import Emit, RunEvent
+from driversdk.runner.events import Emit, RunEvent, RunEventType, error_event
 from driversdk.runner.hcl import FilePolicy, Inputs
 from driversdk.runner.jobspec import Group, Job
 from driversdk.runner.runstate import AllocRecord
@@ -63,6 +64,29 @@ class RunRefused(ConfigError):
 
 class AlreadyRunning(RunRefused):
     """Another live ``driversdk run`` process owns the job's allocations."""
+
+
+class RunFailed(DriverSDKError):
+    """What ends a run that started: a task that could not be started (once its restart policy
+    gave up) or an allocation that could not be set up, named by job, allocation and task."""
+
+    def __init__(self, event: RunEvent) -> None:
+        self.event = event  # the error as a line of its own: JSON in ``run --json``
+        super().__init__(f"{event.message}{event.where(with_task=True)}")
+
+
+def _failed(err: DriverSDKError, allocs: list[AllocRunner]) -> RunFailed:
+    """The start failure ``err`` with the job, allocation and task it is about."""
+    message = str(err)
+    for alloc in reversed(allocs):
+        for runner in alloc.tasks:
+            if runner.failure == message:
+                return RunFailed(error_event(message, job=alloc.job.name, group=alloc.group.name,
+                                             alloc_id=alloc.alloc_id, task=runner.task.name))  # fmt: skip
+    failed = next((a for a in reversed(allocs) if a.prerun_failed), allocs[-1] if allocs else None)
+    if failed is None:
+        return RunFailed(error_event(message))
+    return RunFailed(error_event(message, job=failed.job.name, group=failed.group.name, alloc_id=failed.alloc_id))
 
 
 def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
@@ -228,8 +252,12 @@ def run_jobs(
     drivers = node.drivers = DriverManager(client, node.state, emit, spare)
     allocs: list[AllocRunner] = []
     bounds: list[int] = []  # where each batch's allocations end in ``allocs``
+    collector: PeriodicGC | None = None
     try:
         plan = _plan(jobs, node)  # RunRefused: the CLI says so and exits EXIT_REFUSED
+        # Terminal allocations of earlier runs are collected as Nomad's client does (allocgc).
+        collector = PeriodicGC(client.data_dir, node.state, GCPolicy.of(client), lambda t: emit(RunEvent("run", t)))
+        collector.start(room_for=sum(1 for *_, record in plan if record is None))
         for batch in _batches(plan):
             if stop.is_set():
                 break
@@ -239,6 +267,12 @@ def run_jobs(
                 if not stop.is_set():
                     raise
                 break  # a claim given up on the interrupt: said as "interrupted" below, not as its error
+            except StateWriteError:
+                raise
+            except DriverSDKError as err:
+                if stop.is_set():
+                    break  # a start (or its restart delay) cut short by Ctrl-C: "interrupted" below
+                raise _failed(err, allocs) from None
             finally:
                 bounds.append(len(allocs))
         tasks = [t for a in allocs for t in a.tasks]
@@ -253,7 +287,7 @@ def run_jobs(
         if node.state_failure is not None:
             emit(RunEvent("run", "state.db cannot be written: stopping tasks"))
         elif stop.is_set():
-            emit(RunEvent("run", "interrupted: stopping tasks"))
+            emit(RunEvent("run", "interrupted: stopping tasks", type=RunEventType.INTERRUPTED))
         # A task the run stopped (a sidecar whose main tasks are done, the siblings of a dead leader
         # or of a failed task) ends killed, and that is no failure of its own (Nomad's too).
         judged = [t for t in main if not (t.stopped and not t.failure)]
@@ -266,6 +300,8 @@ def run_jobs(
     finally:
         # Every step runs whatever the one before raised; a state write that failed (in any
         # thread, or in the teardown) ends the run with the first such sentence.
+        if collector is not None:
+            collector.stop()  # before the run's own allocations become terminal
         try:
             _tear_down(allocs, bounds)
         except StateWriteError as err:

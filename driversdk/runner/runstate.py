@@ -3,12 +3,14 @@ task handles a later process needs to find them again."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from driversdk.errors import DriverSDKError, StateWriteError
 from driversdk.statedb import open_state
@@ -17,6 +19,9 @@ _TASK_COLUMNS = (
     "alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, handle, alloc_dir, updated, logmon_pid, "
     "restarts"
 )
+
+# Events kept per task, as Nomad's client keeps a task's last ten.
+TASK_EVENTS_KEPT = 10
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,43 @@ class RunState:
                 (job,),
             ).fetchall()
         return [AllocRecord(*r) for r in rows]
+
+    # --- garbage collection of terminal allocations (driversdk.runner.allocgc) -------------------
+
+    def terminal_allocs(self) -> list[AllocRecord]:
+        """Allocations that are over (stopped or failed), the one over longest first: the order
+        Nomad's client garbage-collects them in."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs "
+                "WHERE state IN ('stopped', 'failed') ORDER BY updated, rowid",
+            ).fetchall()
+        return [AllocRecord(*r) for r in rows]
+
+    def alloc_count(self) -> int:
+        """Allocations this data dir knows, whatever their state (Nomad's NumAllocs)."""
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM run_allocs").fetchone()[0])
+
+    def csi_use_left(self, alloc_id: str) -> bool:
+        """Whether a CSI volume claim or staging use of the allocation is not released yet."""
+        with self._lock:
+            claim = self._db.execute("SELECT 1 FROM volume_claims WHERE alloc_id=? LIMIT 1", (alloc_id,)).fetchone()
+            usage = self._db.execute("SELECT 1 FROM csi_usage WHERE alloc_id=? LIMIT 1", (alloc_id,)).fetchone()
+        return claim is not None or usage is not None
+
+    def alloc_collected(self, alloc_id: str) -> None:
+        """Forget a garbage-collected allocation and its tasks, as Nomad's client deletes a
+        destroyed allocation from its state."""
+        with self._recording(f"the garbage collection of allocation {alloc_id[:8]}"):
+            self._db.execute("BEGIN IMMEDIATE")  # both rows or neither: `status` never shows half of it
+            try:
+                self._db.execute("DELETE FROM run_tasks WHERE alloc_id=?", (alloc_id,))
+                self._db.execute("DELETE FROM run_allocs WHERE alloc_id=?", (alloc_id,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     # --- driver plugins: one per driver per run process (the driver manager) --------------------
 
@@ -224,6 +266,37 @@ class RunState:
                 "UPDATE run_tasks SET state=?, exit_code=?, signal=?, oom=?, updated=? WHERE alloc_id=? AND task=?",
                 (state, exit_code, signal, int(oom), time.time(), alloc_id, task),
             )
+
+    def killed(self, alloc_id: str, task: str) -> None:
+        """The task was stopped on purpose (Ctrl-C, its sidecar role done, a sibling failed): it is
+        dead and not failed, as Nomad's Killed task. Its last exit stays in its Terminated event."""
+        with self._recording(self._of_task("the stop", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state='complete', exit_code=NULL, signal=NULL, updated=? "
+                "WHERE alloc_id=? AND task=?",
+                (time.time(), alloc_id, task),
+            )
+
+    def task_event(self, alloc_id: str, task: str, event: Mapping[str, object]) -> None:
+        """Keep one of a task's events (``RunEvent.to_json``); the last TASK_EVENTS_KEPT are kept."""
+        with self._recording(self._of_task("an event", alloc_id, task)):
+            self._db.execute(
+                "INSERT INTO run_task_events (alloc_id, task, event) VALUES (?, ?, ?)",
+                (alloc_id, task, json.dumps(event, sort_keys=True)),
+            )
+            self._db.execute(
+                "DELETE FROM run_task_events WHERE alloc_id=? AND task=? AND seq NOT IN "
+                "(SELECT seq FROM run_task_events WHERE alloc_id=? AND task=? ORDER BY seq DESC LIMIT ?)",
+                (alloc_id, task, alloc_id, task, TASK_EVENTS_KEPT),
+            )
+
+    def task_events(self, alloc_id: str, task: str) -> list[dict[str, Any]]:
+        """A task's kept events, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT event FROM run_task_events WHERE alloc_id=? AND task=? ORDER BY seq", (alloc_id, task)
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
 
     def lost(self, alloc_id: str, task: str) -> None:
         """The task ended while no run followed it and its driver cannot tell how (Nomad's "lost"):

@@ -24,7 +24,7 @@ from driversdk.model import Capabilities, ExitResult, LinuxResources, PortMappin
 from driversdk.mounts import Mount, MountRequest
 from driversdk.runner import logcollect, restarts, taskenv
 from driversdk.runner.drivermanager import TaskLost, TrackedTask, WaitFailed
-from driversdk.runner.events import RunEvent
+from driversdk.runner.events import EventType, RunEvent, RunEventType, split_type
 from driversdk.runner.hooks import TaskHook
 from driversdk.runner.hooks.csi_plugin import CSIPluginSupervisorHook
 from driversdk.runner.hooks.logs import LogCollectionHook
@@ -93,13 +93,29 @@ class TaskRunner:
 
     # --- events --------------------------------------------------------------------------------
 
-    def event(self, message: str, kind: str = "task") -> None:
+    def event(self, message: str, kind: str = "task", *, type: str = "", show: bool = True, **fields: Any) -> None:
+        """Report (and keep, for ``driversdk status``) one of the task's events. A message that
+        starts with one of Nomad's event types ("Sibling Task Failed: …") is of that type; the
+        other fields are :class:`RunEvent`'s (exit_code, signal, fails_task, details, …).
+        ``show`` False keeps it without a line (the run's error line says the same)."""
+        if not type:
+            type, rest = split_type(message)
+            if kind == "task":
+                message = rest
         a = self.alloc
-        a.emit(RunEvent(kind, message, job=a.job.name, group=a.group.name, alloc_id=a.alloc_id, task=self.task.name))
+        event = RunEvent(kind, message, job=a.job.name, group=a.group.name, alloc_id=a.alloc_id, task=self.task.name,
+                         type=type, **fields)  # fmt: skip
+        try:
+            a.state.task_event(a.alloc_id, self.task.name, event.to_json())
+        except StateWriteError as err:
+            a.node.state_failed(err)  # the run ends with it, as with any other state write
+        if show:
+            a.emit(event)
 
     @property
     def label(self) -> str:
-        return f"{self.task.driver}, alloc {self.alloc.alloc_id[:8]}"
+        """The driver, as the started and recovered lines name it (they name the allocation too)."""
+        return self.task.driver
 
     @property
     def client(self) -> DriverClient:
@@ -137,7 +153,7 @@ class TaskRunner:
         self.failure = str(err)
         if self.result is None:
             self.result = ExitResult(exit_code=1)
-        self.event(f"failed: {err}")
+        self.event(str(err), type=RunEventType.FAILED, fails_task=True)
         self.alloc.node.state_failed(err)
 
     def _run(self) -> None:
@@ -168,16 +184,41 @@ class TaskRunner:
             except StateWriteError:
                 raise  # no restart can record more than this one did
             except DriverSDKError as err:
-                if self.tracker is None or self.alloc.stop_requested() or self._stopping.is_set():
-                    raise
                 # Nomad's event types: the driver's StartTask failed, or a hook before it did.
-                failure = restarts.DRIVER_FAILURE if isinstance(err, PluginCallError) else restarts.SETUP_FAILURE
-                self.event(f"{failure}: {err}")
+                driver = isinstance(err, PluginCallError)
+                failure = EventType.DRIVER_FAILURE if driver else EventType.SETUP_FAILURE
+                quiet = self.tracker is None or self.alloc.stop_requested() or self._stopping.is_set()
+                # Without a restart policy the run's error line reports it: kept for status only.
+                self.event(str(err), type=failure, show=not quiet,
+                           details={("driver_error" if driver else "setup_error"): str(err)})  # fmt: skip
+                if self.tracker is None or quiet:
+                    raise
                 kind, delay = self.tracker.start_failed(getattr(err, "recoverable", False)).state()
-                self.event(f"{kind}: {restarts.event_message(kind, reason=self.tracker.reason, delay=delay)}")
-                if kind != restarts.RESTARTING or self._sleep_unless_stopped(delay):
+                self._policy_event(kind, delay)
+                if kind != restarts.RESTARTING:
+                    raise
+                if self._sleep_unless_stopped(delay):
+                    self._killed_between()  # stopped on purpose: the run says "interrupted", not this error
                     raise
                 count = self.tracker.restarts
+
+    def _policy_event(self, kind: str, delay: float = 0.0) -> None:
+        """The restart policy's verdict: Restarting (after ``delay``) or Not Restarting."""
+        assert self.tracker is not None
+        message = restarts.event_message(kind, reason=self.tracker.reason, delay=delay)
+        reason = {"restart_reason": self.tracker.reason} if self.tracker.reason else {}
+        if kind == restarts.RESTARTING:
+            self.event(message, type=EventType.RESTARTING, start_delay=delay,
+                       details={**reason, "start_delay": str(round(delay * 1e9))})  # fmt: skip
+        else:
+            self.event(message, type=kind, fails_task=kind == restarts.NOT_RESTARTING, details=reason)
+
+    def _killed_between(self) -> None:
+        """Stopped while waiting for a restart: the task is dead, stopped on purpose (Nomad's
+        Killed), not failed."""
+        self.event(restarts.event_message(restarts.KILLED), type=EventType.KILLED)
+        if self.started or self.config is not None:
+            self.alloc.state.killed(self.alloc.alloc_id, self.task.name)
 
     def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait ``delay`` seconds; True as soon as the task, its allocation or the run is stopped."""
@@ -207,8 +248,12 @@ class TaskRunner:
         proto = convert.task_handle_to_proto(handle).SerializeToString()
         state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id, proto,
                       a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
-        self.event(f"started ({self.label})" + (f", restart {restarts_done}" if restarts_done else ""))
+        self._started_event(restarts_done)
         self._follow()
+
+    def _started_event(self, restarts_done: int) -> None:
+        details = {"driver": self.task.driver} | ({"restarts": str(restarts_done)} if restarts_done else {})
+        self.event("Task started by client", type=EventType.STARTED, details=details)
 
     def interpolate(self, value: Any) -> Any:
         """``${…}`` in a string (or in the strings of a config) replaced as Nomad's client does."""
@@ -281,13 +326,14 @@ class TaskRunner:
             # The task ended (or went) while no run followed it, and the driver cannot say how: it
             # is lost, as Nomad's client marks a task it cannot restore. The driver does not track
             # it any more, so its removal finding nothing is no failure (see _destroy_task).
-            self.event(f"lost: it ended or went while no run followed it, and could not be recovered: {err}")
+            self.event(f"lost: it ended or went while no run followed it, and could not be recovered: {err}",
+                       type=EventType.RESTORE_FAILED, fails_task=True)  # fmt: skip
             self._unrecovered = True
             self.result = ExitResult(exit_code=1)
             self.alloc.state.lost(self.alloc.alloc_id, self.task.name)
             self.done.set()
             return
-        self.event(f"recovered ({self.label})")
+        self.event(f"recovered ({self.label})", type=RunEventType.RECOVERED)
         self._follow()
 
     # --- running -------------------------------------------------------------------------------
@@ -322,7 +368,7 @@ class TaskRunner:
         self.failure = f"following the task failed: {type(err).__name__}: {err}"
         if self.result is None:
             self.result = ExitResult(exit_code=1)
-        self.event(f"failed: {self.failure}")
+        self.event(self.failure, type=RunEventType.FAILED, fails_task=True)
         self.alloc.node.stopping.set()
 
     def _wait_and_record(self) -> bool:
@@ -339,22 +385,31 @@ class TaskRunner:
             result = ExitResult(exit_code=1)
         if self.failure and result.successful:
             result = ExitResult(exit_code=1, signal=result.signal)
-        self.event(f"{restarts.TERMINATED}: {restarts.event_message(restarts.TERMINATED, result=result)}")
+        oom_detail = {"oom_killed": "true"} if result.oom_killed else {}
+        self.event(restarts.event_message(restarts.TERMINATED, result=result), type=EventType.TERMINATED,
+                   exit_code=result.exit_code, signal=result.signal, details=oom_detail)  # fmt: skip
         final = self._restart_after(result)
         if final is None:
             return False  # started again: a new wait thread follows it
         result = final
         self.result = result
+        if self._stopping.is_set() and not self.failure:
+            # Stopped on purpose (Ctrl-C, its main tasks done, a sibling failed): dead, not failed,
+            # whatever the kill signal made of its exit code.
+            self.event(restarts.event_message(restarts.KILLED), type=EventType.KILLED)
+            self.alloc.state.killed(self.alloc.alloc_id, self.task.name)
+            return True
         self.alloc.state.finished(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
                                   result.oom_killed)  # fmt: skip
         how = f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}"
         oom = " (killed: out of memory)" if result.oom_killed else ""
-        self.event(f"finished with {how}{oom}")
+        self.event(f"finished with {how}{oom}", type=RunEventType.FINISHED, exit_code=result.exit_code,
+                   signal=result.signal, fails_task=not result.successful or bool(self.failure))  # fmt: skip
         return True
 
     def skip(self, why: str) -> None:
         """The task will not start (its allocation failed or stopped before its lifecycle stage)."""
-        self.event(f"not started: {why}")
+        self.event(f"not started: {why}", type=RunEventType.NOT_STARTED)
         self.done.set()
 
     @property
@@ -365,16 +420,19 @@ class TaskRunner:
     def fail(self, why: str) -> None:
         """A hook found the task failed (a CSI plugin that never became healthy): stop it."""
         self.failure = why
-        self.event(f"failed: {why}")
+        self.event(why, type=RunEventType.FAILED, fails_task=True)
         self._stop_task()
 
     # --- stop ----------------------------------------------------------------------------------
 
     def _stop_task(self) -> None:
         if self.started and not self.done.is_set() and self.config is not None and not self._between:
-            self.event("stopping")
             try:
                 timeout = parse_duration(self.task.kill_timeout, "kill_timeout")
+                # Nomad's words, whatever the kill_signal: "interrupt" is its name for the first signal.
+                self.event(f"Sent interrupt. Waiting {restarts.go_duration(timeout)} before force killing",
+                           type=EventType.KILLING, kill_timeout=timeout,
+                           details={"kill_timeout": str(round(timeout * 1e9))})  # fmt: skip
                 self.client.stop_task(self.config.id, timeout, self.task.kill_signal)
             except DriverSDKError as err:
                 self.event(f"stop failed: {err}")
@@ -417,13 +475,13 @@ class TaskRunner:
         while True:
             kind, delay = self.tracker.state()
             if kind == restarts.NOT_RESTARTING:
-                self.event(f"{kind}: {restarts.event_message(kind, reason=self.tracker.reason)}")
+                self._policy_event(kind)
                 if result.successful:  # a service task that keeps exiting: failed by its policy
                     self.failure = self.tracker.reason
                 return result
             if kind != restarts.RESTARTING:
                 return result  # Terminated: done, successfully
-            self.event(f"{kind}: {restarts.event_message(kind, reason=self.tracker.reason, delay=delay)}")
+            self._policy_event(kind, delay)
             if not self._between:
                 self._between = True
                 self.alloc.state.restarting(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
@@ -477,7 +535,7 @@ class TaskRunner:
         proto = convert.task_handle_to_proto(handle).SerializeToString()
         state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id, proto,
                       a.alloc_dir, logmon, count)  # fmt: skip
-        self.event(f"started ({self.label}), restart {count}")
+        self._started_event(count)
         self._track_and_wait()
         if self._stopping.is_set():
             self._stop_task()  # stop() came while StartTask ran

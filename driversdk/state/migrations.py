@@ -116,6 +116,16 @@ def _v6_no_kept_plugins(db: sqlite3.Connection) -> None:
     db.execute("DROP TABLE IF EXISTS idle_plugins")
 
 
+def _v7_task_events(db: sqlite3.Connection) -> None:
+    """Each task's last events (Nomad's task event types, with exit code and signal), for
+    ``driversdk status`` to show why a task ended."""
+    db.execute(
+        "CREATE TABLE run_task_events (seq INTEGER PRIMARY KEY AUTOINCREMENT, alloc_id TEXT NOT NULL, "
+        "task TEXT NOT NULL, event TEXT NOT NULL)"
+    )
+    db.execute("CREATE INDEX run_task_events_task ON run_task_events (alloc_id, task, seq)")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_unversioned_schema,
     _v2_one_plugin_per_driver,
@@ -123,6 +133,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v4_task_restarts,
     _v5_idle_plugins,
     _v6_no_kept_plugins,
+    _v7_task_events,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from driversdk.runner import nodeattrs, portalloc
+from driversdk.runner.events import RunEventType
 from driversdk.runner.hooks import AllocHook
 from driversdk.runner.taskenv import PortValue
 
@@ -43,7 +44,7 @@ class PortsHook(AllocHook):
                                          client.reserved_ports)  # fmt: skip
         alloc.state.alloc_update(alloc.alloc_id, network=json.dumps({"ports": ports_json(alloc.ports)}))
         shown = ", ".join(f"{p.label} {p.value}" + (f"->{p.to}" if p.to else "") for p in alloc.ports)
-        alloc.event("group", f"ports: {shown}")
+        alloc.event("group", f"ports: {shown}", type=RunEventType.PORTS)
 
     def postrun(self, alloc: AllocRunner) -> None:
         portalloc.release(alloc.alloc_id)
