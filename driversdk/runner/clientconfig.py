@@ -14,23 +14,16 @@ exec drivers need neither.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
 from driversdk.paths import PATH_MAX, check_name, show
+from driversdk.runner.bundled import bundled_driver
 from driversdk.runner.hclload import HCLFileError, read_text
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS
 from driversdk.runner.problems import Problem, ValidationFailed
-
-BUNDLED = {
-    "docker": [sys.executable, "-m", "drivers.docker"],
-    "exec": [sys.executable, "-m", "drivers.exec"],
-    "raw_exec": [sys.executable, "-m", "drivers.raw_exec"],
-}
-
 
 # Nomad's client defaults (structs.DefaultMinDynamicPort / DefaultMaxDynamicPort).
 DEFAULT_MIN_DYNAMIC_PORT = 20000
@@ -91,15 +84,14 @@ class ClientConfig:
             candidate = os.path.join(self.plugin_dir, driver)
             if os.access(candidate, os.X_OK):
                 return [candidate, *args]
-        if driver in BUNDLED:
-            return list(BUNDLED[driver])
-        return None
+        bundled = bundled_driver(driver)
+        return bundled.command() if bundled is not None else None
 
     def runs_bundled(self, driver: str) -> bool:
         """Whether ``driver`` is one that ships with driversdk, left at its bundled command (not
         replaced by a plugin_dir binary or a ``command`` of the operator's own)."""
-        bundled = BUNDLED.get(driver)
-        return bundled is not None and self.driver_command(driver) == bundled
+        bundled = bundled_driver(driver)
+        return bundled is not None and self.driver_command(driver) == bundled.command()
 
     def plugin_config(self, driver: str) -> dict[str, Any]:
         block = self.plugins.get(driver)

@@ -14,14 +14,14 @@ and a failed call reads as the plugin's status would.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from driversdk.errors import ConfigError, DriverError, DriverSDKError, PluginCallError
+from driversdk.errors import ConfigError, DriverError, DriverSDKError, PluginCallError, PluginError
 from driversdk.hclspec import Spec, decode, encode
 from driversdk.model import AgentConfig, Attribute, Capabilities, Fingerprint
+from driversdk.runner.bundled import bundled_driver
 from driversdk.runner.clientconfig import ClientConfig
 
 if TYPE_CHECKING:
@@ -29,19 +29,12 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# The module of each bundled driver whose build(for_checks=...) makes it.
-BUILDERS = {
-    "docker": "drivers.docker.main",
-    "exec": "drivers.exec.main",
-    "raw_exec": "drivers.raw_exec.main",
-}
-
 
 def answers_here(client: ClientConfig, driver: str) -> bool:
     """Whether a check of ``driver`` is answered in this process: a bundled driver that the
     client config leaves at its bundled command (a plugin_dir binary or a ``command`` of the
     operator's own is launched as the plugin it is)."""
-    return driver in BUILDERS and client.runs_bundled(driver)
+    return client.runs_bundled(driver)
 
 
 class InProcessDriver:
@@ -49,8 +42,12 @@ class InProcessDriver:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        module = importlib.import_module(BUILDERS[name])
-        build: Callable[..., DriverPlugin] = module.build
+        bundled = bundled_driver(name)
+        if bundled is None:
+            raise PluginError(f"{name} is not a bundled driver of this driversdk installation")
+        # The module of its plugin's entry point, imported from where driversdk is; its
+        # build(for_checks=...) makes the driver.
+        build: Callable[..., DriverPlugin] = bundled.load().build
         try:
             self._driver = build(for_checks=True)
         except DriverSDKError:

@@ -36,9 +36,9 @@ def _client(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def exec_plugins(run_pid: int) -> list[int]:
-    """Exec plugin processes launched by the run (its children running `-m drivers.exec`)."""
+    """Exec plugin processes launched by the run (its children running `drivers.exec.main`)."""
     found = []
-    for line in processes("-m drivers.exec"):
+    for line in processes("drivers.exec.main"):
         pid = int(line.split(":", 1)[0])
         with open(f"/proc/{pid}/stat") as f:
             ppid = int(f.read().rsplit(")", 1)[1].split()[1])

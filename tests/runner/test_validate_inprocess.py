@@ -24,7 +24,8 @@ from driversdk.errors import DriverSDKError
 from driversdk.hclspec import Spec
 from driversdk.plugin import host
 from driversdk.plugin.host import StartingPlugin, pid_alive
-from driversdk.runner.clientconfig import BUNDLED, ClientConfig, load_client
+from driversdk.runner.bundled import bundled_drivers
+from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.inprocess import InProcessDriver, answers_here
 from driversdk.runner.validate import check_files
 from tests.runner.conftest import IMAGE
@@ -64,7 +65,7 @@ def both(request: pytest.FixtureRequest) -> Iterator[tuple[str, InProcessDriver,
     """A bundled driver built here, and the same driver launched as its plugin."""
     name: str = request.param
     here = InProcessDriver(name)
-    plugin = launch(BUNDLED[name], name=name)
+    plugin = launch(bundled_drivers()[name].command(), name=name)
     try:
         yield name, here, plugin
     finally:
@@ -97,7 +98,7 @@ def test_a_bundled_driver_answers_here_as_its_plugin_does(
 @pytest.mark.parametrize(("name", "config"), BAD_CONFIGS, ids=[f"{n}-{sorted(c)[0]}" for n, c in BAD_CONFIGS])
 def test_a_bad_plugin_config_reads_the_same_here_and_from_the_plugin(name: str, config: dict[str, Any]) -> None:
     here = InProcessDriver(name)
-    plugin = launch(BUNDLED[name], name=name)
+    plugin = launch(bundled_drivers()[name].command(), name=name)
     try:
         with pytest.raises(DriverSDKError) as ours:
             here.set_config(config)
@@ -166,7 +167,8 @@ def test_a_docker_plugin_of_the_operators_own_is_launched_for_checks(
 
 
 def test_only_bundled_drivers_at_their_bundled_command_answer_here(tmp_path: Path) -> None:
-    assert all(answers_here(ClientConfig(), name) for name in BUNDLED)
+    assert sorted(bundled_drivers()) == ["docker", "exec", "raw_exec"]
+    assert all(answers_here(ClientConfig(), name) for name in bundled_drivers())
     assert not answers_here(ClientConfig(), "hello")
     plugins = tmp_path / "plugins"
     plugins.mkdir()
