@@ -232,12 +232,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
     from driversdk.runner.clientconfig import load_client
     from driversdk.runner.events import error_event, printer
+    from driversdk.runner.hcl import Inputs
     from driversdk.runner.run import EXIT_REFUSED, EXIT_TASK_FAILED, RunFailed, RunRefused, run_jobs
 
     client = load_client(args.client)
     try:
         emit = printer(args.json, lambda s: print(s, flush=True))
-        return run_jobs(list(args.job), client, emit)
+        variables = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
+        return run_jobs(list(args.job), client, emit, variables=variables)
     except RunRefused as err:  # before anything started
         if args.json:
             print(error_event(str(err)).json(), flush=True)
@@ -331,6 +333,26 @@ def _last_events(events: list[dict[str, Any]], *, failed: bool) -> str:
         if reasons and reasons[-1] is not shown[-1]:
             out += f"; failed by {say(reasons[-1])}"
     return out
+
+
+def cmd_system_gc(args: argparse.Namespace) -> int:
+    """Collect every terminal allocation of the data dir now (Nomad's ``nomad system gc``): exit 0
+    when all were collected, 1 when one had to be kept (each said in one line on stderr)."""
+    from driversdk.runner.allocgc import GCPolicy, collect
+    from driversdk.runner.runstate import RunState
+
+    data_dir = _data_dir(args, existing=True)
+    state = RunState(data_dir)
+    try:
+        report = collect(data_dir, state, GCPolicy(), everything=True)
+    finally:
+        state.close()
+    for alloc_id, job, _ in report.collected:
+        print(f'garbage collected allocation {alloc_id[:8]} of job "{job}"')
+    for _, why in report.kept:
+        print(f"error: {why}", file=sys.stderr)
+    print(f"{len(report.collected)} terminal allocation(s) garbage collected, {len(report.kept)} kept")
+    return 1 if report.kept else 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -801,6 +823,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", nargs="+", help="the job file(s) (HCL); one process runs them all, one plugin per driver")
     run.add_argument("--client", help="the client config file (HCL): data_dir, host volumes, plugins")
     run.add_argument("--json", action="store_true", help="print one JSON object per event line")
+    run.add_argument(
+        "-var", "--var", action="append", metavar="NAME=VALUE", help="a value for a variable the job declares"
+    )
+    run.add_argument(
+        "-var-file", "--var-file", action="append", metavar="FILE", help="variable values (HCL, or JSON if .json)"
+    )
     run.set_defaults(func=cmd_run)
 
     status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")
@@ -813,6 +841,11 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-n", "--tail", type=_count, metavar="N", help="only the last N lines, across rotated files")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing while the task runs")
     logs.set_defaults(func=cmd_logs)
+
+    system = sub.add_parser("system", parents=[where], help="maintenance of this client's data dir")
+    system_sub = system.add_subparsers(dest="system_cmd", required=True)
+    gc = system_sub.add_parser("gc", parents=[where], help="garbage-collect every terminal allocation now")
+    gc.set_defaults(func=cmd_system_gc)
 
     pstatus = plugin_sub.add_parser("status", parents=[where], help="CSI plugins registered on this client")
     pstatus.add_argument("--json", action="store_true")
@@ -875,6 +908,7 @@ _TAKES: dict[Any, tuple[str, ...]] = {
     cmd_run: ("client",),
     cmd_status: DATA_DIR_OPTIONS,
     cmd_logs: DATA_DIR_OPTIONS,
+    cmd_system_gc: DATA_DIR_OPTIONS,
     cmd_plugin_status: DATA_DIR_OPTIONS,
     cmd_volume_register: DATA_DIR_OPTIONS,
     cmd_volume_status: DATA_DIR_OPTIONS,
@@ -902,7 +936,7 @@ def _merge_where(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 def _command(args: argparse.Namespace) -> str:
-    keys = ("plugin_cmd", "volume_cmd", "snapshot_cmd")
+    keys = ("plugin_cmd", "volume_cmd", "snapshot_cmd", "system_cmd")
     words = [args.cmd] + [getattr(args, k) for k in keys if getattr(args, k, None)]
     return "driversdk " + " ".join(words)
 

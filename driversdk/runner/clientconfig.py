@@ -72,6 +72,12 @@ class ClientConfig:
     # Nomad's ``client.reserved { reserved_ports }``: never given to a group, static or dynamic.
     reserved_ports: frozenset[int] = frozenset()
     reserved_ports_text: str = ""
+    # Nomad's client garbage collection of terminal allocations (driversdk.runner.allocgc), with
+    # Nomad's defaults; gc_interval in seconds.
+    gc_max_allocs: int = 50
+    gc_disk_usage_threshold: float = 80.0
+    gc_inode_usage_threshold: float = 70.0
+    gc_interval: float = 60.0
     # What the file holds that the runner has no use for, said once.
     notes: list[str] = field(default_factory=list)
 
@@ -451,6 +457,60 @@ def _node(file: str, data: dict[str, Any], client: dict[str, Any], cfg: ClientCo
         )
 
 
+_GC_KEYS = ("gc_max_allocs", "gc_disk_usage_threshold", "gc_inode_usage_threshold", "gc_interval")
+
+
+def _gc(file: str, client: dict[str, Any], cfg: ClientConfig, problems: list[Problem]) -> None:
+    """The garbage collection options Nomad's client takes (``client { gc_max_allocs = 50 … }``)."""
+    from driversdk.durations import parse_duration
+    from driversdk.errors import ConfigError
+
+    count = client.get("gc_max_allocs")
+    if count is not None:
+        number = int(count) if isinstance(count, str) and count.isdigit() else count
+        if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+            problems.append(
+                Problem(
+                    file,
+                    f"client.gc_max_allocs must be a number of allocations (1 or more), not {_shown(count)}",
+                    field="client.gc_max_allocs",
+                )
+            )
+        else:
+            cfg.gc_max_allocs = number
+    for key in ("gc_disk_usage_threshold", "gc_inode_usage_threshold"):
+        value = client.get(key)
+        if value is None:
+            continue
+        try:
+            percent = float(value) if not isinstance(value, bool) else -1.0
+        except (TypeError, ValueError):
+            percent = -1.0
+        if not 0 <= percent <= 100:
+            problems.append(
+                Problem(file, f"client.{key} must be a percentage (0-100), not {_shown(value)}", field=f"client.{key}")
+            )
+        else:
+            setattr(cfg, key, percent)
+    interval = client.get("gc_interval")
+    if interval is not None:
+        try:
+            seconds = parse_duration(interval, "client.gc_interval")
+        except ConfigError as err:
+            problems.append(Problem(file, str(err), field="client.gc_interval"))
+        else:
+            if seconds <= 0:
+                problems.append(
+                    Problem(
+                        file,
+                        f'client.gc_interval {interval!r} must be more than zero, such as "1m"',
+                        field="client.gc_interval",
+                    )
+                )
+            else:
+                cfg.gc_interval = seconds
+
+
 def parse_port_ranges(text: str) -> frozenset[int] | None:
     """Nomad's port list syntax (``"22,80,8500-8600"``) → the ports, or None when it is not one."""
     out: set[int] = set()
@@ -544,7 +604,7 @@ def load_client(path: str | Path | None) -> ClientConfig:
         )
         client = {}
     for key in client:
-        if key in ("host_volume", *_CLIENT_NODE_KEYS):
+        if key in ("host_volume", *_CLIENT_NODE_KEYS, *_GC_KEYS):
             continue
         if key in _CLIENT_KEYS:
             unused.append(f"client.{key}")
@@ -553,6 +613,7 @@ def load_client(path: str | Path | None) -> ClientConfig:
         hint = f'; did you mean "{close[0]}"?' if close else "; remove it or check its spelling"
         problems.append(Problem(file, f"unknown client option {key!r}{hint}", field=f"client.{key}"))
     _node(file, data, client, cfg, problems)
+    _gc(file, client, cfg, problems)
     volumes: list[tuple[str, dict[str, Any]]] = []
     for key, blocks in (("host_volume", data.get("host_volume")), ("client.host_volume", client.get("host_volume"))):
         found = _labelled(blocks)

@@ -13,6 +13,7 @@ undone in reverse. What happens is reported as :class:`~driversdk.runner.events.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -170,7 +171,7 @@ def _batches(
 
 
 def _validate(
-    paths: list[str], client: ClientConfig, emit: Emit
+    paths: list[str], client: ClientConfig, emit: Emit, variables: Inputs | None = None
 ) -> tuple[list[Job], dict[str, DriverClient], dict[str, dict[str, str]]]:
     """Every job checked before anything starts; the driver plugins validation launched are kept
     (one per driver) for the driver manager, with the node attributes they fingerprinted."""
@@ -181,7 +182,7 @@ def _validate(
     for path in paths:
         kept: dict[str, DriverClient] = {}
         # File functions read only below the job file's directory (see FilePolicy).
-        inputs = Inputs(files=FilePolicy.beside(path))
+        inputs = dataclasses.replace(variables or Inputs(), files=FilePolicy.beside(path))
         report = validate_job(path, client, keep_plugins=kept, inputs=inputs, while_starting=_load_run_side)
         for driver, plugin in kept.items():
             if driver in spare:
@@ -215,12 +216,14 @@ def run_jobs(
     client: ClientConfig,
     emit: Emit,
     stop: threading.Event | None = None,
+    variables: Inputs | None = None,
 ) -> int:
     """Run the jobs' allocations in this process until their tasks finish (or ``stop``); returns
     the exit code (EXIT_OK, EXIT_TASK_FAILED, EXIT_REFUSED). Every plugin the run launched is shut
-    down before it returns: nothing of it runs on."""
+    down before it returns: nothing of it runs on. ``variables``: the jobs' variable values
+    (``-var``, ``-var-file``, ``NOMAD_VAR_*``), as ``nomad job run`` takes them."""
     emit = _one_at_a_time(emit)  # tasks start and exit in threads of their own: one line at a time
-    jobs, spare, attributes = _validate(paths, client, emit)
+    jobs, spare, attributes = _validate(paths, client, emit, variables)
     if not jobs:
         return EXIT_REFUSED
     from driversdk.csi.cancel import CallCancelled
