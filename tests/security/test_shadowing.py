@@ -165,3 +165,30 @@ def test_driversdk_names_no_driver_module_in_a_string() -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("drivers."):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     assert found == []
+
+
+def test_validate_refuses_a_driver_package_already_imported_from_elsewhere(tmp_path: Path) -> None:
+    # Something in the CLI's process imported a `drivers` package off its own path first: the
+    # in-process checks refuse it with a sentence instead of asking the hostile driver.
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    hostile = tmp_path / "hostile"
+    _plant(hostile, markers, ("drivers",))
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(hostile)!r})\n"
+        "import drivers\n"
+        "from driversdk.errors import PluginError\n"
+        "from driversdk.runner.inprocess import InProcessDriver\n"
+        "try:\n"
+        "    InProcessDriver('exec')\n"
+        "except PluginError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"the bundled exec driver cannot be loaded: the 'drivers' package this process already imported is at "
+        f"{hostile / 'drivers'}, not beside driversdk in {ROOT}; remove that directory from PYTHONPATH"
+    )
+    assert sorted(m.name.rpartition("-")[0] for m in markers.iterdir()) == ["drivers"]
