@@ -7,15 +7,14 @@ import dataclasses
 import hashlib
 import logging
 import os
+import shutil
 import signal as signals
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from drivers.exec import owner, reconcile, supervisor
+from drivers.exec import owner, reconcile
 from drivers.exec import rootfs as task_root
 from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, resolv_conf
 from drivers.exec.config import DEFAULT_TASK_USER, PluginConfig, TaskExecConfig, plugin_spec, task_spec
@@ -24,11 +23,8 @@ from drivers.exec.network import NetworkManager
 from drivers.exec.owner import ProcessIdentity, TaskRecord
 from drivers.exec.reconcile import Reconciler, ReconcileSettings, claim
 from drivers.exec.runc import Runc
-from drivers.exec.store import DriverState, ExecTask
-from driversdk import procwatch
-from driversdk.driver import DriverPlugin, ExecSession
-from driversdk.errors import DriverError, TaskStillRunningError
-from driversdk.exits import supervised_exit
+from drivers.exec.store import DriverState
+from driversdk.errors import DriverError
 from driversdk.model import (
     AgentConfig,
     Capabilities,
@@ -42,27 +38,20 @@ from driversdk.model import (
     NetworkIsolationSpec,
     TaskConfig,
     TaskHandle,
-    TaskState,
-    TaskStats,
-    TaskStatus,
 )
 from driversdk.mounts import ensure_mounts_usable
-from driversdk.signals import signal_name
+from driversdk.taskkit import supervisor
+from driversdk.taskkit.base import KILL_WAIT, SupervisedDriver, SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup
 from driversdk.taskkit.ids import check_user_allowed, lookup_user
 from driversdk.taskkit.logs import open_logs
-from driversdk.taskkit.stats import task_stats
-from driversdk.taskkit.streaming import run_session
+from driversdk.taskkit.supervisor import SUPERVISOR_ENV, Launch
 from driversdk.taskkit.taskdirs import grant_task_dirs
-from driversdk.taskkit.taskmap import TaskMap
 
 if TYPE_CHECKING:
     from driversdk.hclspec import Spec  # the schema classes load when the host first asks for one
 
 log = logging.getLogger("driversdk.exec")
-
-DEFAULT_STOP_SIGNAL = "SIGINT"  # what Nomad's executor-based drivers send by default
-KILL_WAIT = 10.0
 
 
 def container_id_for(task_id: str) -> str:
@@ -70,14 +59,41 @@ def container_id_for(task_id: str) -> str:
     return "dsx-" + hashlib.sha256(task_id.encode()).hexdigest()[:24]
 
 
-class ExecDriver(DriverPlugin):
+def runc_launch(runc: Runc, bundle: str, container_id: str, config: PluginConfig) -> Launch:
+    """The task's launch: ``runc run`` in the foreground under the kit's supervisor. --keep leaves
+    the stopped container (and its cgroup, where cgroup v1 counts OOM kills) for DestroyTask;
+    --no-pivot (the plugin's no_pivot_root) enters the root with MS_MOVE and chroot, which a root
+    file system on a ramdisk (initramfs) needs. runc reports a signalled task as 128 + N."""
+    program = shutil.which(runc.path, path=SUPERVISOR_ENV["PATH"])
+    if program is None:
+        raise DriverError(f"runc binary {runc.path!r} was not found; install runc or set the plugin's runtime_path")
+    pivot = ["--no-pivot"] if config.no_pivot_root else []
+    argv = runc.command("run", "--keep", *pivot, "--bundle", bundle, container_id)
+    return Launch(
+        path=os.path.abspath(program), argv=argv, env=dict(SUPERVISOR_ENV), cwd=bundle, signal_in_exit_code=True
+    )
+
+
+def is_supervisor(pid: int, state: DriverState) -> bool:
+    """Whether ``pid`` is still this task's supervisor: the kit's, or the ``/bin/sh`` that ran
+    ``runc run`` for tasks started by driversdk before the kit (it names the container id)."""
+    if supervisor.is_supervisor(pid, state.spec_file):
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return argv[:1] == [b"/bin/sh"] and state.container_id.encode() in argv
+
+
+class ExecDriver(SupervisedDriver[DriverState]):
     name = "exec"
     version = "0.1.0"
 
     def __init__(self) -> None:
         super().__init__()
         self.config = PluginConfig()
-        self._tasks: TaskMap[ExecTask] = TaskMap()
         self._detected = False
         self._reconciler = Reconciler(self._reconcile_settings, self._tracked_keys)
 
@@ -85,7 +101,7 @@ class ExecDriver(DriverPlugin):
 
     def _tracked_keys(self) -> set[str]:
         """What the reconciler must leave alone: every task this plugin tracks."""
-        return {t.state.container_id for t in self._tasks.records()}
+        return {t.state.container_id for t in self.tasks.records()}
 
     def config_schema(self) -> Spec:
         return plugin_spec()
@@ -142,7 +158,7 @@ class ExecDriver(DriverPlugin):
     # --- start -----------------------------------------------------------------------------
 
     def start_task(self, task: TaskConfig) -> TaskHandle:
-        if self._tasks.has(task.id):
+        if self.tasks.has(task.id):
             raise DriverError(f"task with ID {task.id!r} already started")
         # Everything that can be refused is checked before anything is created.
         cfg = TaskExecConfig.from_decoded(task.driver_config, self.config, task=task.name)
@@ -217,8 +233,8 @@ class ExecDriver(DriverPlugin):
                 host_pid_mode=cfg.pid_mode == "host",
                 cgroup_parent=cgroup.parent,
             )
-            pid = supervisor.spawn(
-                runc.command(), task_dir, cid, state.status_file, fds[0], fds[1], no_pivot=self.config.no_pivot_root
+            pid, _runc_pid = supervisor.spawn(
+                task_dir, runc_launch(runc, task_dir, cid, self.config), *fds, task=task.name
             )
             # From here the host gets the handle, and with it the duty to recover or destroy the task.
             owner.save(record.moved_to("started", ProcessIdentity.current()))
@@ -245,112 +261,34 @@ class ExecDriver(DriverPlugin):
                     os.close(fd)
 
         state = dataclasses.replace(state, supervisor_pid=pid)
-        tracked = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(started, UTC))
-        self._tasks.put(tracked)
-        self._watch(tracked, own_child=True)
         log.info("started task %s as runc container %s (supervisor pid %d)", task.id, cid, pid)
-        return TaskHandle(config=task, driver_state=state.encode(), state=TaskState.RUNNING)
+        return self.track(task, state)
 
-    def _watch(self, record: ExecTask, *, own_child: bool) -> None:
-        """Have the process-wide watcher report the supervisor's exit: no thread per task.
+    # --- what the kit asks of this driver ----------------------------------------------------
 
-        A supervisor we spawned is our child, reaped once it exits. One a predecessor spawned is
-        not: its pid may have been reused by the time we look, so the watcher checks it is still
-        this container's supervisor before and after pinning it with a pidfd."""
-        state = record.state
-        pid = state.supervisor_pid
+    def decode_state(self, handle: TaskHandle) -> DriverState:
+        return DriverState.decode(handle.driver_state, handle.version)
 
-        def exited(_returncode: int | None) -> None:
-            # The shell's own status says nothing: runc's exit code is in the status file.
-            self._exited(record)
+    def task_cgroup(self, state: DriverState) -> TaskCgroup:
+        return TaskCgroup(state.container_id, state.cgroup_v2, state.cgroup_parent)
 
-        identity = None if own_child else lambda: supervisor.is_supervisor(pid, state.container_id)
-        procwatch.watch(pid, exited, reap=own_child, identity=identity)
-
-    def _exited(self, record: ExecTask) -> None:
-        """The supervisor is gone: record the task's exit. Runs on the watcher thread, which
-        serves every task of this plugin, so it only reads two small files."""
-        record.counter_files.close()  # no more samples: the stats stream ends with the task
-        state = record.state
-        ended = supervised_exit(record.task, supervisor.read_status(state.status_file), record.cgroup.oom_killed)
-        record.finish(ended.result, ended.completed_at)
-        if ended.event is not None:
-            self.emit_event(ended.event)
-
-    # --- recovery --------------------------------------------------------------------------
-
-    def recover_task(self, handle: TaskHandle) -> None:
-        task = handle.config
-        if self._tasks.has(task.id):
-            return
-        state = DriverState.decode(handle.driver_state, handle.version)
-        # The host holds a handle, so the task is "started" and ours from now on. A task started
-        # by an older plugin version has no record yet: it gets one.
+    def claim(self, state: DriverState) -> None:
+        # A task started by an older plugin version has no record yet: it gets one.
         tasks_dir = os.path.dirname(state.task_dir)
         if os.path.isdir(tasks_dir):
             claim(_record_of(state), os.path.dirname(tasks_dir))
-        finished = supervisor.read_status(state.status_file) is not None
-        alive = supervisor.is_supervisor(state.supervisor_pid, state.container_id)
-        if not finished and not alive:
-            # The supervisor is gone without a status: nobody can report this task's exit.
-            # Release what is left so the host's follow-up start does not trip over it.
-            self._release(state)
-            raise DriverError(
-                f"task {task.name!r} cannot be recovered: its supervisor (pid {state.supervisor_pid}) is gone "
-                "without recording an exit status; the task will be restarted",
-                recoverable=True,
-            )
-        record = ExecTask(task=task, state=state, started_at=datetime.fromtimestamp(state.started_at, UTC))
-        self._tasks.put(record)
-        self._watch(record, own_child=False)
-        log.info("recovered task %s (runc container %s)", task.id, state.container_id)
 
-    # --- wait / stop / destroy -------------------------------------------------------------
+    def is_supervisor(self, state: DriverState) -> bool:
+        return is_supervisor(state.supervisor_pid, state)
 
-    def wait_task(self, task_id: str) -> ExitResult:
-        result = self._tasks.get(task_id).exit.wait()
-        assert result is not None  # no timeout: wait returns only once the exit is set
-        return result
+    def send_signal(self, state: DriverState, sig: str, *, stopping: bool) -> bool:
+        # In the host's pid namespace the task's own processes are not killed with its init.
+        return self.runc.kill(state.container_id, sig, all_processes=state.host_pid_mode)
 
-    def watch_exit(self, task_id: str, callback: Callable[[ExitResult], None]) -> bool:
-        self._tasks.get(task_id).exit.add_callback(callback)
-        return True
+    def kill_all(self, state: DriverState) -> None:
+        self.runc.kill(state.container_id, "SIGKILL", all_processes=True)
 
-    def stop_task(self, task_id: str, timeout: float, signal: str) -> None:
-        record = self._tasks.get(task_id)
-        if record.exit.done:
-            return
-        sig = signal_name(signal or DEFAULT_STOP_SIGNAL)
-        cid = record.state.container_id
-        self.runc.kill(cid, sig, all_processes=record.state.host_pid_mode)
-        if record.exit.wait(timeout) is not None:
-            return
-        log.info("task %s did not stop within %.1fs after %s; killing it", task_id, timeout, sig)
-        self.runc.kill(cid, "SIGKILL", all_processes=True)
-        if record.exit.wait(KILL_WAIT) is None:
-            raise DriverError(
-                f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry stopping it",
-                recoverable=True,
-            )
-
-    def destroy_task(self, task_id: str, force: bool) -> None:
-        record = self._tasks.get(task_id)
-        if not record.exit.done:
-            if not force:
-                raise TaskStillRunningError(
-                    f"task {record.task.name!r} is still running; stop it first or destroy it with force"
-                )
-            self.runc.kill(record.state.container_id, "SIGKILL", all_processes=True)
-            if record.exit.wait(KILL_WAIT) is None:
-                raise DriverError(
-                    f"task {record.task.name!r} did not exit within {KILL_WAIT:.0f}s of SIGKILL; retry destroying it",
-                    recoverable=True,
-                )
-        record.counter_files.close()
-        self._release(record.state)
-        self._tasks.remove(task_id)
-
-    def _release(self, state: DriverState) -> None:
+    def release(self, state: DriverState) -> None:
         """Remove the container, the task's cgroups, its bundle and its record; safe to repeat."""
         record = owner.load(owner.record_path(state.task_dir))
         if record is not None:
@@ -363,35 +301,17 @@ class ExecDriver(DriverPlugin):
         task_root.remove_task_dir(state.task_dir)
         owner.remove(state.task_dir)
 
-    # --- inspect / signal / exec / stats ----------------------------------------------------
+    def driver_attributes(self, record: SupervisedTask[DriverState]) -> dict[str, str]:
+        return {"container_id": record.state.container_id}
 
-    def inspect_task(self, task_id: str) -> TaskStatus:
-        record = self._tasks.get(task_id)
-        done = record.exit.done
-        return TaskStatus(
-            id=record.task.id,
-            name=record.task.name,
-            state=TaskState.EXITED if done else TaskState.RUNNING,
-            started_at=record.started_at,
-            completed_at=record.completed_at if done else None,
-            result=record.exit.result or ExitResult(),
-            driver_attributes={"container_id": record.state.container_id},
-        )
-
-    def signal_task(self, task_id: str, signal: str) -> None:
-        record = self._tasks.get(task_id)
-        if record.exit.done:
-            raise DriverError(f"task {record.task.name!r} has already exited; it cannot be signalled")
-        sig = signal_name(signal)
-        if not self.runc.kill(record.state.container_id, sig, all_processes=record.state.host_pid_mode):
-            raise DriverError(f"failed to send {sig} to task {record.task.name!r}: its container is not running")
+    def exec_command(
+        self, record: SupervisedTask[DriverState], command: list[str]
+    ) -> tuple[list[str], dict[str, str] | None]:
+        return self.runc.exec_command(record.state.container_id, command), None
 
     def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
-        record = self._tasks.get(task_id)
-        if not command:
-            raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
-        if record.exit.done:
-            raise DriverError(f"exec in task {record.task.name!r}: the task has exited")
+        record = self.tasks.get(task_id)
+        self.check_exec(record, command)
         pid_file = os.path.join(record.state.task_dir, f"exec-{uuid.uuid4().hex}.pid")
         argv = self.runc.exec_command(record.state.container_id, command, pid_file=pid_file)
         proc = subprocess.Popen(
@@ -415,21 +335,6 @@ class ExecDriver(DriverPlugin):
         code = proc.returncode
         sig = code - 128 if 128 < code <= 192 else (-code if code < 0 else 0)
         return ExecResult(stdout=stdout, stderr=stderr, result=ExitResult(exit_code=code, signal=sig))
-
-    def exec_task_streaming(self, session: ExecSession) -> ExitResult:
-        record = self._tasks.get(session.task_id)
-        if session.tty:
-            raise DriverError(f"exec in task {record.task.name!r}: tty sessions are not supported; run without -t")
-        if not session.command:
-            raise DriverError(f"exec in task {record.task.name!r}: the command is empty; give a program to run")
-        return run_session(self.runc.exec_command(record.state.container_id, session.command), session)
-
-    def task_stats(self, task_id: str) -> TaskStats | None:
-        record = self._tasks.get(task_id)
-        if record.exit.done:
-            return None
-        stats, record.last_sample = task_stats(record.cgroup, record.last_sample, record.counter_files)
-        return stats
 
     # --- networking --------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from drivers.exec.runc import Runc
 from driversdk.errors import DriverError
 from driversdk.taskkit import owner as kit
 from driversdk.taskkit.cgroups import TaskCgroup
+from driversdk.taskkit.supervisor import SPEC_FILE, processes_naming
 
 log = logging.getLogger("driversdk.exec.reconcile")
 
@@ -51,24 +52,6 @@ class ReconcileSettings:
     bridge_subnet: str
 
 
-def task_processes(container_id: str) -> list[int]:
-    """Pids whose argv carries the container id as one argument: the task's supervisor shell,
-    its ``runc run`` and any ``runc exec``. Nothing else is started with that exact argument."""
-    wanted = container_id.encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if wanted in argv:
-            found.append(int(name))
-    return found
-
-
 def release_orphan(record: TaskRecord) -> list[str]:
     """Remove everything of a task whose StartTask (or DestroyTask) died with its plugin; returns
     what was removed, each logged. Safe to repeat: each step skips what is already gone."""
@@ -76,7 +59,8 @@ def release_orphan(record: TaskRecord) -> list[str]:
     fields = {"container_id": cid, "task_dir": record.task_dir, "phase": record.phase, "owner_pid": record.owner_pid}
     removed: list[str] = []
     # The supervisor first, so it cannot record an exit (or respawn anything) while we clean up.
-    for pid in task_processes(cid):
+    # Its supervisor names its launch spec; runc's processes (run, exec) name the container id.
+    for pid in processes_naming(cid, os.path.join(record.task_dir, SPEC_FILE)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             log.info("reconciler: killed process %d of abandoned task container %s", pid, cid, extra=fields)

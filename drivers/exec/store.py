@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import json
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
+import os
+from dataclasses import asdict, dataclass
 
 from driversdk.errors import ConfigError
-from driversdk.exits import ExitSlot
-from driversdk.model import ExitResult, TaskConfig
-from driversdk.taskkit.cgroups import CGROUP_PARENT, CgroupSample, CounterFiles, TaskCgroup
+from driversdk.taskkit.cgroups import CGROUP_PARENT
+from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
 STATE_VERSION = 1
@@ -33,7 +31,12 @@ class DriverState:
 
     @property
     def status_file(self) -> str:
-        return f"{self.task_dir}/exit_status"
+        return os.path.join(self.task_dir, STATUS_FILE)
+
+    @property
+    def spec_file(self) -> str:
+        """The supervisor's launch spec (absent for a task started before the kit's supervisor)."""
+        return os.path.join(self.task_dir, SPEC_FILE)
 
     def encode(self) -> bytes:
         return json.dumps({"version": STATE_VERSION, **asdict(self)}, sort_keys=True).encode()
@@ -57,26 +60,3 @@ class DriverState:
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"failed to decode the exec driver's task state: {err}") from None
-
-
-@dataclass
-class ExecTask:
-    task: TaskConfig
-    state: DriverState
-    started_at: datetime
-    exit: ExitSlot = field(default_factory=ExitSlot)
-    """Set once by the process watcher when the supervisor is gone; wait_task and watch_exit wait on it."""
-    completed_at: datetime | None = None
-    last_sample: CgroupSample | None = None
-    counter_files: CounterFiles = field(default_factory=CounterFiles)
-    """The cgroup counter files its stats stream reads, open while the task runs."""
-
-    @functools.cached_property
-    def cgroup(self) -> TaskCgroup:
-        # Made once: a stats sample asks for it every second, and it keeps its paths joined.
-        return TaskCgroup(self.state.container_id, self.state.cgroup_v2, self.state.cgroup_parent)
-
-    def finish(self, result: ExitResult, completed_at: datetime) -> None:
-        # completed_at first: whoever sees the slot set may read it at once.
-        self.completed_at = completed_at
-        self.exit.set(result)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from drivers.raw_exec.cgroups import RawCgroup
 from driversdk.taskkit import owner as kit
 from driversdk.taskkit.owner import OwnedRecord, Phase, list_records, owner_fields, record_path, remove
+from driversdk.taskkit.supervisor import SPEC_FILE, processes_naming
 
 log = logging.getLogger("driversdk.raw_exec.reconcile")
 
@@ -68,28 +69,11 @@ def load(path: str) -> TaskRecord | None:
     return kit.load(path, TaskRecord.decode)
 
 
-def supervisor_processes(state_dir: str) -> list[int]:
-    """Pids of the task's supervisor and launchers: their argv names the task's launch spec."""
-    wanted = os.path.join(state_dir, "launch.json").encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if wanted in argv:
-            found.append(int(name))
-    return found
-
-
 def release(record: TaskRecord) -> None:
     """Kill and remove everything of the task the record names; safe to repeat."""
     fields = {"task_key": record.task_key, "phase": record.phase, "owner_pid": record.owner_pid}
     # The supervisor first, so it cannot record an exit while the rest goes.
-    for pid in supervisor_processes(record.state_dir):
+    for pid in processes_naming(os.path.join(record.state_dir, SPEC_FILE)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             log.info("reconciler: killed supervisor %d of abandoned task %s", pid, record.task_key, extra=fields)

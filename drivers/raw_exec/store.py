@@ -5,13 +5,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 
 from drivers.raw_exec.cgroups import RawCgroup
 from driversdk.errors import ConfigError
-from driversdk.exits import ExitSlot
-from driversdk.model import ExitResult, TaskConfig
-from driversdk.taskkit.cgroups import CgroupSample
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
 STATE_VERSION = 1
@@ -70,19 +66,3 @@ class RawState:
             )
         except (ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"failed to decode the raw_exec driver's task state: {err}") from None
-
-
-@dataclass
-class RawTask:
-    task: TaskConfig
-    state: RawState
-    started_at: datetime
-    exit: ExitSlot = field(default_factory=ExitSlot)
-    """Set once by the process watcher when the supervisor is gone; wait_task and watch_exit wait on it."""
-    completed_at: datetime | None = None
-    last_sample: CgroupSample | None = None
-
-    def finish(self, result: ExitResult, completed_at: datetime) -> None:
-        # completed_at first: whoever sees the slot set may read it at once.
-        self.completed_at = completed_at
-        self.exit.set(result)

@@ -1,13 +1,16 @@
 """``ProcessDriver``: a complete driver that runs each task as a host process; you say which.
 
 Subclass it, give the task schema and :meth:`ProcessDriver.command` (the task's argv from its
-decoded config), and every lifecycle call works: start (output to the host's log fifos, the task
+decoded config) or, to choose more than the argv, :meth:`ProcessDriver.launch` (a
+:class:`~driversdk.taskkit.supervisor.Launch`: program, argv, environment, working dir, user,
+cgroups, network namespace), and every lifecycle call works: start (output to the host's log fifos, the task
 dir as working directory, the task's environment), wait, stop with its timeout then SIGKILL,
 destroy, inspect, signals, exec, stats, and recovery after the plugin process restarted.
 
-Each task runs under a small shim process (:mod:`driversdk.taskkit.shim`) that forwards signals
-and records the task's exit status in a file, so a later plugin process learns how a task it did
-not start ended. The shim leads the task's process group; SIGKILL goes to the whole group.
+Each task runs under the kit's supervisor (:mod:`driversdk.taskkit.supervisor`, the one the
+bundled exec and raw_exec drivers use), which records the task's exit status in a file, so a
+later plugin process learns how a task it did not start ended. The task leads its own process
+group; signals go to the task, SIGKILL to its whole group.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,29 +45,37 @@ from driversdk.model import (
     TaskStats,
     TaskStatus,
 )
+from driversdk.taskkit import supervisor
+from driversdk.taskkit.logs import open_logs
 from driversdk.taskkit.owner import ProcessIdentity
 from driversdk.taskkit.streaming import run_session
+from driversdk.taskkit.supervisor import Launch
 from driversdk.taskkit.taskmap import TaskMap
 
-SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim.py")
-STATE_VERSION = 1
+# 2: the kit's supervisor (task pid, task dir). 1, still read: a shim that forwarded signals.
+STATE_VERSION = 2
 
 
 @dataclass
 class ProcessTask:
-    """The driver's record of one task: its shim process and how it ended."""
+    """The driver's record of one task: its supervisor, the task's pid and how it ended."""
 
     task: TaskConfig
-    shim: ProcessIdentity
-    result_file: str
+    supervisor: ProcessIdentity
+    pid: int
+    """Whom signals go to: the task, leader of its own process group."""
+    status_file: str
+    task_dir: str
+    """Its launch spec and status file; removed on destroy ("" for a version-1 task)."""
     started_at: datetime
     exit: ExitSlot = field(default_factory=ExitSlot)
     completed_at: datetime | None = None
-    killed: bool = False  # we sent SIGKILL to the group: the shim could not record the exit
+    killed: bool = False  # we sent SIGKILL to the group
 
 
 class ProcessDriver(DriverPlugin):
-    """A driver whose tasks are host processes. Implement ``task_config_schema`` and ``command``."""
+    """A driver whose tasks are host processes. Implement ``task_config_schema`` and ``command``
+    (or ``launch``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -75,9 +85,30 @@ class ProcessDriver(DriverPlugin):
         """The argv to run for ``task`` (``task.driver_config`` is decoded by then)."""
         raise NotImplementedError(f"{type(self).__name__}.command(task) must return the argv to run")
 
+    def launch(self, task: TaskConfig) -> Launch:
+        """How to run ``task``: by default ``command(task)`` found on the task's PATH, with the
+        task's environment, in its task dir, as the plugin's user. Override to choose more."""
+        argv = [str(a) for a in self.command(task)]
+        if not argv or not argv[0]:
+            raise DriverError(f"task {task.name!r}: {type(self).__name__}.command returned an empty argv")
+        cwd = task.task_dir if os.path.isdir(task.task_dir) else "/"
+        return Launch(path=self.find_program(task, argv[0], cwd), argv=argv, env=dict(task.env), cwd=cwd)
+
+    @staticmethod
+    def find_program(task: TaskConfig, program: str, cwd: str) -> str:
+        """``program`` as a path the supervisor can exec: a path with a '/' from ``cwd``, a bare
+        name on the task's PATH (the plugin's when the task sets none)."""
+        path = task.env.get("PATH", os.environ.get("PATH", os.defpath))
+        found = os.path.join(cwd, program) if "/" in program else shutil.which(program, path=path)
+        if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
+            raise DriverError(
+                f"task {task.name!r}: cannot run {program!r}: it is not an executable file on the task's PATH"
+            )
+        return os.path.abspath(found)
+
     @property
     def state_dir(self) -> str:
-        """Where the shims write exit files: kept across plugin restarts, private to root's tasks."""
+        """Where the tasks' launch specs and exit files live: kept across plugin restarts, private."""
         path = os.path.join(tempfile.gettempdir(), f"driversdk-{self.name}-{os.geteuid()}")
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
@@ -94,69 +125,47 @@ class ProcessDriver(DriverPlugin):
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start_task(self, task: TaskConfig) -> TaskHandle:
-        argv = [str(a) for a in self.command(task)]
-        if not argv or not argv[0]:
-            raise DriverError(f"task {task.name!r}: {type(self).__name__}.command returned an empty argv")
-        path = task.env.get("PATH", os.environ.get("PATH", os.defpath))
-        cwd = task.task_dir if os.path.isdir(task.task_dir) else None
-        found = (
-            os.access(os.path.join(cwd or "", argv[0]), os.X_OK)
-            if "/" in argv[0]
-            else shutil.which(argv[0], path=path) is not None
-        )
-        if not found:
-            raise DriverError(
-                f"task {task.name!r}: cannot run {argv[0]!r}: it is not an executable file on the task's PATH"
-            )
-        result_file = os.path.join(self.state_dir, f"{task.id.replace('/', '_')}.exit")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(result_file)
-        # The host owns the fifos: open them write-only, never create them.
-        out = os.open(task.stdout_path, os.O_WRONLY) if task.stdout_path else subprocess.DEVNULL
-        err = os.open(task.stderr_path, os.O_WRONLY) if task.stderr_path else subprocess.DEVNULL
+        if self.tasks.has(task.id):
+            raise DriverError(f"task with ID {task.id!r} already started")
+        launch = self.launch(task)
+        task_dir = os.path.join(self.state_dir, task.id.replace("/", "_"))
+        shutil.rmtree(task_dir, ignore_errors=True)  # an earlier start of this id, never destroyed
+        os.mkdir(task_dir, 0o700)
         try:
-            proc = subprocess.Popen(
-                [_python(), "-I", "-S", SHIM, result_file, *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=dict(task.env),
-                cwd=cwd,
-                start_new_session=True,  # the shim leads a process group that SIGKILL takes whole
-                restore_signals=True,
-            )
-        except OSError as exc:
-            raise DriverError(f"task {task.name!r}: cannot start its process: {exc.strerror}") from None
-        finally:
-            for fd in (out, err):
-                if fd != subprocess.DEVNULL:
-                    os.close(fd)
-        shim = ProcessIdentity.of(proc.pid) or ProcessIdentity(proc.pid, 0)
-        record = ProcessTask(task, shim, result_file, datetime.now(UTC))
+            out, err = open_logs(task.stdout_path, task.stderr_path, task=task.name, disabled=False)
+            try:
+                sup_pid, pid = supervisor.spawn(task_dir, launch, out, err, task=task.name)
+            finally:
+                os.close(out)
+                os.close(err)
+        except BaseException:
+            shutil.rmtree(task_dir, ignore_errors=True)
+            raise
+        sup = ProcessIdentity.of(sup_pid) or ProcessIdentity(sup_pid, 0)
+        status_file = os.path.join(task_dir, supervisor.STATUS_FILE)
+        record = ProcessTask(task, sup, pid, status_file, task_dir, datetime.now(UTC))
         self.tasks.put(record)
-        procwatch.watch(proc.pid, lambda code: self._exited(record, code), reap=True)
-        state = {"pid": shim.pid, "start_time": shim.start_time, "result_file": result_file}
-        state["started_at"] = record.started_at.timestamp()
+        procwatch.watch(sup_pid, lambda code: self._exited(record, code), reap=True)
+        state = {
+            "supervisor_pid": sup.pid,
+            "supervisor_start_time": sup.start_time,
+            "pid": pid,
+            "task_dir": task_dir,
+            "started_at": record.started_at.timestamp(),
+        }
         return TaskHandle(
             config=task, driver_state=json.dumps(state).encode(), version=STATE_VERSION, state=TaskState.RUNNING
         )
 
-    def _exited(self, record: ProcessTask, shim_code: int | None) -> None:
-        record.exit.set(self._read_result(record, shim_code))
+    def _exited(self, record: ProcessTask, code: int | None) -> None:
         record.completed_at = datetime.now(UTC)
-
-    @staticmethod
-    def _read_result(record: ProcessTask, shim_code: int | None) -> ExitResult:
-        try:
-            with open(record.result_file) as fh:
-                saved = json.load(fh)
-            return ExitResult(exit_code=int(saved["exit_code"]), signal=int(saved["signal"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        # No record: the shim itself died, which only SIGKILL (or a signal before it was set up) does.
-        if shim_code is not None and shim_code < 0:
-            return ExitResult(signal=-shim_code)
-        return ExitResult(signal=int(signal.SIGKILL))
+        status = supervisor.read_status(record.status_file)
+        if status is not None:
+            record.exit.set(ExitResult(exit_code=status.exit_code, signal=status.signal))
+        elif code is not None and code < 0:  # no record: the supervisor itself was killed
+            record.exit.set(ExitResult(signal=-code))
+        else:
+            record.exit.set(ExitResult(signal=int(signal.SIGKILL)))
 
     def recover_task(self, handle: TaskHandle) -> None:
         if self.tasks.has(handle.config.id):
@@ -164,20 +173,25 @@ class ProcessDriver(DriverPlugin):
         name = handle.config.name
         try:
             state = json.loads(handle.driver_state)
-            shim = ProcessIdentity(int(state["pid"]), int(state["start_time"]))
-            result_file = str(state["result_file"])
             started_at = datetime.fromtimestamp(float(state["started_at"]), UTC)
+            if handle.version == 1:  # the shim: signalled itself, wrote result_file
+                sup = ProcessIdentity(int(state["pid"]), int(state["start_time"]))
+                pid, status_file, task_dir = sup.pid, str(state["result_file"]), ""
+            else:
+                sup = ProcessIdentity(int(state["supervisor_pid"]), int(state["supervisor_start_time"]))
+                pid, task_dir = int(state["pid"]), str(state["task_dir"])
+                status_file = os.path.join(task_dir, supervisor.STATUS_FILE)
         except (ValueError, KeyError, TypeError):
             raise DriverError(
                 f"task {name!r} cannot be recovered: its handle's driver state is not what {type(self).__name__} wrote"
             ) from None
-        record = ProcessTask(handle.config, shim, result_file, started_at)
-        if not shim.alive() and not os.path.exists(result_file):
+        record = ProcessTask(handle.config, sup, pid, status_file, task_dir, started_at)
+        if not sup.alive() and not os.path.exists(status_file):
             raise DriverError(
-                f"task {name!r} cannot be recovered: its process {shim.pid} is gone and left no exit status"
+                f"task {name!r} cannot be recovered: its process {sup.pid} is gone and left no exit status"
             )
         self.tasks.put(record)
-        procwatch.watch(shim.pid, lambda code: self._exited(record, code), reap=False, identity=shim.alive)
+        procwatch.watch(sup.pid, lambda code: self._exited(record, code), reap=False, identity=sup.alive)
 
     def wait_task(self, task_id: str) -> ExitResult:
         result = self.tasks.get(task_id).exit.wait()
@@ -207,8 +221,11 @@ class ProcessDriver(DriverPlugin):
                     f"task {record.task.name!r} is still running; stop it first or destroy it with force"
                 )
             self._kill(record)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(record.result_file)
+        if record.task_dir:
+            shutil.rmtree(record.task_dir, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(record.status_file)
         self.tasks.remove(task_id)
 
     def inspect_task(self, task_id: str) -> TaskStatus:
@@ -221,7 +238,7 @@ class ProcessDriver(DriverPlugin):
             started_at=record.started_at,
             completed_at=record.completed_at if done else None,
             result=record.exit.result,
-            driver_attributes={"pid": str(record.shim.pid)},
+            driver_attributes={"pid": str(record.pid)},
         )
 
     def signal_task(self, task_id: str, signal_name: str) -> None:
@@ -264,7 +281,7 @@ class ProcessDriver(DriverPlugin):
         rss = 0
         ticks = os.sysconf("SC_CLK_TCK")
         page = os.sysconf("SC_PAGE_SIZE")
-        for pid in _group_members(record.shim.pid):
+        for pid in _group_members(record.pid):
             fields = _stat_fields(pid)
             if fields is None:
                 continue
@@ -294,21 +311,17 @@ class ProcessDriver(DriverPlugin):
         if signum is signal.SIGKILL:
             self._kill(record)
             return
-        if record.shim.alive():
+        if record.supervisor.alive():  # else the pid may be another process's by now
             with contextlib.suppress(ProcessLookupError):
-                os.kill(record.shim.pid, signum)  # the shim forwards it to the task
+                os.kill(record.pid, signum)
 
     def _kill(self, record: ProcessTask) -> None:
         record.killed = True
-        if record.shim.alive():
+        if record.supervisor.alive():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(record.shim.pid, signal.SIGKILL)
+                os.killpg(record.pid, signal.SIGKILL)
         if record.exit.wait(30) is None:
             raise DriverError(f"task {record.task.name!r} did not exit within 30 s of SIGKILL")
-
-
-def _python() -> str:
-    return sys.executable
 
 
 def _bytes(value: bytes | str | None) -> bytes:
@@ -327,7 +340,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def _group_members(pgid: int) -> list[int]:
-    """Every live process of the task's process group (the shim, the task, its children)."""
+    """Every live process of the task's process group (the task and its children)."""
     members = []
     for name in os.listdir("/proc"):
         if name.isdigit():

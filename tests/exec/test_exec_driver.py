@@ -251,7 +251,10 @@ def test_exec_refuses_host_to_task_on_private_source(
     source.mkdir()
     mount = Mount("/data", str(source), propagation=Propagation.HOST_TO_TASK, request_name="vol")
     err = _refused(harness, alloc, track, driver_config=sh("true"), mounts=[mount])
-    assert "needs the host source" in err.message and f"mount --bind {source} {source} && mount --make-shared {source}" in err.message
+    assert (
+        "needs the host source" in err.message
+        and f"mount --bind {source} {source} && mount --make-shared {source}" in err.message
+    )
 
 
 def test_exec_refuses_unknown_user(harness: DriverHarness, alloc: AllocDir, track: Tracker) -> None:
@@ -320,11 +323,11 @@ def test_exec_supervisor_and_task_have_clean_stdio_and_signals(harness: DriverHa
         assert int(status["SigBlk"], 16) == 0
         # Bits for signals 1-31 only: glibc's posix_spawn leaves its two reserved internal signals
         # (32, 33; never used by programs, SIGRTMIN is 34) ignored in the child. The supervisor
-        # ignores, on purpose, only the signals meant for its task's group or a hung-up terminal.
+        # ignores, on purpose, only the signals meant for its task's group or a hung-up terminal,
+        # and SIGXFSZ, as every Python program does; runc and the task start with none ignored.
         ignored = int(status["SigIgn"], 16) & 0x7FFFFFFF
-        deliberate = sum(
-            1 << (s - 1) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE)
-        )
+        kept = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ)
+        deliberate = sum(1 << (s - 1) for s in kept)
         assert ignored == (deliberate if pid == sup else 0), status["SigIgn"]
     # The supervisor leads its own session, so the host's terminal signals never reach it.
     assert os.getsid(state.supervisor_pid) == state.supervisor_pid

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,8 @@ from drivers.exec.store import DriverState
 from driversdk.errors import PluginCallError
 from driversdk.model import TaskState
 from driversdk.testing import AllocDir, DriverHarness
-from tests.exec.conftest import Tracker, sh
+from tests.exec.conftest import PLUGIN, Tracker, sh
+from tests.process_drivers import check_recovers_a_pre_kit_task
 
 pytestmark = pytest.mark.root
 
@@ -102,3 +104,11 @@ def test_exec_recovered_task_can_be_stopped_signalled_and_exec_into(harness: Dri
     assert client.exec_task(task.id, ["/bin/busybox", "true"], timeout=30).result.exit_code == 0
     client.stop_task(task.id, timeout=0.5, signal="SIGTERM")
     assert client.wait_task(task.id, timeout=TIMEOUT).signal == signal.SIGKILL
+
+
+def test_exec_recovers_a_task_its_pre_kit_version_started(
+    plugin_config: dict[str, Any], alloc: AllocDir, no_leaks: None
+) -> None:
+    # That version ran runc under a /bin/sh that wrote "<code>\n"; today's plugin must still find,
+    # signal, stop, read and remove it (no container, cgroup, mount or state left: no_leaks).
+    check_recovers_a_pre_kit_task(PLUGIN, PLUGIN, plugin_config, alloc, sh)

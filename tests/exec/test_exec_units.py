@@ -10,12 +10,12 @@ import pytest
 from drivers.exec.bundle import build_spec, chroot_entries, process_capabilities, root_propagation
 from drivers.exec.config import DEFAULT_ALLOW_CAPS, PluginConfig, TaskExecConfig, task_capabilities
 from drivers.exec.store import DriverState
-from drivers.exec.supervisor import read_status
 from driversdk.errors import ConfigError
 from driversdk.model import LinuxResources, NetworkIsolationMode, NetworkIsolationSpec, Resources, TaskConfig
 from driversdk.mounts import Mount, Propagation
 from driversdk.taskkit.cgroups import MIB, memory_limit_bytes
 from driversdk.taskkit.ids import HostUser
+from driversdk.taskkit.supervisor import read_status
 
 NOBODY = HostUser("nobody", 65534, 65534, (), "/nonexistent")
 ROOT = HostUser("root", 0, 0, (), "/root")
@@ -146,6 +146,15 @@ def test_exec_status_file_parsing(tmp_path: Path) -> None:
     path.write_text("137\n")
     status = read_status(str(path))
     assert status is not None and (status.exit_code, status.signal) == (137, 9)
+    # What the kit's supervisor writes (runc's 128 + N already split), and a pre-kit shim's JSON.
+    path.write_text("137 9\n")
+    status = read_status(str(path))
+    assert status is not None and (status.exit_code, status.signal) == (137, 9)
+    path.write_text('{"exit_code": 0, "signal": 15}')
+    status = read_status(str(path))
+    assert status is not None and (status.exit_code, status.signal) == (0, 15)
+    path.write_text("137 ")
+    assert read_status(str(path)) is None  # not written to its end yet
 
 
 def test_exec_denied_ids_default_to_root_and_empty_denies_none() -> None:

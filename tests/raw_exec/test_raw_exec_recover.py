@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,8 @@ from drivers.raw_exec.store import RawState
 from driversdk.errors import PluginCallError
 from driversdk.model import TaskState
 from driversdk.testing import AllocDir, DriverHarness
-from tests.raw_exec.conftest import Tracker, sh
+from tests.process_drivers import check_recovers_a_pre_kit_task
+from tests.raw_exec.conftest import PLUGIN, Tracker, sh
 
 pytestmark = pytest.mark.root
 
@@ -107,3 +109,10 @@ def test_raw_exec_recover_rejects_an_unknown_state_version(harness: DriverHarnes
     assert "unknown state version" in err.value.message
     handle.version = 1
     client.recover_task(handle)
+
+
+def test_raw_exec_recovers_a_task_its_pre_kit_version_started(
+    plugin_config: dict[str, Any], alloc: AllocDir, no_leaks: None
+) -> None:
+    # That version's supervisor was drivers/raw_exec/launch.py (gone today), started with -c.
+    check_recovers_a_pre_kit_task(PLUGIN, PLUGIN, plugin_config, alloc, sh)

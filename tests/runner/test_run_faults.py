@@ -279,8 +279,9 @@ def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
 
 
 def _exec_task_processes(tmp_path: Path) -> list[str]:
-    """The exec task supervisors (a shell running `runc run` on a bundle) under this test's state dir."""
-    return [p for p in processes(str(tmp_path / "exec-state")) if p.split(": ", 1)[1].startswith("/bin/sh -c")]
+    """The exec task supervisors (driversdk.taskkit's launch.py running `runc run` on a bundle) under this
+    test's state dir."""
+    return [p for p in processes(str(tmp_path / "exec-state")) if "launch.py supervise " in p]
 
 
 def test_exec_run_and_plugin_killed_inside_start_task_leave_one_task(tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
-"""The raw_exec supervisor and launcher: the small process that outlives the plugin.
+"""The task supervisor and launcher of every process driver built on the kit: the small process
+that outlives the plugin. Run as a script, never imported by the plugin (supervisor.py starts it).
 
-``python -m drivers.raw_exec.launch supervise <spec>`` is started by the plugin (posix_spawn, own
+``python -I -S launch.py supervise <spec>`` is started by the plugin (posix_spawn, own
 session, stdout/stderr on the task's log fifos, fd 3 a pipe back to the plugin). It forks the
 task, which before ``execve`` puts itself in its own process group and in the task's cgroups,
 sets its ``oom_score_adj``, enters the group's network namespace when there is one, changes to
 its working dir and drops to the task's user. The supervisor reports ``ok <pid>`` (or ``err
 <sentence>`` when the exec failed) on fd 3, waits for the task and writes ``<code> <signal>`` to
-the status file, which a relaunched plugin reads after re-attaching.
+the status file, which a relaunched plugin reads after re-attaching. A program that reports its
+own child's death by signal N as exit ``128 + N`` (runc, a shell) is named so in the spec
+(``signal_in_exit_code``), and the status file then says which signal.
 
-``python -m drivers.raw_exec.launch exec <spec> <argv...>`` does the same set-up in place and
-execs ``argv`` (ExecTask: a command in the task's cgroups, as its user, with its environment).
+``python -I -S launch.py exec <spec> <argv...>`` does the same set-up in place and execs
+``argv`` (ExecTask: a command in the task's cgroups, as its user, with its environment).
 
 Stdlib only, so it starts in a few tens of milliseconds and needs no driversdk import.
 """
@@ -140,7 +143,9 @@ def supervise(spec_path: str) -> int:
         killed_by = os.WTERMSIG(status)
         _write_status(spec["status_file"], SIGNAL_OFFSET + killed_by, killed_by)
     else:
-        _write_status(spec["status_file"], os.waitstatus_to_exitcode(status), 0)
+        code = os.waitstatus_to_exitcode(status)
+        relayed = spec.get("signal_in_exit_code") and SIGNAL_OFFSET < code <= SIGNAL_OFFSET + 64
+        _write_status(spec["status_file"], code, code - SIGNAL_OFFSET if relayed else 0)
     return 0
 
 
@@ -172,7 +177,7 @@ def main(argv: list[str]) -> int:
         return supervise(argv[1])
     if len(argv) >= 3 and argv[0] == "exec":
         return exec_in_task(argv[1], argv[2:])
-    sys.stderr.write("usage: python -m drivers.raw_exec.launch supervise <spec> | exec <spec> <argv...>\n")
+    sys.stderr.write("usage: launch.py supervise <spec> | exec <spec> <argv...>\n")
     return 2
 
 
