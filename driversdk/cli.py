@@ -206,7 +206,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     report = check_files(args.job, args.client, inputs)
     if not report.job and report.problems and not report.checked and len(report.problems) == 1:
         problem = report.problems[0]
-        if not problem.file and not args.json:  # a file that cannot be read as HCL at all
+        if problem.field == "file" and not args.json:  # a file that cannot be read as HCL at all
             print(f"error: {problem}", file=sys.stderr)
             return 1
     if args.json:

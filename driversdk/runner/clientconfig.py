@@ -394,8 +394,11 @@ def _parse(path: str | Path) -> dict[str, Any]:
         # pyhcl itself is missing or broken: the runner extra (the caller names it), not the file's fault.
         raise ImportError(f"pyhcl (module 'hcl') does not import: {err}", name="hcl") from err
     except Exception as err:  # pyhcl raises ValueError (and lexer errors) for any syntax problem
-        first = (str(err).strip().splitlines() or ["syntax error"])[0]
-        raise HCLFileError(f"{path}: this is not valid HCL ({first}); fix the syntax there") from None
+        from driversdk.runner.hcl.syntax import describe_hcl1
+
+        facts = describe_hcl1(str(err), text)
+        where = ":".join(str(p) for p in (path, facts.line, facts.column) if p)
+        raise HCLFileError(f"{where}: {facts.sentence()}", str(path), facts.line or 0) from None
     if not isinstance(data, dict):
         raise HCLFileError(f"{path}: this HCL file has no body of arguments and blocks")
     return data

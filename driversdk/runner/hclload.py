@@ -10,7 +10,13 @@ from driversdk.runner.hcllimits import MAX_JOB_FILE_BYTES
 
 
 class HCLFileError(ConfigError):
-    """A file that is not valid HCL (or cannot be read)."""
+    """A file that is not valid HCL (or cannot be read); ``path`` and ``line`` when known (the
+    sentence itself starts with them)."""
+
+    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
 
 
 def read_text(path: str | Path) -> str:
@@ -39,13 +45,15 @@ def read_text(path: str | Path) -> str:
         ) from None
 
 
-def syntax_error(path: str | Path, err: Exception) -> HCLFileError:
-    """One sentence for a syntax error (lark's, or the evaluator's carrying line and column)."""
-    line: Any = getattr(err, "line", None)
-    column: Any = getattr(err, "column", None)
-    where = f"{path}:{line}:{column}" if line else str(path)
-    first = (str(err).strip().splitlines() or ["syntax error"])[0]
-    return HCLFileError(f"{where}: this is not valid HCL ({first}); fix the syntax there")
+def syntax_error(path: str | Path, err: Exception, text: str = "") -> HCLFileError:
+    """One sentence for a syntax error in HCL's terms, at file:line:column with the offending
+    text (lark's own error is described here; the evaluator's HCLSyntaxError already is)."""
+    from driversdk.runner.hcl.evaluator import HCLSyntaxError
+
+    described = err if isinstance(err, HCLSyntaxError) else HCLSyntaxError(err, text)
+    line, column = described.line, described.column
+    where = f"{path}:{line}:{column}" if line and column else f"{path}:{line}" if line else str(path)
+    return HCLFileError(f"{where}: {described}", str(path), line or 0)
 
 
 def load_hcl(path: str | Path) -> dict[str, Any]:
@@ -64,7 +72,7 @@ def load_hcl(path: str | Path) -> dict[str, Any]:
     try:
         data = hcl2.loads(text, serialization_options=options)
     except LarkError as err:
-        raise syntax_error(path, err) from None
+        raise syntax_error(path, err, text) from None
     except Exception as err:
         # python-hcl2's transformer fails with plain Python errors (ValueError, RuntimeError for
         # an attribute and a block of the same name, ...) on some inputs that parse: whatever it

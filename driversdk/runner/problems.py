@@ -29,6 +29,8 @@ class Problem:
         return problem
 
     def __str__(self) -> str:
+        if self.file and self.message.startswith(f"{self.file}:") and not (self.job or self.group or self.task):
+            return self.message  # a file-level sentence that names its place itself (file:line:column)
         where = [f"{self.file}:{self.line}" if self.file and self.line else self.file] if self.file else []
         # Names come from the job file: a hostile one is shown escaped and shortened, so it can
         # neither flood the output nor forge lines of it.

@@ -29,7 +29,7 @@ from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by c
 from driversdk.runner import constraints, nodeattrs, portalloc, taskenv
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
-from driversdk.runner.hclload import is_blocks, labelled, read_text
+from driversdk.runner.hclload import HCLFileError, is_blocks, labelled, read_text
 from driversdk.runner.inprocess import InProcessDriver, answers_here
 from driversdk.runner.jobspec import Group, Job, Task, parse_job, path_names, static_problems
 from driversdk.runner.mountadvice import HostMount, advise
@@ -889,7 +889,7 @@ def _check_files(job_path: str, client_path: str | None, inputs: Inputs | None) 
     except ValidationFailed as err:
         return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
-        return Report(job="", problems=[Problem("", str(err), field="file")])  # the sentence names the file
+        return Report(job="", problems=[_file_problem(err)])  # the sentence names the file
     except ImportError as err:
         return Report(job="", problems=[_missing_extra(err)])
     try:
@@ -899,9 +899,17 @@ def _check_files(job_path: str, client_path: str | None, inputs: Inputs | None) 
     except ValidationFailed as err:
         return Report(job="", problems=_once(err.problems))
     except DriverSDKError as err:
-        return Report(job="", problems=[Problem("", str(err), field="file")])
+        return Report(job="", problems=[_file_problem(err)])
     except ImportError as err:
         return Report(job="", problems=[_missing_extra(err)])
+
+
+def _file_problem(err: DriverSDKError) -> Problem:
+    """A file that cannot be read as HCL at all: its sentence names the file (and, for a syntax
+    error, line and column); the problem carries the file and line too, for --json."""
+    if isinstance(err, HCLFileError) and err.path:
+        return Problem.at(err.line, err.path, str(err), field="file")
+    return Problem("", str(err), field="file")
 
 
 def _missing_extra(err: ImportError) -> Problem:

@@ -97,7 +97,8 @@ def test_validate_driver_without_mount_support(tmp_path: Path, shared_dir: Path)
     done = run(str(job), "--client", str(write_client(tmp_path, {"shared": str(shared_dir)})))
     assert done.returncode == 1
     assert (
-        f'{job}, job "shop", group "web", task "web", volume "data" driver: task driver "hello" for "web" does not '
+        # The volume_mount block is on line 12 of the job write_job writes.
+        f'{job}:12, job "shop", group "web", task "web", volume "data" driver: task driver "hello" for "web" does not '
         'support host volumes: volume "data" cannot be mounted' in done.stdout
     )
 
@@ -210,7 +211,11 @@ def test_validate_malformed_hcl(tmp_path: Path) -> None:
     job.write_text('job "x" {\n  group "g" {\n')
     done = run(str(job))
     assert done.returncode == 1
-    assert f"error: {job}:3:1: this is not valid HCL" in done.stderr
+    # Where the block that is never closed opens (the innermost), in HCL's terms.
+    assert (
+        f"error: {job}:2:13: Unclosed configuration block: there is no closing }} for the {{ opened here, "
+        'in `group "g" {`' in done.stderr
+    )
     assert "Traceback" not in done.stderr
 
 

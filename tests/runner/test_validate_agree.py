@@ -44,10 +44,12 @@ def client(tmp_path: Path, text: str = "") -> Path:
 
 
 def validate(tmp_path: Path, job_file: Path, client_file: Path | None = None) -> subprocess.CompletedProcess[str]:
-    done = cli("validate", str(job_file), "--client", str(client_file or client(tmp_path)))
+    client_file = client_file or client(tmp_path)
+    done = cli("validate", str(job_file), "--client", str(client_file))
     assert "Traceback" not in done.stdout + done.stderr
-    # Problems found in the job file name their line (job.hcl:3); these tests match the rest.
-    done.stdout = re.sub(rf"{re.escape(str(job_file))}:\d+", str(job_file), done.stdout)
+    # Problems found in the job and client files name their line (job.hcl:3); these tests match the rest.
+    for path in (job_file, client_file):
+        done.stdout = re.sub(rf"{re.escape(str(path))}:\d+", str(path), done.stdout)
     assert not (tmp_path / "data").exists(), "validate created the data dir"
     return done
 

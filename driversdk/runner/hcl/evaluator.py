@@ -87,12 +87,18 @@ class Source:
 
 
 class HCLSyntaxError(DriverSDKError):
-    """Text that is not HCL: lark's error with its line and column."""
+    """Text that is not HCL: what is wrong in HCL's terms (never the parser's token names), with
+    the line and column of the offending text and that text."""
 
-    def __init__(self, err: Exception) -> None:
-        super().__init__(str(err))
-        self.line: int | None = getattr(err, "line", None)
-        self.column: int | None = getattr(err, "column", None)
+    def __init__(self, err: Exception, text: str = "") -> None:
+        from driversdk.runner.hcl.syntax import describe
+
+        facts = describe(err, text)
+        super().__init__(facts.sentence())
+        self.summary = facts.summary
+        self.excerpt = facts.excerpt
+        self.line: int | None = facts.line
+        self.column: int | None = facts.column
 
 
 def parse(text: str, *, keep: bool = False) -> Tree:
@@ -160,7 +166,7 @@ def _parse_uncached(text: str, keep: bool) -> Tree:
     try:
         parsed = parsecache.hcl2_parser().parse(text + "\n")
     except LarkError as err:
-        raise HCLSyntaxError(err) from None
+        raise HCLSyntaxError(err, text + "\n") from None
     _shallow_enough(parsed)
     tree = from_lark(parsed)
     if keep:
