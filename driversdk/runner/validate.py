@@ -550,7 +550,7 @@ def _line_index(data: dict[str, Any]) -> LineIndex:
                 body(("task", g, t), tbody)
                 config(("config", g, t), tbody.get("config"))
                 mounts = tbody.get("volume_mount")
-                for mbody in mounts if is_blocks(mounts) else []:
+                for mbody in mounts if isinstance(mounts, list) and is_blocks(mounts) else []:
                     body(("mount", g, t, str(mbody.get("volume"))), mbody)
     return index
 
