@@ -130,7 +130,7 @@ def test_encode_reports_every_problem_with_its_path() -> None:
     with pytest.raises(ConfigError) as info:
         hs.encode(DOCKERISH, body, what="task 'web' config")
     text = str(info.value)
-    assert "task 'web' config: imagee is not a known field; remove it or check its spelling" in text
+    assert "task 'web' config: imagee is not a known field; did you mean \"image\"?" in text
     assert "task 'web' config: image is required (string); set it" in text
     assert "task 'web' config: cpu is a string, expected a number" in text
     assert "task 'web' config: mounts[0].target is required (string)" in text
