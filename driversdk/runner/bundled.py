@@ -34,6 +34,8 @@ from types import ModuleType
 from driversdk.errors import PluginError
 
 GROUP = "driversdk.drivers"
+# The drivers pyproject.toml registers; a name of these that the registry lacks means a bad install.
+SHIPPED = ("docker", "exec", "raw_exec")
 _DISTRIBUTION = "driversdk"
 
 
@@ -126,3 +128,14 @@ def bundled_drivers() -> dict[str, BundledDriver]:
 
 def bundled_driver(name: str) -> BundledDriver | None:
     return bundled_drivers().get(name)
+
+
+def reinstall_hint(driver: str) -> str:
+    """What to add to "no plugin is configured for driver X" when X should have been bundled: a
+    checkout that was never installed (or whose pyproject changed since) has no entry points."""
+    if driver in SHIPPED and not bundled_drivers():
+        return (
+            f"; driversdk's install lists no bundled drivers, so {driver!r} is not found: install it again "
+            "(pip install -e '.[all]' in its checkout)"
+        )
+    return ""

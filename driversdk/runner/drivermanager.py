@@ -20,6 +20,7 @@ from driversdk.errors import DriverSDKError
 from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
 from driversdk.plugin.host import ReattachConfig, pid_alive, remove_dead_plugin_socket
 from driversdk.plugin.verify import ReattachRefused
+from driversdk.runner.bundled import reinstall_hint
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.events import Emit, RunEvent
 from driversdk.runner.runstate import RunState
@@ -127,7 +128,7 @@ class DriverManager:
         if plugin is None:
             command = self.client.driver_command(driver)
             if command is None:
-                raise NoDriverPlugin(f'no plugin is configured for driver "{driver}"')
+                raise NoDriverPlugin(f'no plugin is configured for driver "{driver}"' + reinstall_hint(driver))
             plugin = launch(command, name=driver)
         try:
             plugin.set_config(self.client.plugin_config(driver), AGENT_CONFIG)

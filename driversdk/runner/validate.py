@@ -27,6 +27,7 @@ from driversdk.mounts import MountRequest, MountValidationError, Propagation, Un
 from driversdk.paths import check_name, show
 from driversdk.plugin.host import StartingPlugin  # no grpc: that is loaded by connecting
 from driversdk.runner import constraints, nodeattrs, portalloc, taskenv
+from driversdk.runner.bundled import reinstall_hint
 from driversdk.runner.clientconfig import ClientConfig, load_client
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.hclload import HCLFileError, is_blocks, labelled, read_text
@@ -160,8 +161,12 @@ def _driver_facts(
     if command is None:
         result = Problem(
             job.file,
-            f'no plugin is configured for driver "{driver}"; add plugin "{driver}" {{ command = [...] }} to the '
-            "client config or use a bundled driver (docker, exec, raw_exec)",
+            f'no plugin is configured for driver "{driver}"'
+            + (
+                reinstall_hint(driver)
+                or f'; add plugin "{driver}" {{ command = [...] }} to the client config or use a bundled driver '
+                "(docker, exec, raw_exec)"
+            ),
             job=job.name,
             field="driver",
         )
