@@ -92,7 +92,8 @@ def test_count_zero_is_valid_and_says_what_run_does(tmp_path: Path) -> None:
             "memory = 300\nmemory_max = 100",
             "resources: MemoryMaxMB value (100) should be larger than MemoryMB value (300)",
         ),
-        ("memory_max = -1", "resources: memory_max can't be negative, got -1; leave it unset for no maximum"),
+        # -1 is Nomad's "no hard limit"; any other negative value is below memory.
+        ("memory_max = -5", "resources: MemoryMaxMB value (-5) should be larger than MemoryMB value (300)"),
         ("memory = 1e999", "resources.memory must be a whole number, got a number too large to use"),
     ],
 )
