@@ -48,7 +48,7 @@ class HelloDriver(ProcessDriver):
 
     def start_task(self, task: TaskConfig) -> TaskHandle:
         handle = super().start_task(task)
-        pid = self.tasks.get(task.id).pid
+        pid = self.tasks.get(task.id).state.pid
         self.emit_event(
             TaskEvent(task.id, task.alloc_id, task.name, f"{self._greeting}: started pid {pid}", datetime.now(UTC))
         )

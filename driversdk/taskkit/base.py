@@ -122,12 +122,13 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
 
     # --- tracking ---------------------------------------------------------------------------------
 
-    def track(self, task: TaskConfig, state: S) -> TaskHandle:
-        """Follow a task this plugin just started (its supervisor is our child); its handle."""
+    def track(self, task: TaskConfig, state: S, *, version: int = 1) -> TaskHandle:
+        """Follow a task this plugin just started (its supervisor is our child); its handle,
+        ``version`` numbering the layout of ``state``."""
         record = SupervisedTask(task, state, self.task_cgroup(state))
         self.tasks.put(record)
         self._watch(record, own_child=True)
-        return TaskHandle(config=task, driver_state=state.encode(), state=TaskState.RUNNING)
+        return TaskHandle(config=task, driver_state=state.encode(), version=version, state=TaskState.RUNNING)
 
     def _watch(self, record: SupervisedTask[S], *, own_child: bool) -> None:
         """Have the process-wide watcher report the supervisor's exit: no thread per task.

@@ -16,6 +16,7 @@ group; signals go to the task, SIGKILL to its whole group.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -23,14 +24,11 @@ import signal
 import stat
 import subprocess
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from driversdk import procwatch
-from driversdk.driver import DriverPlugin, ExecSession
-from driversdk.errors import DriverError, TaskStillRunningError
-from driversdk.exits import ExitSlot
+from driversdk.driver import ExecSession
+from driversdk.errors import DriverError
 from driversdk.model import (
     CpuField,
     CpuUsage,
@@ -41,45 +39,73 @@ from driversdk.model import (
     ResourceUsage,
     TaskConfig,
     TaskHandle,
-    TaskState,
     TaskStats,
-    TaskStatus,
 )
 from driversdk.taskkit import supervisor
+from driversdk.taskkit.base import SupervisedDriver, SupervisedTask
+from driversdk.taskkit.cgroups import TaskCgroup
 from driversdk.taskkit.logs import open_logs
 from driversdk.taskkit.owner import ProcessIdentity
 from driversdk.taskkit.streaming import run_session
 from driversdk.taskkit.supervisor import Launch
-from driversdk.taskkit.taskmap import TaskMap
 
 # 2: the kit's supervisor (task pid, task dir). 1, still read: a shim that forwarded signals.
 STATE_VERSION = 2
 
 
-@dataclass
-class ProcessTask:
-    """The driver's record of one task: its supervisor, the task's pid and how it ended."""
+@dataclass(frozen=True)
+class ProcessState:
+    """What recovers a task (TaskHandle.driver_state)."""
 
-    task: TaskConfig
-    supervisor: ProcessIdentity
+    supervisor_pid: int
+    supervisor_start_time: int
     pid: int
     """Whom signals go to: the task, leader of its own process group."""
-    status_file: str
     task_dir: str
-    """Its launch spec and status file; removed on destroy ("" for a version-1 task)."""
-    started_at: datetime
-    exit: ExitSlot = field(default_factory=ExitSlot)
-    completed_at: datetime | None = None
-    killed: bool = False  # we sent SIGKILL to the group
+    """Its launch spec and status file ("" for a version-1 task: ``result_file`` then)."""
+    started_at: float
+    result_file: str = ""
+
+    @property
+    def status_file(self) -> str:
+        return self.result_file or os.path.join(self.task_dir, supervisor.STATUS_FILE)
+
+    @property
+    def spec_file(self) -> str:
+        return os.path.join(self.task_dir, supervisor.SPEC_FILE)
+
+    @property
+    def supervisor(self) -> ProcessIdentity:
+        return ProcessIdentity(self.supervisor_pid, self.supervisor_start_time)
+
+    def encode(self) -> bytes:
+        fields = dataclasses.asdict(self)
+        del fields["result_file"]  # only a version-1 handle has one
+        return json.dumps(fields).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, version: int) -> ProcessState:
+        raw = json.loads(data)
+        if version == 1:  # the shim: it led the task's group, forwarded signals, wrote result_file
+            pid = int(raw["pid"])
+            return cls(pid, int(raw["start_time"]), pid, "", float(raw["started_at"]), str(raw["result_file"]))
+        return cls(
+            int(raw["supervisor_pid"]),
+            int(raw["supervisor_start_time"]),
+            int(raw["pid"]),
+            str(raw["task_dir"]),
+            float(raw["started_at"]),
+        )
 
 
-class ProcessDriver(DriverPlugin):
+ProcessTask = SupervisedTask[ProcessState]
+
+
+class ProcessDriver(SupervisedDriver[ProcessState]):
     """A driver whose tasks are host processes. Implement ``task_config_schema`` and ``command``
     (or ``launch``)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.tasks: TaskMap[ProcessTask] = TaskMap()
+    default_stop_signal = "SIGTERM"
 
     def command(self, task: TaskConfig) -> list[str]:
         """The argv to run for ``task`` (``task.driver_config`` is decoded by then)."""
@@ -122,8 +148,6 @@ class ProcessDriver(DriverPlugin):
             )
         return path
 
-    # --- lifecycle ---------------------------------------------------------------------------
-
     def start_task(self, task: TaskConfig) -> TaskHandle:
         if self.tasks.has(task.id):
             raise DriverError(f"task with ID {task.id!r} already started")
@@ -142,109 +166,74 @@ class ProcessDriver(DriverPlugin):
             shutil.rmtree(task_dir, ignore_errors=True)
             raise
         sup = ProcessIdentity.of(sup_pid) or ProcessIdentity(sup_pid, 0)
-        status_file = os.path.join(task_dir, supervisor.STATUS_FILE)
-        record = ProcessTask(task, sup, pid, status_file, task_dir, datetime.now(UTC))
-        self.tasks.put(record)
-        procwatch.watch(sup_pid, lambda code: self._exited(record, code), reap=True)
-        state = {
-            "supervisor_pid": sup.pid,
-            "supervisor_start_time": sup.start_time,
-            "pid": pid,
-            "task_dir": task_dir,
-            "started_at": record.started_at.timestamp(),
-        }
-        return TaskHandle(
-            config=task, driver_state=json.dumps(state).encode(), version=STATE_VERSION, state=TaskState.RUNNING
-        )
+        state = ProcessState(sup.pid, sup.start_time, pid, task_dir, datetime.now(UTC).timestamp())
+        return self.track(task, state, version=STATE_VERSION)
 
-    def _exited(self, record: ProcessTask, code: int | None) -> None:
-        record.completed_at = datetime.now(UTC)
-        status = supervisor.read_status(record.status_file)
-        if status is not None:
-            record.exit.set(ExitResult(exit_code=status.exit_code, signal=status.signal))
-        elif code is not None and code < 0:  # no record: the supervisor itself was killed
-            record.exit.set(ExitResult(signal=-code))
-        else:
-            record.exit.set(ExitResult(signal=int(signal.SIGKILL)))
+    # --- what the kit asks of this driver ----------------------------------------------------
 
-    def recover_task(self, handle: TaskHandle) -> None:
-        if self.tasks.has(handle.config.id):
-            return
-        name = handle.config.name
+    def decode_state(self, handle: TaskHandle) -> ProcessState:
         try:
-            state = json.loads(handle.driver_state)
-            started_at = datetime.fromtimestamp(float(state["started_at"]), UTC)
-            if handle.version == 1:  # the shim: signalled itself, wrote result_file
-                sup = ProcessIdentity(int(state["pid"]), int(state["start_time"]))
-                pid, status_file, task_dir = sup.pid, str(state["result_file"]), ""
-            else:
-                sup = ProcessIdentity(int(state["supervisor_pid"]), int(state["supervisor_start_time"]))
-                pid, task_dir = int(state["pid"]), str(state["task_dir"])
-                status_file = os.path.join(task_dir, supervisor.STATUS_FILE)
+            return ProcessState.decode(handle.driver_state, handle.version)
         except (ValueError, KeyError, TypeError):
             raise DriverError(
-                f"task {name!r} cannot be recovered: its handle's driver state is not what {type(self).__name__} wrote"
+                f"task {handle.config.name!r} cannot be recovered: its handle's driver state is not what "
+                f"{type(self).__name__} wrote"
             ) from None
-        record = ProcessTask(handle.config, sup, pid, status_file, task_dir, started_at)
-        if not sup.alive() and not os.path.exists(status_file):
-            raise DriverError(
-                f"task {name!r} cannot be recovered: its process {sup.pid} is gone and left no exit status"
-            )
-        self.tasks.put(record)
-        procwatch.watch(sup.pid, lambda code: self._exited(record, code), reap=False, identity=sup.alive)
 
-    def wait_task(self, task_id: str) -> ExitResult:
-        result = self.tasks.get(task_id).exit.wait()
-        assert result is not None
-        return result
+    def task_cgroup(self, state: ProcessState) -> TaskCgroup | None:
+        return None  # stats from /proc: a driver without root has no cgroup of its own
 
-    def watch_exit(self, task_id: str, callback: Callable[[ExitResult], None]) -> bool:
-        self.tasks.get(task_id).exit.add_callback(callback)
+    def is_supervisor(self, state: ProcessState) -> bool:
+        return state.supervisor.alive()
+
+    def send_signal(self, state: ProcessState, sig: str, *, stopping: bool) -> bool:
+        signum = signal.Signals[sig]
+        if not state.supervisor.alive():  # the pid may be another process's by now
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if signum is signal.SIGKILL else os.kill)(state.pid, signum)
         return True
 
-    def stop_task(self, task_id: str, timeout: float, signal_name: str) -> None:
-        record = self.tasks.get(task_id)
-        if record.exit.done:
-            return
-        self._signal(record, signal_name or "SIGTERM")
-        if record.exit.wait(max(timeout, 0.0)) is None:
-            self._kill(record)
+    def kill_all(self, state: ProcessState) -> None:
+        self.send_signal(state, "SIGKILL", stopping=True)
+
+    def release(self, state: ProcessState) -> None:
+        if state.task_dir:
+            shutil.rmtree(state.task_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(state.status_file)
+
+    def driver_attributes(self, record: ProcessTask) -> dict[str, str]:
+        return {"pid": str(record.state.pid)}
+
+    def exec_command(self, record: ProcessTask, command: list[str]) -> tuple[list[str], dict[str, str] | None]:
+        # run_session has no cwd: a shell changes into the task dir, then becomes the command.
+        task = record.task
+        cwd = task.task_dir if os.path.isdir(task.task_dir) else "."
+        return ["/bin/sh", "-c", 'cd "$0" 2>/dev/null; exec "$@"', cwd, *command], dict(task.env)
+
+    # --- what differs from the kit's defaults ------------------------------------------------
 
     def destroy_task(self, task_id: str, force: bool) -> None:
-        try:
-            record = self.tasks.get(task_id)
-        except DriverError:
-            return  # destroying twice is not an error: it is gone either way
-        if not record.exit.done:
-            if not force:
-                raise TaskStillRunningError(
-                    f"task {record.task.name!r} is still running; stop it first or destroy it with force"
-                )
-            self._kill(record)
-        if record.task_dir:
-            shutil.rmtree(record.task_dir, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(record.status_file)
-        self.tasks.remove(task_id)
-
-    def inspect_task(self, task_id: str) -> TaskStatus:
-        record = self.tasks.get(task_id)
-        done = record.exit.done
-        return TaskStatus(
-            id=task_id,
-            name=record.task.name,
-            state=TaskState.EXITED if done else TaskState.RUNNING,
-            started_at=record.started_at,
-            completed_at=record.completed_at if done else None,
-            result=record.exit.result,
-            driver_attributes={"pid": str(record.pid)},
-        )
+        if self.tasks.has(task_id):  # destroying twice is not an error: it is gone either way
+            super().destroy_task(task_id, force)
 
     def signal_task(self, task_id: str, signal_name: str) -> None:
         record = self.tasks.get(task_id)
         if not record.exit.done:
             self._signal(record, signal_name)
+
+    def _signal(self, record: ProcessTask, name: str) -> None:
+        try:
+            sig = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"].name
+        except KeyError:
+            raise DriverError(
+                f"task {record.task.name!r}: unknown signal {name!r}; use a name such as SIGHUP"
+            ) from None
+        self.send_signal(record.state, sig, stopping=False)
+
+    def _kill(self, record: ProcessTask) -> None:
+        self._kill_and_wait(record, "stopping")
 
     def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
         record = self.tasks.get(task_id)
@@ -267,11 +256,9 @@ class ProcessDriver(DriverPlugin):
         return ExecResult(done.stdout, done.stderr, result)
 
     def exec_task_streaming(self, session: ExecSession) -> ExitResult:
-        task = self.tasks.get(session.task_id).task
-        cwd = task.task_dir if os.path.isdir(task.task_dir) else None
-        # run_session has no cwd: a shell changes into the task dir, then becomes the command.
-        argv = ["/bin/sh", "-c", 'cd "$0" 2>/dev/null; exec "$@"', cwd or ".", *session.command]
-        return run_session(argv, session, env=dict(task.env))
+        record = self.tasks.get(session.task_id)
+        argv, env = self.exec_command(record, session.command)
+        return run_session(argv, session, env=env)
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self.tasks.get(task_id)
@@ -281,7 +268,7 @@ class ProcessDriver(DriverPlugin):
         rss = 0
         ticks = os.sysconf("SC_CLK_TCK")
         page = os.sysconf("SC_PAGE_SIZE")
-        for pid in _group_members(record.pid):
+        for pid in _group_members(record.state.pid):
             fields = _stat_fields(pid)
             if fields is None:
                 continue
@@ -298,30 +285,6 @@ class ProcessDriver(DriverPlugin):
                 memory=MemoryUsage(rss=rss, measured_fields=(MemoryField.RSS,)),
             ),
         )
-
-    # --- helpers -------------------------------------------------------------------------------
-
-    def _signal(self, record: ProcessTask, name: str) -> None:
-        try:
-            signum = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
-        except KeyError:
-            raise DriverError(
-                f"task {record.task.name!r}: unknown signal {name!r}; use a name such as SIGHUP"
-            ) from None
-        if signum is signal.SIGKILL:
-            self._kill(record)
-            return
-        if record.supervisor.alive():  # else the pid may be another process's by now
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(record.pid, signum)
-
-    def _kill(self, record: ProcessTask) -> None:
-        record.killed = True
-        if record.supervisor.alive():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(record.pid, signal.SIGKILL)
-        if record.exit.wait(30) is None:
-            raise DriverError(f"task {record.task.name!r} did not exit within 30 s of SIGKILL")
 
 
 def _bytes(value: bytes | str | None) -> bytes:
