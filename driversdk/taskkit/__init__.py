@@ -1,11 +1,15 @@
-"""Building blocks for drivers that run tasks as host processes (exec, raw_exec, your own).
+"""The kit for drivers that run tasks as host processes: exec, raw_exec and your own.
 
-- :mod:`.taskmap`: the thread-safe map of task id -> the driver's record of a task.
-- :mod:`.owner`: which plugin process owns a task's on-disk state, written atomically, so a
-  plugin killed inside StartTask leaves state a later plugin can safely find and remove.
-- :mod:`.streaming`: one ``nomad alloc exec`` session bridged to a child process.
+- :mod:`.processdriver`: ``ProcessDriver``, a whole driver from ``command(task)`` or ``launch(task)``.
+- :mod:`.base`: ``SupervisedDriver``, the lifecycle (recover, wait, stop, destroy, inspect, signal,
+  exec, stats) over a few hooks; ``ProcessDriver``, exec and raw_exec are built on it.
+- :mod:`.supervisor` and :mod:`.launch`: the one task supervisor, its typed ``Launch`` and its
+  status file, read by a plugin started after the one that launched the task.
+- :mod:`.ids`, :mod:`.cgroups`, :mod:`.taskdirs`, :mod:`.logs`, :mod:`.stats`: host users and
+  denied ids, per-task cgroups, task dir grants, log fifos, cgroup stats.
+- :mod:`.owner`, :mod:`.reconcilecfg`: which plugin owns a task's on-disk state (so a plugin killed
+  inside StartTask leaves state a later one can remove), and the ``reconcile`` config block.
+- :mod:`.taskmap`, :mod:`.streaming`: the task map, one ``nomad alloc exec`` session.
 
-With :mod:`driversdk.procwatch` (one thread waits for every task) and :mod:`driversdk.exits`
-(a task's exit result, waited on or called back), they are what both bundled process drivers
-share.
+Nothing here imports a bundled driver (``drivers.*``) or the runner (tests/sdk/test_taskkit_layers.py).
 """
