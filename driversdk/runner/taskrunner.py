@@ -26,6 +26,7 @@ from driversdk.runner import logcollect, restarts, taskenv
 from driversdk.runner.drivermanager import TaskLost, TrackedTask, WaitFailed
 from driversdk.runner.events import EventType, RunEvent, RunEventType, split_type
 from driversdk.runner.hooks import TaskHook
+from driversdk.runner.hooks.artifact import ArtifactHook
 from driversdk.runner.hooks.csi_plugin import CSIPluginSupervisorHook
 from driversdk.runner.hooks.logs import LogCollectionHook
 from driversdk.runner.hooks.task_dir import TaskDirHook
@@ -44,6 +45,7 @@ TASK_HOOKS: list[Callable[[], TaskHook]] = [
     LogCollectionHook,  # fifos and the detached log collector
     CSIPluginSupervisorHook,  # csi_plugin tasks: socket and staging dirs, probe, register
     VolumeMountsHook,  # host and CSI volume mounts (and the plugin's), checked against the driver
+    ArtifactHook,  # artifacts fetched into the task dir (before templates, which may read them)
     TemplateHook,  # templates rendered into the task dir; env = true ones into the environment
 ]
 
@@ -393,15 +395,17 @@ class TaskRunner:
             return False  # started again: a new wait thread follows it
         result = final
         self.result = result
+        how = f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}"
         if self._stopping.is_set() and not self.failure:
             # Stopped on purpose (Ctrl-C, its main tasks done, a sibling failed): dead, not failed,
             # whatever the kill signal made of its exit code.
             self.event(restarts.event_message(restarts.KILLED), type=EventType.KILLED)
             self.alloc.state.killed(self.alloc.alloc_id, self.task.name)
+            self.event(f"finished with {how} (stopped, not failed)", type=RunEventType.FINISHED,
+                       exit_code=result.exit_code, signal=result.signal)  # fmt: skip
             return True
         self.alloc.state.finished(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
                                   result.oom_killed)  # fmt: skip
-        how = f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}"
         oom = " (killed: out of memory)" if result.oom_killed else ""
         self.event(f"finished with {how}{oom}", type=RunEventType.FINISHED, exit_code=result.exit_code,
                    signal=result.signal, fails_task=not result.successful or bool(self.failure))  # fmt: skip

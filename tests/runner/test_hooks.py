@@ -252,6 +252,8 @@ def test_alloc_teardown_reports_a_failing_hook_and_goes_on(world: tuple[Path, li
         alloc._ran = [Last(), Failing()]
         alloc.close()
         assert calls == ["failing", "last"]
-        assert [e.text() for e in events] == ['==> group "g": failing: cleanup failed: stuck']
+        assert [e.text() for e in events] == [
+            f'==> group "g": failing: cleanup failed: stuck [job "j", alloc {alloc.alloc_id[:8]}]'
+        ]
     finally:
         alloc.node.close()

@@ -196,7 +196,8 @@ def test_a_service_stopped_with_ctrl_c_is_killed_not_failed(track: Tracker, no_l
     (row,) = json.loads(status(client, "--json"))
     assert row["state"] == "complete"
     types = [e["type"] for e in row["events"]]
-    assert types[-3:] == ["Killing", "Terminated", "Killed"], types
+    assert types[-4:] == ["Killing", "Terminated", "Killed", "finished"], types
+    assert row["events"][-1]["message"].endswith("(stopped, not failed)")
 
 
 @pytest.mark.root
