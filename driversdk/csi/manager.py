@@ -16,6 +16,7 @@ swept by :func:`sweep_mount_root` when the plugin's last instance on the node st
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -41,6 +42,9 @@ from driversdk.pinning import Kind, PinError, kind_of, open_beneath, pin, privat
 log = logging.getLogger("driversdk.csi")
 
 _T = TypeVar("_T")
+_libc = ctypes.CDLL(None, use_errno=True)
+_MNT_DETACH = 0x2
+_MAX_STACKED_MOUNTS = 8  # a path a plugin mounted over more than once: each layer goes
 _PUBLISH = csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
 
 
@@ -367,8 +371,13 @@ class NodeVolumeManager:
                 return is_mounted_at(host_target)
 
             try:
-                if self.requires_staging and not self.store.staged(
-                    self.plugin_id, volume.namespace, volume.id, usage.key
+                # Staged again unless recorded *and* still a mount, as Nomad stages unless the path
+                # is one: a plugin restarted without its records, or a mount gone behind our back,
+                # needs it, and NodeStageVolume is idempotent (a plugin whose stage is mere
+                # bookkeeping, never a mount, is asked every time and answers OK).
+                if self.requires_staging and not (
+                    self.store.staged(self.plugin_id, volume.namespace, volume.id, usage.key)
+                    and is_mounted_at(host_stage)
                 ):
                     with _dir_work(volume, self.plugin_id, "NodeStageVolume", "make the staging path", host_stage):
                         _makedirs(host_stage)
@@ -384,14 +393,31 @@ class NodeVolumeManager:
                 else:
                     published = prepare_target()
                 if not published:
-                    self.client.node_publish(
-                        volume,
-                        plugin_stage if self.requires_staging else "",
-                        plugin_target,
-                        capability,
-                        usage.read_only,
-                        context,
-                    )
+
+                    def publish() -> None:
+                        self.client.node_publish(
+                            volume,
+                            plugin_stage if self.requires_staging else "",
+                            plugin_target,
+                            capability,
+                            usage.read_only,
+                            context,
+                        )
+
+                    try:
+                        publish()
+                    except CSIError as err:
+                        if not (self.requires_staging and not staged_here and err.code == "FAILED_PRECONDITION"):
+                            raise
+                        # Its stage is a mount but the plugin no longer knows it (restarted without
+                        # its records): staged again (idempotent), published once more.
+                        log.warning(
+                            f'volume "{volume.id}": CSI plugin "{self.plugin_id}" refused NodePublishVolume as '
+                            f"not staged ({err}); staging it again"
+                        )
+                        self.client.node_stage(volume, plugin_stage, capability, context)
+                        staged_here = True
+                        publish()
                 try:
                     pinned = self._verify_and_pin(volume, alloc_id, usage, paths)
                 except BaseException:
@@ -510,16 +536,8 @@ class NodeVolumeManager:
                 except CSIError:
                     if is_mounted_at(host_target):
                         raise
-                if is_mounted_at(host_target):
-                    # OK or NotFound ("no longer known") only counts once the target is no mount.
-                    raise CSIError(
-                        f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnpublishVolume but '
-                        f"{host_target} is still mounted; check the plugin's logs, or unmount it by hand "
-                        f"(umount {host_target})",
-                        code="OK",
-                        call="NodeUnpublishVolume",
-                        volume=volume.id,
-                    )
+                # OK or NotFound with the target still a mount: the plugin no longer knows it.
+                self._unmount_forgotten(volume, paths.real_root, host_target, "NodeUnpublishVolume")
                 # Some plugins leave the target behind; the CO owns cleaning the tree.
                 if os.path.isdir(host_target):
                     with _dir_work(
@@ -545,16 +563,46 @@ class NodeVolumeManager:
     def _unstage(self, volume: Volume, paths: _Paths) -> None:
         """NodeUnstageVolume, checked against the mount table; the caller records it and removes
         the staging path."""
-        host_stage = paths.host_stage
         self.client.node_unstage(volume, paths.plugin_stage)
-        if is_mounted_at(host_stage):
-            raise CSIError(
-                f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered NodeUnstageVolume but {host_stage} is '
-                f"still mounted; check the plugin's logs, or unmount it by hand (umount {host_stage})",
-                code="OK",
-                call="NodeUnstageVolume",
-                volume=volume.id,
-            )
+        self._unmount_forgotten(volume, paths.real_root, paths.host_stage, "NodeUnstageVolume")
+
+    def _unmount_forgotten(self, volume: Volume, real_root: str, host_path: str, call: str) -> None:
+        """After ``call`` answered OK (or NotFound), ``host_path`` must be no mount. One that still
+        is was forgotten by the plugin (restarted without its records, as Nomad's client meets
+        too): the CO unmounts it itself, as the plugin would have. Only beneath the plugin's mount
+        root, reached without following a symlink (the tree is the plugin's to write), detached
+        (a task that still binds it keeps its own mount)."""
+        if not is_mounted_at(host_path):
+            return
+        problem = ""
+        for _ in range(_MAX_STACKED_MOUNTS):
+            try:
+                fd = open_beneath(real_root, os.path.relpath(host_path, real_root))
+            except PinError as err:
+                problem = err.reason
+                break
+            try:
+                failed = _libc.umount2(os.fsencode(f"/proc/self/fd/{fd}"), _MNT_DETACH) != 0
+                errno_ = ctypes.get_errno()
+            finally:
+                os.close(fd)
+            if failed:
+                problem = f"unmounting it failed ({os.strerror(errno_)})"
+                break
+            if not is_mounted_at(host_path):
+                log.warning(
+                    f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered {call} but {host_path} was still '
+                    "mounted: the plugin had lost its record of it, so the runner unmounted it"
+                )
+                return
+        raise CSIError(
+            f'volume "{volume.id}": CSI plugin "{self.plugin_id}" answered {call} but {host_path} is still mounted'
+            + (f" and {problem}" if problem else "")
+            + f"; check the plugin's logs, or unmount it by hand (umount {host_path})",
+            code="OK",
+            call=call,
+            volume=volume.id,
+        )
 
     @staticmethod
     def _remove_empty_from(leaf: str, real_root: str) -> None:

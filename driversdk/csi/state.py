@@ -143,6 +143,21 @@ class StateStore:
                 (plugin_id, namespace, volume_id, usage),
             )
 
+    def node_use(self, plugin_id: str, namespace: str, volume_id: str) -> tuple[list[str], list[str]]:
+        """What this node still holds of a volume, whatever the allocation or usage: the usages
+        recorded as staged, and the allocations with a use (mounting, mounted or unmounting)."""
+        key = (plugin_id, namespace, volume_id)
+        with self._lock:
+            staged = self._db.execute(
+                "SELECT usage FROM csi_staged WHERE plugin_id=? AND namespace=? AND volume_id=? ORDER BY usage", key
+            ).fetchall()
+            used = self._db.execute(
+                "SELECT DISTINCT alloc_id FROM csi_usage WHERE plugin_id=? AND namespace=? AND volume_id=? "
+                "ORDER BY alloc_id",
+                key,
+            ).fetchall()
+        return [str(r[0]) for r in staged], [str(r[0]) for r in used]
+
     # --- plugin registry -----------------------------------------------------------------------
 
     def add_plugin(self, kind: str, name: str, alloc_id: str, record: dict[str, object]) -> bool:

@@ -33,6 +33,7 @@ from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistration, PluginRegistry, RegistryEvent
 from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError
+from driversdk.mountinfo import mount_points
 from driversdk.runner import interrupts
 from driversdk.runner.supervisor import csi_dir, live_instance, release_shared
 from driversdk.runner.volumes import NODE_DETACHED, TAKEN, UNPUBLISHING, Claim, ClaimDetail, VolumeStore
@@ -218,6 +219,11 @@ class VolumeWatcher:
         )
         not_undone: list[str] = []
         current = claim.state
+        if current == NODE_DETACHED and detail.controller_published and self._held_here(volume, plugin_id, detail):
+            # Back to the node phase: a stage a failed mount kept (it skips that phase), or a
+            # mount left here; ControllerUnpublishVolume must not come before their end.
+            self.volumes.set_claim_state(claim.volume_id, claim.namespace, claim.alloc_id, UNPUBLISHING)
+            current = UNPUBLISHING
         if current == UNPUBLISHING:
             not_undone += self._node_detach(volume, claim, detail, plugin_id, usage, detach)
             self.volumes.set_claim_state(claim.volume_id, claim.namespace, claim.alloc_id, NODE_DETACHED)
@@ -231,11 +237,31 @@ class VolumeWatcher:
             for u in self.csi.usages(plugin_id)
         )
 
+    def _held_here(self, volume: Volume, plugin_id: str, detail: ClaimDetail) -> list[str]:
+        """What this node still holds of the volume, by state.db and by the mount table (a plugin
+        may have lost its records, so neither is trusted alone), as phrases; empty when nothing."""
+        staged, users = self.csi.node_use(plugin_id, volume.namespace, volume.id)
+        held = [f"staged ({usage})" for usage in staged] + [f"used by alloc {alloc[:8]}" for alloc in users]
+        reg = live_instance(self.registry, "csi-node", plugin_id)
+        host_root = detail.host_root or (reg.options.get("MountPoint", "") if reg is not None else "")
+        if host_root:
+            real_root = os.path.realpath(host_root).rstrip("/")
+            for point in sorted(mount_points()):
+                parts = point[len(real_root) + 1 :].split("/") if point.startswith(real_root + "/") else []
+                if parts[:3] == ["staging", volume.namespace, volume.id] or (
+                    len(parts) > 2 and parts[0] == "per-alloc" and parts[2] == volume.id
+                ):
+                    held.append(f"mounted at {point}")
+        return held
+
     def _node_detach(
         self, volume: Volume, claim: Claim, detail: ClaimDetail, plugin_id: str, usage: UsageOptions, detach: bool
     ) -> list[str]:
         used = self._node_use(plugin_id, claim)
-        if not used and not detail.node_mounting:
+        staged, users = self.csi.node_use(plugin_id, volume.namespace, volume.id)
+        # A stage no allocation uses (a failed mount kept it) is unstaged by the claim that finds it.
+        orphan = usage.key in staged and not users
+        if not used and not detail.node_mounting and not orphan:
             return []  # nothing was ever staged or published for this claim
         reg = live_instance(self.registry, "csi-node", plugin_id)
         host_root = detail.host_root or (reg.options.get("MountPoint", "") if reg is not None else "")
@@ -292,6 +318,18 @@ class VolumeWatcher:
         ]
         if others:
             return []  # another live claim on this node still needs the volume published here
+        held = self._held_here(volume, plugin_id, detail)
+        if held:
+            # The spec forbids ControllerUnpublishVolume while the volume is staged or published
+            # on the node: the claim goes back to its node phase and waits there.
+            self.volumes.set_claim_state(claim.volume_id, claim.namespace, claim.alloc_id, UNPUBLISHING)
+            raise CSIError(
+                f'volume "{volume.id}" is still {", ".join(held)} on this node, so ControllerUnpublishVolume waits '
+                "until NodeUnpublishVolume and NodeUnstageVolume have ended it here; the volume watcher tries again",
+                code="FAILED_PRECONDITION",
+                call="ControllerUnpublishVolume",
+                volume=volume.id,
+            )
         what = f'ControllerUnpublishVolume of volume "{volume.remote_id}" from node "{detail.csi_node_id}"'
         reg = live_instance(self.registry, "csi-controller", plugin_id)
         problem = f'no controller instance of CSI plugin "{plugin_id}" is registered'

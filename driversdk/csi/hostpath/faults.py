@@ -5,6 +5,10 @@ Spec syntax (``--fault`` flag or CSI_HOSTPATH_FAULTS, comma separated):
 ``Probe=delay:3`` makes every Probe take three seconds;
 ``NodePublishVolume=hang`` makes every NodePublishVolume never answer (``hang:2``: the next two),
 until the caller cancels it or its deadline passes; the volume is left untouched.
+
+A call log (``--call-log`` or CSI_HOSTPATH_CALL_LOG) gets one line per call, the RPC's name (with
+``=CODE`` when a fault failed it), in the order they came: a test reads the order of calls across
+restarts of the plugin.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ class Fault:
 
 
 class Faults:
-    def __init__(self, spec: str = "") -> None:
+    def __init__(self, spec: str = "", call_log: str = "") -> None:
         self._faults: dict[str, Fault] = {}
+        self._call_log = call_log
         self.calls: dict[str, int] = {}
         self._lock = threading.Lock()
         for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -39,20 +44,27 @@ class Faults:
             else:
                 self._faults[rpc] = Fault(grpc.StatusCode[kind], int(arg or 1))
 
+    def _log(self, line: str) -> None:
+        if self._call_log:
+            with open(self._call_log, "a", encoding="utf-8") as log:
+                log.write(line + "\n")
+
     def before(self, rpc: str, context: grpc.ServicerContext) -> float:
         """Count the call; returns a delay to apply (HANG: never answer), or aborts the call with
         the injected code."""
         with self._lock:
             self.calls[rpc] = self.calls.get(rpc, 0) + 1
             fault = self._faults.get(rpc)
-            if fault is None or fault.remaining == 0:
-                return 0.0
-            if fault.code is None:
+            if fault is None or fault.remaining == 0 or fault.code is None:
+                self._log(rpc)
+                if fault is None or fault.remaining == 0:
+                    return 0.0
                 if fault.remaining > 0:
                     fault.remaining -= 1
                 return fault.delay
             fault.remaining -= 1
             code = fault.code
+            self._log(f"{rpc}={code.name}")
         context.abort(code, f"injected fault: {rpc} fails with {code.name}")
         return 0.0  # pragma: no cover - abort raises
 

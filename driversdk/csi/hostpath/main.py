@@ -42,6 +42,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--fault", default=os.environ.get("CSI_HOSTPATH_FAULTS", ""), help="e.g. Probe=UNAVAILABLE:2")
     parser.add_argument(
+        "--call-log", default=os.environ.get("CSI_HOSTPATH_CALL_LOG", ""), help="a file to append each RPC's name to"
+    )
+    parser.add_argument(
+        "--forget-node-state",
+        action="store_true",
+        default=os.environ.get("CSI_HOSTPATH_FORGET_NODE_STATE", "") not in ("", "0", "false"),
+        help="behave like a plugin that keeps its node records in memory: forget every staging and publish "
+        "record at start, and trust the records alone (an unknown path is answered OK and left mounted)",
+    )
+    parser.add_argument(
         "--alpha",
         action="store_true",
         default=os.environ.get("CSI_HOSTPATH_ALPHA", "") not in ("", "0", "false"),
@@ -67,7 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     if os.path.exists(path):
         os.unlink(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    state = HostPathState(args.root, args.node_id, Faults(args.fault), args.peer_node_id, advertised)
+    state = HostPathState(
+        args.root, args.node_id, Faults(args.fault, args.call_log), args.peer_node_id, advertised,
+        forget_node_state=args.forget_node_state,
+    )  # fmt: skip
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     csi_pb2_grpc.add_IdentityServicer_to_server(Identity(state), server)
     # RPCs the plugin does not advertise (ControllerModifyVolume) keep grpc's default answer,

@@ -1,6 +1,7 @@
 """The hostpath plugin's node service: staging and publishing are bind mounts.
 
-The mount table is the truth about what is set up; the store remembers with which capability
+The mount table is the truth about what is set up (unless told to trust its records alone, a
+fault mode: see HostPathState.trust_records); the store remembers with which capability
 and readonly flag, so a repeated call can be told apart from an incompatible one. A record
 whose path is no longer a mount (removed behind the plugin's back) is dropped when seen.
 """
@@ -149,6 +150,9 @@ class Node(csi_pb2_grpc.NodeServicer):
                     # Another volume is staged there: this one is not, which is what was asked.
                     self._missing_volume(request.volume_id, context)
                     return csi_pb2.NodeUnstageVolumeResponse()
+                if record is None and self.state.trust_records:
+                    self._missing_volume(request.volume_id, context)
+                    return csi_pb2.NodeUnstageVolumeResponse()  # no record: "nothing to do", left mounted
                 mounted = _mounted(target)
                 if mounted:
                     run_command("umount", target)
@@ -183,6 +187,12 @@ class Node(csi_pb2_grpc.NodeServicer):
                 self._missing_volume(request.volume_id, context)
                 entries = read_mountinfo()
                 staged = st.staged.get(staging)
+                if staged is None and self.state.trust_records:
+                    fail(
+                        context,
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"volume {request.volume_id} must be staged at {staging} before publishing",
+                    )
                 if (staged is not None and staged.volume_id != request.volume_id) or not _mounted(staging, entries):
                     fail(
                         context,
@@ -237,6 +247,9 @@ class Node(csi_pb2_grpc.NodeServicer):
                 if record is not None and record.volume_id != request.volume_id:
                     self._missing_volume(request.volume_id, context)
                     return csi_pb2.NodeUnpublishVolumeResponse()
+                if record is None and self.state.trust_records:
+                    self._missing_volume(request.volume_id, context)
+                    return csi_pb2.NodeUnpublishVolumeResponse()  # no record: "nothing to do", left mounted
                 mounted = _mounted(target)
                 if mounted:
                     run_command("umount", target)

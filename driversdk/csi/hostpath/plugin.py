@@ -180,6 +180,8 @@ class HostPathState:
         faults: Faults,
         peer_nodes: Iterable[str] = (),
         advertised: Advertised | None = None,
+        *,
+        forget_node_state: bool = False,
     ) -> None:
         self.root = root
         self.volumes = os.path.join(root, "volumes")
@@ -194,6 +196,14 @@ class HostPathState:
         self.faults = faults
         self.store = Store(root)
         self.advertised = advertised or Advertised.choose()
+        # A fault mode: what third-party plugins that keep their node records in memory do after
+        # a restart. The records are forgotten once, here; the node service then believes only
+        # them (see node.Node), so a mount it no longer knows is left to the CO.
+        self.trust_records = forget_node_state
+        if forget_node_state:
+            with self.store.transaction() as st:
+                st.staged.clear()
+                st.published.clear()
 
     def volume_dir(self, volume_id: str) -> str:
         return os.path.join(self.volumes, volume_id)
