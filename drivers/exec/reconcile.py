@@ -112,21 +112,10 @@ def reconcile_once(settings: ReconcileSettings, tracked: set[str]) -> list[str]:
             return removed
         tasks_dir = os.path.join(settings.state_dir, "tasks")
         now = time.time()
-        for path in owner.list_records(tasks_dir):
-            try:
-                record = owner.load(path)
-            except (ValueError, KeyError, TypeError, OSError) as err:
-                log.warning("reconciler: skipping unreadable task record %s: %s", path, err)
-                continue
-            if record is None or not kit.is_orphan(record, tracked=tracked, grace=settings.creation_grace, now=now):
-                continue
-            try:
-                release_orphan(record)
-                removed.append(record.container_id)
-            except (DriverError, OSError) as err:
-                message = err.message if isinstance(err, DriverError) else str(err)
-                log.warning("reconciler: failed to remove abandoned task %s: %s", record.container_id, message)
-        kit.remove_stale_temp_files(tasks_dir, settings.creation_grace, now)
+        grace = settings.creation_grace
+        removed += kit.release_orphans(
+            tasks_dir, TaskRecord.decode, release_orphan, tracked=tracked, grace=grace, now=now
+        )
         removed += _remove_bundleless_containers(settings, tasks_dir)
         nets = NetworkManager(settings.state_dir, settings.bridge_name, settings.bridge_subnet)
         for net in nets.reap_abandoned(settings.creation_grace, now=now):

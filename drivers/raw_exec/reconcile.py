@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from drivers.raw_exec.cgroups import RawCgroup
 from driversdk.taskkit import owner as kit
-from driversdk.taskkit.owner import OwnedRecord, Phase, list_records, owner_fields, record_path, remove
+from driversdk.taskkit.owner import OwnedRecord, Phase, owner_fields, record_path, remove
 from driversdk.taskkit.supervisor import SPEC_FILE, processes_naming
 
 log = logging.getLogger("driversdk.raw_exec.reconcile")
@@ -102,26 +102,11 @@ def replace_abandoned(record: TaskRecord, plugin_state_dir: str) -> bool:
 
 def reconcile_once(plugin_state_dir: str, grace: float, tracked: set[str]) -> list[str]:
     """One pass; returns the task keys removed."""
-    removed: list[str] = []
     tasks_dir = os.path.join(plugin_state_dir, "tasks")
     with kit.exclusive(plugin_state_dir) as mine:
         if not mine or not os.path.isdir(tasks_dir):
-            return removed
-        now = time.time()
-        for path in list_records(tasks_dir):
-            try:
-                record = load(path)
-            except (ValueError, KeyError, TypeError, OSError) as err:
-                log.warning("reconciler: skipping unreadable task record %s: %s", path, err)
-                continue
-            if record is None or not kit.is_orphan(record, tracked=tracked, grace=grace, now=now):
-                continue
-            try:
-                release(record)
-                removed.append(record.task_key)
-            except Exception as err:  # one task's failure must not stop the pass
-                log.warning("reconciler: failed to remove abandoned task %s: %s", record.task_key, err)
-    return removed
+            return []
+        return kit.release_orphans(tasks_dir, TaskRecord.decode, release, tracked=tracked, grace=grace, now=time.time())
 
 
 class Reconciler(kit.PeriodicPass):

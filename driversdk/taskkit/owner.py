@@ -268,6 +268,36 @@ def replace_abandoned(record: R, state_dir: str, decode: Callable[[bytes], R], r
         return create(record)
 
 
+def release_orphans(
+    tasks_dir: str,
+    decode: Callable[[bytes], R],
+    release: Callable[[R], object],
+    *,
+    tracked: set[str],
+    grace: float,
+    now: float,
+) -> list[str]:
+    """Release every task of ``tasks_dir`` whose record :func:`is_orphan` says a pass may remove;
+    returns their keys. Run it under :func:`exclusive`. One task that cannot be read or released
+    is logged and skipped: it must not stop the pass."""
+    removed: list[str] = []
+    for path in list_records(tasks_dir):
+        try:
+            record = load(path, decode)
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            log.warning("reconciler: skipping unreadable task record %s: %s", path, err)
+            continue
+        if record is None or not is_orphan(record, tracked=tracked, grace=grace, now=now):
+            continue
+        try:
+            release(record)
+            removed.append(record.key)
+        except Exception as err:
+            log.warning("reconciler: failed to remove abandoned task %s: %s", record.key, getattr(err, "message", err))
+    remove_stale_temp_files(tasks_dir, grace, now)
+    return removed
+
+
 class PeriodicPass:
     """A background thread running ``run_pass`` at start, then every ``period()`` seconds."""
 

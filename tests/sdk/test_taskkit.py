@@ -228,3 +228,42 @@ def test_run_session_reports_a_killed_command() -> None:
     session = _Session([])
     result = run_session(["/bin/sh", "-c", "kill -TERM $$"], session)
     assert result == ExitResult(exit_code=128 + signal.SIGTERM, signal=signal.SIGTERM)
+
+
+def test_a_pass_releases_each_orphan_and_survives_a_bad_record_or_a_failed_release(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    dead = _dead()
+
+    def orphan(name: str, phase: Phase = "starting", who: ProcessIdentity = dead) -> Rec:
+        record = Rec(name, str(tasks / name), phase, who.pid, who.start_time, 0.0)
+        assert kit.create(record)
+        return record
+
+    orphan("a")
+    orphan("b")
+    orphan("started", phase="started")  # the host owns it
+    orphan("live", who=ProcessIdentity.current())  # its owner runs
+    orphan("tracked")
+    (tasks / "garbled.json").write_text("{not json")
+    stale = tasks / ".a.json.1.tmp"
+    stale.write_text("{}")
+    os.utime(stale, (0, 0))
+    released: list[str] = []
+
+    def release(record: Rec) -> None:
+        if record.name == "a":
+            raise OSError("device busy")  # logged; the pass goes on
+        released.append(record.name)
+        kit.remove(record.task_dir)
+
+    removed = kit.release_orphans(str(tasks), Rec.decode, release, tracked={"tracked"}, grace=1.0, now=time.time())
+    assert removed == released == ["b"]
+    assert sorted(p.name for p in tasks.glob("*.json")) == [
+        "a.json",
+        "garbled.json",
+        "live.json",
+        "started.json",
+        "tracked.json",
+    ]
+    assert not stale.exists()  # a record write whose writer died
