@@ -13,7 +13,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -30,6 +30,7 @@ class Leftover:
     pid: int
     start: int  # clock ticks since boot, so a reused pid is never taken for the process
     cmdline: str
+    test: str  # the PYTEST_CURRENT_TEST it was started under
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -78,8 +79,9 @@ def _uptime_ticks() -> int:
         return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
 
 
-def leftovers(module: str, token: str, since: int) -> list[Leftover]:
-    """Live processes this session started during ``module`` that pytest no longer parents."""
+def leftovers(test: Callable[[str], bool], token: str, since: int = 0) -> list[Leftover]:
+    """Live processes this session started (after ``since``) during a test ``test`` accepts (by the
+    PYTEST_CURRENT_TEST they were started under) that pytest no longer parents."""
     me = os.getpid()
     found: list[Leftover] = []
     for name in os.listdir("/proc"):
@@ -90,17 +92,49 @@ def leftovers(module: str, token: str, since: int) -> list[Leftover]:
         if info is None or info[0] in ("Z", "X") or info[2] < since:
             continue
         env = _environ(pid)
-        if env.get(SESSION_ENV) != token or not env.get("PYTEST_CURRENT_TEST", "").startswith(module + "::"):
+        started_by = env.get("PYTEST_CURRENT_TEST", "")
+        if env.get(SESSION_ENV) != token or not test(started_by.rpartition(" ")[0]):
             continue
         if _text(pid, "comm") in HOST_SERVICES or _descends_from(pid, me):
             continue
-        found.append(Leftover(pid, info[2], _text(pid, "cmdline")))
+        found.append(Leftover(pid, info[2], _text(pid, "cmdline"), started_by))
     return found
 
 
 def _still(leftover: Leftover) -> bool:
     info = _stat(leftover.pid)
     return info is not None and info[0] not in ("Z", "X") and info[2] == leftover.start
+
+
+def _kill(found: list[Leftover]) -> None:
+    for p in found:
+        if _still(p):
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.failed:
+        item.stash[_FAILED] = True
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture
+def kill_orphans_if_failed(request: pytest.FixtureRequest, session_token: str) -> Iterator[None]:
+    """For a test that kills a run on purpose: when it fails before the next run has recovered what
+    the killed one left (collectors, task supervisors, plugins), those are killed here instead of
+    outliving the session. A test that passes is left to the module's guard, so a product leak
+    still fails."""
+    yield
+    if request.node.stash.get(_FAILED, False):
+        _kill(leftovers(request.node.nodeid.__eq__, session_token))
 
 
 @pytest.fixture(scope="session")
@@ -121,16 +155,12 @@ def module_leaves_no_process(request: pytest.FixtureRequest, session_token: str)
     since = _uptime_ticks()
     yield
     module = request.node.nodeid
-    found = leftovers(module, session_token, since)
+    found = leftovers(lambda test: test.startswith(module + "::"), session_token, since)
     deadline = time.monotonic() + EXIT_GRACE
     while found and time.monotonic() < deadline:
         time.sleep(0.1)
         found = [p for p in found if _still(p)]
-    for p in found:  # recorded below; killed so the next module starts clean
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    _kill(found)  # recorded below; killed so the next module starts clean
     if found:
-        lines = "\n".join(f"  pid {p.pid}: {p.cmdline}" for p in found)
+        lines = "\n".join(f"  pid {p.pid} (from {p.test}): {p.cmdline}" for p in found)
         pytest.fail(f"{module} left {len(found)} process(es) running after its tests:\n{lines}", pytrace=False)

@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.hostcheck import processes
 from tests.runner.test_run_faults import ROOT, cgroup_parent, cli, db_rows, leaks, wait_for
 
@@ -59,6 +61,7 @@ def _start(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
+@pytest.mark.usefixtures("kill_orphans_if_failed")
 def test_one_plugin_serves_two_allocations_and_two_jobs_and_a_killed_run_recovers_both(tmp_path: Path) -> None:
     client, data = _client(tmp_path)
     jobs = [str(_job(tmp_path, "first", 2)), str(_job(tmp_path, "second", 1))]

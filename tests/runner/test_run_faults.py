@@ -254,6 +254,7 @@ def _run_again_and_count(engine: docker.DockerClient, job: Path, client: Path, d
     return "".join(seen) + out
 
 
+@pytest.mark.usefixtures("kill_orphans_if_failed")
 def test_run_killed_inside_start_task_replaces_what_the_live_plugin_started(
     engine: docker.DockerClient, tmp_path: Path
 ) -> None:
@@ -265,6 +266,7 @@ def test_run_killed_inside_start_task_replaces_what_the_live_plugin_started(
     assert leaks(engine, tmp_path) == []
 
 
+@pytest.mark.usefixtures("kill_orphans_if_failed")
 def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
     engine: docker.DockerClient, tmp_path: Path
 ) -> None:
@@ -284,6 +286,7 @@ def _exec_task_processes(tmp_path: Path) -> list[str]:
     return [p for p in processes(str(tmp_path / "exec-state")) if "launch.py supervise " in p]
 
 
+@pytest.mark.usefixtures("kill_orphans_if_failed")
 def test_exec_run_and_plugin_killed_inside_start_task_leave_one_task(tmp_path: Path) -> None:
     job, client, data = write_job(tmp_path, "echo up; sleep 300", driver="exec")
     socket_dir = _kill_during_start(

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and ru
 
 
 @pytest.fixture
-def env(engine: docker.DockerClient, short_dir: Path) -> Env:
+def env(engine: docker.DockerClient, short_dir: Path, kill_orphans_if_failed: None) -> Env:
     return make_env(engine, short_dir)
 
 

@@ -31,7 +31,7 @@ EXIT_WAIT = 60  # a run that has not ended by then hangs
 
 
 @pytest.fixture
-def env(engine: docker.DockerClient, short_dir: Path) -> Env:
+def env(engine: docker.DockerClient, short_dir: Path, kill_orphans_if_failed: None) -> Env:
     (short_dir / "backing" / "volumes").mkdir(parents=True)
     # The plugin mounts: its task runs as root, which the exec driver allows only when told.
     demo.client_config(
@@ -223,6 +223,7 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
     older = env.start(write_job(env, "older", plugin_group()))
     newer: subprocess.Popen[str] | None = None
     leftovers: list[int] = []
+    newer_left: set[int] = set()
     dead_alloc = ""
     try:
         wait_for_line(older, '==> task "plugin": Plugin became healthy')
@@ -230,7 +231,8 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
         wait_for_line(newer, '==> task "plugin": Plugin became healthy')
         [dead] = [r for r in env.registrations() if r.type == "csi-node"]  # the newest is the one in use
         dead_alloc = dead.alloc_id
-        [pid] = [p for p in _plugin_pids(env) if p in _descendants(newer.pid)]
+        newer_left = _descendants(newer.pid)  # its plugins and collectors: no later run of its job takes them over
+        [pid] = [p for p in _plugin_pids(env) if p in newer_left]
         # The newer run is killed (as during its teardown), then its plugin task dies: nothing
         # deregisters the instance, whose socket no longer answers.
         newer.kill()
@@ -254,7 +256,7 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
                 except subprocess.TimeoutExpired:
                     proc.kill()
         left = [int(line.split(":")[0]) for line in processes(dead_alloc)] if dead_alloc else []
-        for pid in leftovers + _plugin_pids(env) + left:
+        for pid in leftovers + _plugin_pids(env) + left + sorted(newer_left):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
