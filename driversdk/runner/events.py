@@ -141,6 +141,8 @@ class RunEvent:
             return f"stopping: {self.message}"
         if kind == EventType.DRIVER_MESSAGE:
             return f"event: {self.message}"
+        if kind == EventType.RESTORE_FAILED:
+            return f"lost: {self.message}"
         if kind in _NOMAD_TYPES:
             return f"{kind}: {self.message}"
         return self.message

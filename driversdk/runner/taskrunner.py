@@ -328,7 +328,7 @@ class TaskRunner:
             # The task ended (or went) while no run followed it, and the driver cannot say how: it
             # is lost, as Nomad's client marks a task it cannot restore. The driver does not track
             # it any more, so its removal finding nothing is no failure (see _destroy_task).
-            self.event(f"lost: it ended or went while no run followed it, and could not be recovered: {err}",
+            self.event(f"it ended or went while no run followed it, and could not be recovered: {err}",
                        type=EventType.RESTORE_FAILED, fails_task=True)  # fmt: skip
             self._unrecovered = True
             self.result = ExitResult(exit_code=1)

@@ -119,7 +119,7 @@ def test_run_json_prints_one_event_object_per_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
-    assert {"time", "kind", "job", "group", "alloc_id", "task", "message"} <= set(events[0])
+    assert {"time", "kind", "type", "job", "group", "alloc", "task", "message"} <= set(events[0])
     finished = [e for e in events if e["kind"] == "task" and e["message"] == "finished with exit code 0"]
-    assert finished and finished[0]["job"] == "quick" and finished[0]["task"] == "t" and finished[0]["alloc_id"]
+    assert finished and finished[0]["job"] == "quick" and finished[0]["task"] == "t" and finished[0]["alloc"]
     assert leaks(None, tmp_path) == []
