@@ -19,6 +19,7 @@ from driversdk.csi.state import StateStore
 from driversdk.errors import DriverSDKError, StateWriteError
 from driversdk.model import NetworkIsolationSpec, TaskEvent
 from driversdk.paths import resolve_under
+from driversdk.runner import restarts
 from driversdk.runner.clientconfig import ClientConfig
 from driversdk.runner.drivermanager import DriverManager
 from driversdk.runner.events import Emit, EventType, RunEvent
@@ -145,6 +146,7 @@ class AllocRunner:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.lifecycle = Coordinator(self, self._stopping)
+        self._deadline: threading.Timer | None = None  # the group's max_run_duration
 
     @property
     def failure(self) -> str:
@@ -192,15 +194,30 @@ class AllocRunner:
             except BaseException:
                 self.prerun_failed = True  # recorded as failed: `status` lists it though no task ran
                 raise
+        if self.group.max_run_duration > 0:
+            # Nomad's max_run_duration hook: counted from before the tasks start, the start included.
+            self._deadline = threading.Timer(self.group.max_run_duration, self._max_run_duration_expired)
+            self._deadline.daemon = True
+            self._deadline.start()
         records = {r.task: r for r in self.state.tasks(self.alloc_id)} if self.restoring is not None else {}
         # Every runner exists before any starts: close() undoes whatever part of them ran.
         self.tasks = [TaskRunner(self, task, records.get(task.name)) for task in self.group.tasks]
         self.lifecycle.start()  # Nomad's lifecycle order; a group without hooks starts all at once
 
+    def _max_run_duration_expired(self) -> None:
+        """The allocation ran for its group's max_run_duration: stopped, as Nomad stops it."""
+        if self.stop_requested() or (self.tasks and all(r.done.is_set() for r in self.tasks)):
+            return
+        limit = restarts.go_duration(self.group.max_run_duration)
+        self.event("group", f"allocation exceeded max_run_duration ({limit}); stopping its tasks")
+        self.stop()
+
     # --- stop / close --------------------------------------------------------------------------
 
     def stop(self, wait: float = 60.0) -> None:
         self._stopping.set()
+        if self._deadline is not None:
+            self._deadline.cancel()
         self.lifecycle.join(wait)  # a stage being started finishes starting first
         for hook in self.hooks:
             hook.stop(self)
@@ -227,6 +244,8 @@ class AllocRunner:
             if self._closed:
                 return
             self._closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
         unrecorded: list[StateWriteError] = []
         for runner in self.tasks:
             try:

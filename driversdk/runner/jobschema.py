@@ -183,11 +183,12 @@ SERVICE = Block({
     "connect": CONNECT,
     "identity": IDENTITY,
 }, acted=NO)  # fmt: skip
+# Fetched by the artifact hook (http(s) and local files); chown is not acted on.
 ARTIFACT = Block({
-    **attrs(NO, source=S, mode=S, insecure=B, destination=S, chown=B),
-    "options": Block(open=True, as_map=Kind.STRING, acted=NO),
-    "headers": Block(open=True, as_map=Kind.STRING, acted=NO),
-}, acted=NO)  # fmt: skip
+    **attrs(source=S, mode=S, insecure=B, destination=S), "chown": Attr(B, NO),
+    "options": Block(open=True, as_map=Kind.STRING),
+    "headers": Block(open=True, as_map=Kind.STRING),
+})  # fmt: skip
 TEMPLATE = Block({
     **attrs(NO, source=S, destination=S, data=S, change_mode=S, change_signal=S, splay=D, perms=S, uid=N, gid=N,
             left_delimiter=S, right_delimiter=S, env=B, vault_grace=D, error_on_missing_key=B, once=B),
@@ -212,8 +213,9 @@ VOLUME = Block({
     "mount_options": blk(fs_type=S, mount_flags=L),
 }, labels=1)  # fmt: skip
 GROUP = Block({
-    "count": Attr(N), "shutdown_delay": Attr(D, NO), "stop_after_client_disconnect": Attr(D, NO),
-    "max_client_disconnect": Attr(D, NO), "prevent_reschedule_on_lost": Attr(B, NO),
+    "count": Attr(N), "shutdown_delay": Attr(D, NO), "max_run_duration": Attr(D),
+    "stop_after_client_disconnect": Attr(D, NO), "max_client_disconnect": Attr(D, NO),
+    "prevent_reschedule_on_lost": Attr(B, NO),
     "constraint": CONSTRAINT, "affinity": AFFINITY, "spread": SPREAD, "task": TASK, "volume": VOLUME,
     "restart": RESTART, "disconnect": DISCONNECT, "reschedule": RESCHEDULE, "ephemeral_disk": EPHEMERAL_DISK,
     "update": UPDATE, "migrate": MIGRATE, "network": NETWORK, "meta": META, "service": SERVICE, "scaling": SCALING,

@@ -17,7 +17,7 @@ from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
 from driversdk.paths import PATH_MAX, check_name, show
-from driversdk.runner import jobschema, restarts, templates
+from driversdk.runner import artifacts, jobschema, restarts, templates
 from driversdk.runner.hcl import Body, HCLSyntaxError, Inputs, evaluate
 from driversdk.runner.hclload import is_blocks, labelled, read_text, single, syntax_error
 from driversdk.runner.problems import Problem, ValidationFailed
@@ -104,6 +104,18 @@ class Template:
 
 
 @dataclass
+class Artifact:
+    """A task's ``artifact`` block (fetched before the task starts: :mod:`driversdk.runner.artifacts`)."""
+
+    source: str
+    destination: str = "local/"  # Nomad's default
+    mode: str = "any"
+    options: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    insecure: bool = False
+
+
+@dataclass
 class Task:
     name: str
     driver: str
@@ -128,6 +140,7 @@ class Task:
     # The task's own ``restart`` block as written (merged with the group's by driversdk.runner.restarts).
     restart: dict[str, Any] | None = None
     templates: list[Template] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
 
 
 @dataclass
@@ -144,6 +157,8 @@ class Group:
     gateway: bool = False
     restart: dict[str, Any] | None = None  # the group's ``restart`` block as written
     ephemeral_disk_mb: int = 300  # Nomad's default ``ephemeral_disk { size }``: the tasks' log budget
+    # Nomad's group ``max_run_duration`` in seconds (0: none): the allocation is stopped when it expires.
+    max_run_duration: float = 0.0
 
 
 @dataclass
@@ -294,6 +309,8 @@ class _Parser:
                 )
             )
             self.problems += [Problem(self.file, m, **where) for m in _port_problems(group.ports[-1])]
+        if body.get("max_run_duration") is not None:
+            group.max_run_duration = self.max_run_duration(body.get("max_run_duration"), **where)
         disk = single(body.get("ephemeral_disk"))
         group.ephemeral_disk_mb = self.number(disk.get("size"), 300, "ephemeral_disk.size", **where)
         if "restart" in body:
@@ -389,6 +406,7 @@ class _Parser:
             task.restart = dict(single(body.get("restart")))
             self.restart_problems(job.type, group.restart, task.restart, **where)
         task.templates = self.templates(body, **where)
+        task.artifacts = self.artifacts(body, **where)
         mounts: list[dict[str, Any]] = body["volume_mount"] if is_blocks(body.get("volume_mount")) else []
         for i, mbody in enumerate(mounts):
             mwhere = {**where, "field": f"volume_mount[{i}]"}
@@ -431,6 +449,45 @@ class _Parser:
             return
         for sentence in restarts.policy_problems(policy):
             self.problems.append(Problem(self.file, sentence, **where, field="restart"))
+
+    def max_run_duration(self, value: Any, **where: str) -> float:
+        text = self.text(value, "max_run_duration", **where)
+        try:
+            return parse_duration(text, "max_run_duration")  # 0: no limit
+        except ConfigError:
+            return 0.0  # the schema reported it, in the words it uses for every duration
+
+    def artifacts(self, body: dict[str, Any], **where: str) -> list[Artifact]:
+        out = []
+        blocks: list[dict[str, Any]] = body["artifact"] if is_blocks(body.get("artifact")) else []
+        for i, abody in enumerate(blocks):
+            awhere = {**where, "field": f"artifact[{i}]"}
+            options = {str(k): self.text(v, f"options.{k}", **awhere) for k, v in single(abody.get("options")).items()}
+            headers = {str(k): self.text(v, f"headers.{k}", **awhere) for k, v in single(abody.get("headers")).items()}
+            a = Artifact(
+                source=self.text(abody.get("source"), "source", **awhere),
+                destination=self.text(abody.get("destination"), "destination", **awhere) or "local/",
+                mode=(self.text(abody.get("mode"), "mode", **awhere) or "any").lower(),
+                options=options,
+                headers=headers,
+                insecure=self.flag(abody.get("insecure"), "insecure", **awhere),
+            )
+            problems = []
+            if "${" not in a.source and (why := artifacts.source_problem(a.source)) is not None:
+                problems.append(why)
+            if "${" not in a.destination and artifacts.destination_parts(a.destination) is None:
+                problems.append(f"destination {show(a.destination)} escapes the task dir; use a path inside it "
+                                'such as "local/"')  # fmt: skip
+            for key, value in options.items():
+                if key not in artifacts.OPTIONS:
+                    problems.append(f"options.{key} is not supported by driversdk run (only checksum and archive)")
+                elif key == "checksum" and "${" not in value and (why := artifacts.checksum_problem(value)):
+                    problems.append(why)
+                elif key == "archive" and value.lower() not in ("true", "false"):
+                    problems.append(f"options.archive must be true or false, got {_shown(value)}")
+            self.problems += [Problem(self.file, p, **awhere) for p in problems]
+            out.append(a)
+        return out
 
     def templates(self, body: dict[str, Any], **where: str) -> list[Template]:
         out = []
