@@ -58,6 +58,7 @@ def test_the_hook_lists_are_the_order_of_start(tmp_path: Path) -> None:
         "log collection",
         "csi plugin supervisor",
         "volume mounts",
+        "artifact",
         "template",
     ]
 
