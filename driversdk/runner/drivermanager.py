@@ -11,6 +11,7 @@ Task events come on one stream per plugin and are handed to the allocation they 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,12 +144,14 @@ class DriverManager:
     def _reattach(self, driver: str) -> DriverClient | None:
         """The plugin a killed run of this data dir left running, or one of the per-allocation
         plugins a run before the driver manager left (state migration 2)."""
-        for old_pid, saved in self.state.plugins_to_adopt(driver, pid_alive):
+        candidates = self.state.plugins_to_adopt(driver, pid_alive)
+        for at, (old_pid, saved) in enumerate(candidates):
             plugin = self._try_reattach(driver, saved)
             if plugin is None:
                 self.state.plugin_gone(driver, old_pid)
                 continue
             self.state.plugin_adopted(driver, old_pid, saved)
+            self._shut_down_redundant(driver, candidates[at + 1 :])
             return plugin
         for alloc_id, saved in self.state.retired_plugins(driver):
             plugin = self._try_reattach(driver, saved)
@@ -178,6 +181,25 @@ class DriverManager:
             return None
         self.emit(RunEvent("driver", "reattached to its running plugin", name=driver))
         return plugin
+
+    def _shut_down_redundant(self, driver: str, others: list[tuple[int, str]]) -> None:
+        """Plugins of other killed runs of this data dir: one instance runs (and recovers) every task
+        of the driver, and the tasks outlive their plugin, so the rest would only outlive every run."""
+        for old_pid, saved in others:
+            if old_pid == os.getpid():
+                continue
+            try:
+                config = ReattachConfig.from_json(saved)
+            except (ValueError, KeyError, TypeError):
+                self.state.plugin_gone(driver, old_pid)  # a damaged record: nothing to reach
+                continue
+            try:
+                reattach(config, name=driver).kill()
+            except ReattachRefused as refused:  # not provably the plugin launched: not ours to stop
+                self.emit(RunEvent("driver", str(refused), name=driver))
+            except DriverSDKError:
+                remove_dead_plugin_socket(config)  # gone already, maybe with its socket dir left
+            self.state.plugin_gone(driver, old_pid)
 
     def _shut_down_retired(self, driver: str) -> None:
         """Per-allocation plugins of an older run: their tasks were recovered through the shared

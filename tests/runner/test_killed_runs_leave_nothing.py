@@ -1,0 +1,58 @@
+"""A run that takes over what killed runs left ends all of it when it is done: no plugin, log
+collector or task supervisor of a killed run outlives the run that recovered its allocations.
+
+Real runs through the CLI, SIGKILLed; real exec plugins, task supervisors and log collectors,
+looked for in /proc afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.runner.test_drivermanager import _client, _job, _start, alive, exec_plugins
+from tests.runner.test_run_faults import cli, db_rows, leaks, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="exec tasks run under runc: root only")
+
+
+def _recovered(run: subprocess.Popen[str], tasks: int) -> str:
+    assert run.stdout is not None
+    seen: list[str] = []
+    while sum('==> task "t" recovered' in line for line in seen) < tasks:
+        seen.append(run.stdout.readline())
+        assert seen[-1], "the run ended early: " + "".join(seen) + run.communicate()[1]
+    return "".join(seen)
+
+
+@pytest.mark.usefixtures("kill_orphans_if_failed")
+def test_a_run_recovering_two_killed_runs_ends_both_of_their_plugins(tmp_path: Path) -> None:
+    client, data = _client(tmp_path)
+    jobs = [_job(tmp_path, "first", 1), _job(tmp_path, "second", 1)]
+    killed = [_start(cli("run", str(job), "--client", str(client))) for job in jobs]
+    recovering: subprocess.Popen[str] | None = None
+    try:
+        wait_for("both tasks running", lambda: len(db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'")) == 2)
+        plugins = [pid for run in killed for pid in exec_plugins(run.pid)]
+        assert len(plugins) == 2, f"each run launched its own exec plugin: {plugins}"
+        for run in killed:
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(30)
+        assert all(alive(pid) for pid in plugins), "the plugins outlive their killed runs"
+
+        recovering = _start(cli("run", *map(str, jobs), "--client", str(client)))
+        text = _recovered(recovering, 2)
+        assert text.count('==> driver "exec": reattached to its running plugin') == 1, text
+        recovering.send_signal(signal.SIGINT)
+        out, err = recovering.communicate(timeout=120)
+    finally:
+        for run in [*killed, recovering]:
+            if run is not None and run.poll() is None:
+                run.kill()
+    assert recovering.returncode == 1, out + err  # interrupted
+    assert [pid for pid in plugins if alive(pid)] == [], "the plugin it did not reattach to is ended too"
+    assert db_rows(data, "SELECT * FROM run_plugins") == [], "no plugin of a killed run stays recorded"
+    assert leaks(None, tmp_path) == []
