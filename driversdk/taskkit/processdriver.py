@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from driversdk.model import (
     TaskHandle,
     TaskStats,
 )
+from driversdk.pinning import PinError, private_dir
 from driversdk.taskkit import supervisor
 from driversdk.taskkit.base import SupervisedDriver, SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup
@@ -136,16 +136,12 @@ class ProcessDriver(SupervisedDriver[ProcessState]):
     def state_dir(self) -> str:
         """Where the tasks' launch specs and exit files live: kept across plugin restarts, private."""
         path = os.path.join(tempfile.gettempdir(), f"driversdk-{self.name}-{os.geteuid()}")
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
         # The temp dir is shared with every user: a name someone else made first (a symlink, their
         # dir, or one they may write) would let them plant or redirect the exit files we trust.
-        info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-            raise DriverError(
-                f"{type(self).__name__}: {path} is not a private directory of uid {os.geteuid()} "
-                "(a symlink, another user's, or open to others); remove it and start the task again"
-            )
+        try:
+            private_dir(path)
+        except PinError as err:
+            raise DriverError(f"{type(self).__name__}: {err.reason} and start the task again") from None
         return path
 
     def start_task(self, task: TaskConfig) -> TaskHandle:
