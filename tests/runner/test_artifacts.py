@@ -6,6 +6,7 @@ task with Nomad's "Failed Artifact Download" event and leave nothing, inside or 
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import http.server
 import io
@@ -127,6 +128,7 @@ def test_artifacts_file_tar_gz_and_zip_are_where_the_task_looks(track: Tracker, 
         info.external_attr = (stat.S_IFREG | 0o640) << 16
         z.writestr(info, "<h1>hi</h1>")
     (www / "site.zip").write_bytes(zipped.getvalue())
+    (www / "notes.txt.gz").write_bytes(gzip.compress(b"notes\n"))
     digest = hashlib.sha256(bundle).hexdigest()
     path, client = job(
         track,
@@ -150,6 +152,9 @@ def test_artifacts_file_tar_gz_and_zip_are_where_the_task_looks(track: Tracker, 
         source      = "{base}/hello.txt"
         destination = "local/renamed.txt"
         mode        = "file"
+      }}
+      artifact {{
+        source = "{base}/notes.txt.gz"
       }}""",
         "cat local/hello.txt local/renamed.txt local/site/web/index.html && local/bundle/app/run.sh",
     )
@@ -161,6 +166,7 @@ def test_artifacts_file_tar_gz_and_zip_are_where_the_task_looks(track: Tracker, 
     assert (local / "hello.txt").read_text() == "hello artifact\n"
     assert stat.S_IMODE((local / "hello.txt").stat().st_mode) == 0o644
     assert (local / "renamed.txt").read_text() == "hello artifact\n"
+    assert (local / "notes.txt").read_text() == "notes\n"  # a .gz is one file, decompressed
     assert stat.S_IMODE((local / "bundle/app/run.sh").stat().st_mode) == 0o755  # setuid dropped, as Nomad's umask
     assert stat.S_IMODE((local / "bundle/app/conf.txt").stat().st_mode) == 0o600
     assert (local / "bundle/app/link").readlink() == Path("conf.txt")
@@ -210,7 +216,7 @@ def test_artifacts_a_404_fails_the_task_with_the_event(track: Tracker, served: t
     nothing_fetched(track)
 
 
-@pytest.mark.parametrize("hostile", ["dotdot", "absolute", "symlink"])
+@pytest.mark.parametrize("hostile", ["dotdot", "absolute", "symlink", "device", "hardlink", "too_many"])
 def test_artifacts_a_hostile_tar_is_refused_and_writes_nothing_outside(
     track: Tracker, served: tuple[str, Path], hostile: str
 ) -> None:
@@ -220,12 +226,16 @@ def test_artifacts_a_hostile_tar_is_refused_and_writes_nothing_outside(
         "dotdot": [member(f"../../{mark}")],
         "absolute": [member(f"/tmp/{mark}")],
         "symlink": [member("etc", kind=tarfile.SYMTYPE, link="/etc"), member(f"etc/{mark}")],
+        "device": [member(mark, kind=tarfile.CHRTYPE)],
+        "hardlink": [member(mark, kind=tarfile.LNKTYPE, link="/etc/passwd")],
+        # Nomad's decompression_file_count_limit default is 4096 entries.
+        "too_many": [member(f"d/{i}") for i in range(4096)],
     }[hostile]
-    names = {info.name: b"pwned\n" for info in outside if info.type == tarfile.REGTYPE}
+    names = {info.name: b"x\n" for info in outside if info.type == tarfile.REGTYPE}
     (www / "evil.tar.gz").write_bytes(tar_bytes([member("ok.txt"), *outside], {"ok.txt": b"ok\n", **names}))
     path, client = job(track, f'      artifact {{\n        source = "{base}/evil.tar.gz"\n      }}')
     message = failed(run(path, client))
-    assert "refusing the artifact" in message
+    assert "refusing the artifact" in message or "decompression_file_count_limit" in message
     nothing_fetched(track)
     alloc = task_dir(track).parent
     for place in (Path("/tmp") / mark, Path("/etc") / mark, alloc / mark, alloc.parent / mark, task_dir(track) / mark):
@@ -249,3 +259,51 @@ def test_artifacts_a_destination_that_escapes_is_refused_at_validate(track: Trac
     assert done.returncode != 0
     assert 'destination "../../x" escapes the task dir' in done.stdout + done.stderr
     assert not (track.base / "data" / "allocs").exists()
+
+
+class FlakyHandler(http.server.BaseHTTPRequestHandler):
+    """404 for the first request, the file after: a server that was not ready yet."""
+
+    hits = 0
+
+    def do_GET(self) -> None:
+        type(self).hits += 1
+        body = b"ready\n"
+        self.send_response(404 if type(self).hits == 1 else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_artifacts_a_failed_download_is_recoverable_under_the_restart_policy(track: Tracker) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        path, client = job(
+            track,
+            f"""
+      restart {{
+        attempts = 2
+        delay    = "1s"
+        interval = "1m"
+        mode     = "fail"
+      }}
+      artifact {{
+        source = "http://127.0.0.1:{server.server_address[1]}/ready.txt"
+      }}""",
+            "cat local/ready.txt",
+        )
+        done = run(path, client)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    types = [e["type"] for e in events(done) if e["task"] == "app"]
+    first = types.index("Failed Artifact Download")
+    assert "Restarting" in types[first:] and "Started" in types[first:], types
+    assert types.count("Downloading Artifacts") == 2
+    logs = task_dir(track).parent / "alloc" / "logs"
+    assert (logs / "app.stdout.0").read_text() == "ready\n"
