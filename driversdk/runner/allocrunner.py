@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from driversdk.runner.lifecycle import Coordinator, has_hooks
 from driversdk.runner.runstate import AllocRecord, RunState
 from driversdk.runner.supervisor import PluginSupervisor
 from driversdk.runner.taskenv import PortValue
-from driversdk.runner.taskrunner import TaskRunner
+from driversdk.runner.taskrunner import TaskRunner, end_left_by_killed_run
 from driversdk.runner.volumes import VolumeStore
 
 # The order of start; teardown runs it backwards. A new hook is a new file and a line here.
@@ -194,12 +195,15 @@ class AllocRunner:
             except BaseException:
                 self.prerun_failed = True  # recorded as failed: `status` lists it though no task ran
                 raise
+        records = {r.task: r for r in self.state.tasks(self.alloc_id)} if self.restoring is not None else {}
         if self.group.max_run_duration > 0:
-            # Nomad's max_run_duration hook: counted from before the tasks start, the start included.
-            self._deadline = threading.Timer(self.group.max_run_duration, self._max_run_duration_expired)
+            # Nomad's max_run_duration hook: counted from before the tasks start, the start included;
+            # a recovered allocation keeps the time it already ran (from its tasks' records).
+            ran = time.time() - min((r.updated for r in records.values()), default=time.time())
+            left = max(0.0, self.group.max_run_duration - ran)
+            self._deadline = threading.Timer(left, self._max_run_duration_expired)
             self._deadline.daemon = True
             self._deadline.start()
-        records = {r.task: r for r in self.state.tasks(self.alloc_id)} if self.restoring is not None else {}
         # Every runner exists before any starts: close() undoes whatever part of them ran.
         self.tasks = [TaskRunner(self, task, records.get(task.name)) for task in self.group.tasks]
         self.lifecycle.start()  # Nomad's lifecycle order; a group without hooks starts all at once
@@ -252,6 +256,12 @@ class AllocRunner:
                 runner.destroy()
             except StateWriteError as err:
                 unrecorded.append(err)
+        if self.restoring is not None and not self.tasks:  # its setup failed before the task runners took over
+            for record in self.state.tasks(self.alloc_id):
+                try:
+                    end_left_by_killed_run(self, record)
+                except StateWriteError as err:
+                    unrecorded.append(err)
         for hook in reversed(self._ran):
             try:
                 hook.postrun(self)

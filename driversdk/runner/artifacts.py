@@ -138,6 +138,10 @@ def destination_parts(destination: str) -> list[str] | None:
 def fetch(item: Fetch, task_dir: str, alloc_dir: str, where: str) -> None:
     """Fetch ``item`` into its destination below ``task_dir`` (``alloc/…`` is the shared alloc
     dir); ArtifactError with one sentence naming ``where`` otherwise. Nothing is left on failure."""
+    # Checked again here: a value written with ${…} is only known now.
+    why = source_problem(item.source) or (checksum_problem(item.checksum) if item.checksum else None)
+    if why is not None:
+        raise ArtifactError(f"{where}: {why}", recoverable=False)
     root, parts = _place(item.destination, task_dir, alloc_dir, where)
     staging = tempfile.mkdtemp(prefix=".artifact-", dir=alloc_dir)
     try:
@@ -171,6 +175,7 @@ def fetch(item: Fetch, task_dir: str, alloc_dir: str, where: str) -> None:
             if kind is not None:
                 stem = name[: -len(next(ext for ext, k in ARCHIVES if k == kind and name.lower().endswith(ext)))]
             _single(download, kind, os.path.join(out, stem or "artifact"), where)
+        _inspect(out, where)
         _install_dir(root, parts, out, where)
     except OSError as err:
         raise ArtifactError(f"{where}: {err.strerror or err}") from None
@@ -496,6 +501,22 @@ def _single(path: str, kind: str | None, target: str, where: str) -> None:
         if isinstance(err, ArtifactError):
             raise
         raise ArtifactError(f"{where}: the {kind} file cannot be decompressed: {err}") from None
+
+
+def _inspect(out: str, where: str) -> None:
+    """Every link of the unpacked tree resolves inside it, through any chain of links (Nomad's
+    getter inspects its sandbox the same way before moving anything into place)."""
+    real_out = os.path.realpath(out)
+    for dirpath, dirnames, filenames in os.walk(out):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                continue
+            resolved = os.path.realpath(path)
+            if resolved != real_out and not resolved.startswith(real_out + "/"):
+                shown = show(os.path.relpath(path, out))
+                raise ArtifactError(f"{where}: the archive entry {shown} is a symbolic link that resolves outside the "
+                                    "destination; refusing the artifact", recoverable=False)  # fmt: skip
 
 
 # --- install --------------------------------------------------------------------------------------

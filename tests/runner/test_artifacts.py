@@ -216,7 +216,7 @@ def test_artifacts_a_404_fails_the_task_with_the_event(track: Tracker, served: t
     nothing_fetched(track)
 
 
-@pytest.mark.parametrize("hostile", ["dotdot", "absolute", "symlink", "device", "hardlink", "too_many"])
+@pytest.mark.parametrize("hostile", ["dotdot", "absolute", "symlink", "chain", "device", "hardlink", "too_many"])
 def test_artifacts_a_hostile_tar_is_refused_and_writes_nothing_outside(
     track: Tracker, served: tuple[str, Path], hostile: str
 ) -> None:
@@ -226,6 +226,8 @@ def test_artifacts_a_hostile_tar_is_refused_and_writes_nothing_outside(
         "dotdot": [member(f"../../{mark}")],
         "absolute": [member(f"/tmp/{mark}")],
         "symlink": [member("etc", kind=tarfile.SYMTYPE, link="/etc"), member(f"etc/{mark}")],
+        # Each link stays inside on its own; followed through the first, the second leaves.
+        "chain": [member("here", kind=tarfile.SYMTYPE, link="."), member(mark, kind=tarfile.SYMTYPE, link="here/..")],
         "device": [member(mark, kind=tarfile.CHRTYPE)],
         "hardlink": [member(mark, kind=tarfile.LNKTYPE, link="/etc/passwd")],
         # Nomad's decompression_file_count_limit default is 4096 entries.
