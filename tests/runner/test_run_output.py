@@ -44,7 +44,14 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "driversdk.cli", *args]
 
 
-def files(track: Tracker, body: str, *, job_type: str = "service", count: int = 1, extra: str = "") -> tuple[Path, Path]:
+def files(
+    track: Tracker,  # noqa: F811 (the fixture's value)
+    body: str,
+    *,
+    job_type: str = "service",
+    count: int = 1,
+    extra: str = "",
+) -> tuple[Path, Path]:
     job = track.base / "job.hcl"
     job.write_text(
         f"""job "shop" {{
