@@ -599,6 +599,36 @@ class TaskRunner:
             time.sleep(DESTROY_RETRY_EVERY)
 
 
+def end_left_by_killed_run(alloc: AllocRunner, record: TaskRecord) -> None:
+    """A recovered allocation that ends before its task runners took over (its setup failed) is
+    over: the task the killed run left is removed from its driver and its log collector stopped,
+    or both would run on with no run to end them."""
+    if record.task_id and record.state in ("running", "restarting", "starting"):
+        why = ""
+        try:
+            plugin = alloc.drivers.dispense(record.driver)
+        except DriverSDKError as err:
+            plugin, why = None, str(err)
+        recovered = False
+        if plugin is not None and record.handle:
+            try:  # the driver removes only a task it tracks
+                plugin.recover_task(convert.task_handle_from_proto(_handle_proto(record.handle)))
+                recovered = True
+            except DriverSDKError:
+                pass  # ended while no run followed it; removing it finds nothing, or what is left of it
+        if plugin is not None:
+            try:
+                plugin.destroy_task(record.task_id, force=True)
+            except DriverSDKError as err:
+                why = str(err) if recovered else ""
+        if why:
+            alloc.event("task", f"the task the previous run left could not be removed: {why}", task=record.task)
+        alloc.state.stopped(alloc.alloc_id, record.task)
+    if record.logmon_pid:
+        logs = os.path.join(alloc.alloc_dir, "alloc", "logs")
+        logcollect.stop(logcollect.Logmon(record.logmon_pid, *logcollect.fifo_paths(logs, record.task)))
+
+
 def _handle_proto(data: bytes) -> Any:
     from driversdk.pb import driver_pb2
 

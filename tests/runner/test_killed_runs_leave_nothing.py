@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.hostcheck import processes
 from tests.runner.test_drivermanager import _client, _job, _start, alive, exec_plugins
-from tests.runner.test_run_faults import cli, db_rows, leaks, wait_for
+from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="exec tasks run under runc: root only")
 
@@ -56,3 +57,35 @@ def test_a_run_recovering_two_killed_runs_ends_both_of_their_plugins(tmp_path: P
     assert [pid for pid in plugins if alive(pid)] == [], "the plugin it did not reattach to is ended too"
     assert db_rows(data, "SELECT * FROM run_plugins") == [], "no plugin of a killed run stays recorded"
     assert leaks(None, tmp_path) == []
+
+
+@pytest.mark.usefixtures("kill_orphans_if_failed")
+def test_a_recovered_allocation_whose_setup_fails_ends_what_the_killed_run_left(tmp_path: Path) -> None:
+    client, data = _client(tmp_path)
+    job = _job(tmp_path, "first", 1)
+    killed = _start(cli("run", str(job), "--client", str(client)))
+    try:
+        wait_for("the task running", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
+        [(alloc_dir,)] = db_rows(data, "SELECT alloc_dir FROM run_allocs")
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(30)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    assert processes(str(Path(alloc_dir) / "alloc" / "logs")), "the killed run's log collector runs on"
+    # The task (which sees the alloc dir) swapped alloc/tmp for a file: the allocation's setup
+    # fails when the next run recovers it, before its task is followed again.
+    tmp = Path(alloc_dir) / "alloc" / "tmp"
+    tmp.rmdir()
+    tmp.write_text("not a dir")
+
+    done = subprocess.run(
+        cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "recovering alloc" in done.stdout, done.stdout + done.stderr
+    assert db_rows(data, "SELECT state FROM run_allocs") == [("failed",)], done.stdout + done.stderr
+    assert db_rows(data, "SELECT state FROM run_tasks WHERE state IN ('running', 'restarting')") == [], (
+        done.stdout + done.stderr
+    )
+    assert leaks(None, tmp_path) == [], "the task, its supervisor and its collector end with their allocation"
