@@ -6,6 +6,7 @@ unix socket, real bind mounts checked in /proc/self/mountinfo."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import threading
@@ -37,8 +38,9 @@ def _manager(plugin: HostPathPlugin, tmp_path: Path) -> NodeVolumeManager:
 
 @pytest.mark.parametrize("staging_mount", ["kept", "gone"])
 def test_a_plugin_restarted_without_its_records_mounts_again_and_leaves_no_mount(
-    plugin_factory: Callable[..., HostPathPlugin], tmp_path: Path, staging_mount: str
+    plugin_factory: Callable[..., HostPathPlugin], tmp_path: Path, staging_mount: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="driversdk.csi")
     first = plugin_factory(options=FORGET)
     manager = _manager(first, tmp_path)
     volume = make_volume(manager.client)
@@ -59,6 +61,11 @@ def test_a_plugin_restarted_without_its_records_mounts_again_and_leaves_no_mount
         assert (Path(first.root) / "volumes" / volume.external_id / "written").read_text() == "b\n"
         # alloc-a's target is one the plugin no longer knows: it answers OK and leaves it mounted.
         manager.unmount(volume, "alloc-a", MULTI)
+        host_target, _ = manager.publish_paths(volume, "alloc-a", MULTI)
+        assert (
+            f'volume "{volume.id}": CSI plugin "hostpath" answered NodeUnpublishVolume but {host_target} was still '
+            "mounted: the plugin had lost its record of it, so the runner unmounted it"
+        ) in caplog.messages
         manager.unmount(volume, "alloc-b", MULTI)
     finally:
         manager.close()
