@@ -149,7 +149,7 @@ def test_a_failed_mount_that_keeps_its_stage_is_unstaged_before_controller_unpub
         wait_for_line(plugin, "Plugin became healthy")
         app = write_job(env, "app", app_group("true"))
         done = env.cli("run", str(app), "--client", str(env.client))
-        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.returncode != 0, done.stdout + done.stderr
         assert "injected fault: NodePublishVolume fails with INTERNAL" in done.stdout + done.stderr
         log = calls(env)
         assert "NodeUnstageVolume=INTERNAL" in log and "ControllerUnpublishVolume" in log, log
