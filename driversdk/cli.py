@@ -197,12 +197,15 @@ def cmd_plugin_test(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
-    from driversdk.runner.hcl import FilePolicy, Inputs
+    from driversdk.runner.hcl import FilePolicy
+    from driversdk.runner.jobjson import JobInputs
     from driversdk.runner.validate import check_files
 
     # File functions read only below the job file's directory (see FilePolicy).
     files = FilePolicy.beside(args.job)
-    inputs = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ), files=files)
+    inputs = JobInputs(
+        vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ), files=files, json=args.job_json
+    )
     report = check_files(args.job, args.client, inputs)
     if not report.job and report.problems and not report.checked and len(report.problems) == 1:
         problem = report.problems[0]
@@ -232,17 +235,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
     from driversdk.runner.clientconfig import load_client
     from driversdk.runner.events import error_event, printer
-    from driversdk.runner.hcl import Inputs
-    from driversdk.runner.run import EXIT_REFUSED, EXIT_TASK_FAILED, RunFailed, RunRefused, run_jobs
+    from driversdk.runner.jobjson import JobInputs
+    from driversdk.runner.run import EXIT_REFUSED, EXIT_TASK_FAILED, AllocRefused, RunFailed, RunRefused, run_jobs
 
     client = load_client(args.client)
     try:
         emit = printer(args.json, lambda s: print(s, flush=True))
-        variables = Inputs(vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ))
+        variables = JobInputs(
+            vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ), json=args.job_json
+        )
         return run_jobs(list(args.job), client, emit, variables=variables)
-    except RunRefused as err:  # before anything started
+    except RunRefused as err:  # before any task started (an allocation's setup may have refused it)
         if args.json:
-            print(error_event(str(err)).json(), flush=True)
+            print((err.event if isinstance(err, AllocRefused) else error_event(str(err))).json(), flush=True)
         else:
             print(f"error: {err}", file=sys.stderr)
         return EXIT_REFUSED
@@ -252,6 +257,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         # --json: every line of stdout is an event, the one that ends the run too.
         print((err.event if isinstance(err, RunFailed) else error_event(str(err))).json(), flush=True)
         return EXIT_TASK_FAILED
+
+
+# As `nomad job run -json`; a file whose first non-space character is { is read as JSON anyway.
+_JOB_JSON = "the job file is JSON in Nomad's API format (one dash; --json is the output format)"
 
 
 class CLIError(DriverSDKError):
@@ -809,6 +818,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Not the data-dir parent: validate reads the client config, and a --data-dir would be ignored.
     validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
+    validate.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
     # As `nomad job run`: -var NAME=VALUE and -var-file FILE, repeatable, the last value wins
     # (after NOMAD_VAR_<name> from the environment).
     validate.add_argument(
@@ -823,6 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", nargs="+", help="the job file(s) (HCL); one process runs them all, one plugin per driver")
     run.add_argument("--client", help="the client config file (HCL): data_dir, host volumes, plugins")
     run.add_argument("--json", action="store_true", help="print one JSON object per event line")
+    run.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
     run.add_argument(
         "-var", "--var", action="append", metavar="NAME=VALUE", help="a value for a variable the job declares"
     )

@@ -44,7 +44,7 @@ ALLOC_STOP_CONCURRENCY = 32
 # Exit codes of `driversdk run` (README "Run a job on one machine").
 EXIT_OK = 0
 EXIT_TASK_FAILED = 1  # a task failed, a start failed, or the run was interrupted
-EXIT_REFUSED = 2  # refused before anything started: validation, or the job is run elsewhere
+EXIT_REFUSED = 2  # refused: validation, the job is run elsewhere, or an allocation's setup refused it
 
 
 def _load_run_side() -> None:
@@ -65,6 +65,15 @@ class RunRefused(ConfigError):
 
 class AlreadyRunning(RunRefused):
     """Another live ``driversdk run`` process owns the job's allocations."""
+
+
+class AllocRefused(RunRefused):
+    """An allocation's setup hooks refused the job (a static port held on the host, a network that
+    cannot be made, a volume the node cannot give): no task of it ran, so the job is refused."""
+
+    def __init__(self, event: RunEvent) -> None:
+        self.event = event  # the error as a line of its own: JSON in ``run --json``
+        super().__init__(f"{event.message}{event.where(with_task=True)}")
 
 
 class RunFailed(DriverSDKError):
@@ -88,6 +97,19 @@ def _failed(err: DriverSDKError, allocs: list[AllocRunner]) -> RunFailed:
     if failed is None:
         return RunFailed(error_event(message))
     return RunFailed(error_event(message, job=failed.job.name, group=failed.group.name, alloc_id=failed.alloc_id))
+
+
+def _refused_in_setup(err: DriverSDKError, allocs: list[AllocRunner]) -> bool:
+    """Whether ``err`` is a refusal by an allocation's setup hooks (what the node cannot give the
+    job), not a task that failed: only the alloc hooks that run before any task raise it."""
+    from driversdk.runner.csihook import CSIHookError
+
+    if not isinstance(err, ConfigError | CSIHookError):
+        return False
+    tasks = [r for a in allocs for r in a.tasks]
+    if any(r.failure or (r.result is not None and not r.result.successful) for r in tasks):
+        return False  # a task ran and failed (a CSI plugin task, say): that failure is what ended the run
+    return any(a.prerun_failed for a in allocs)
 
 
 def log_files(alloc_dir: str, task: str, kind: str) -> list[str]:
@@ -275,7 +297,10 @@ def run_jobs(
             except DriverSDKError as err:
                 if stop.is_set():
                     break  # a start (or its restart delay) cut short by Ctrl-C: "interrupted" below
-                raise _failed(err, allocs) from None
+                failed = _failed(err, allocs)
+                if _refused_in_setup(err, allocs):
+                    raise AllocRefused(failed.event) from None
+                raise failed from None
             finally:
                 bounds.append(len(allocs))
         tasks = [t for a in allocs for t in a.tasks]

@@ -277,7 +277,7 @@ def test_static_port_already_taken_is_refused_with_a_sentence_and_nothing_left(e
     finally:
         stop_accepting.set()
         holder.close()
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr  # the allocation's setup refused the job
     assert (
         f'job "taken" group "web": static port {taken} (port "http") is already in use on this host '
         "(a TCP socket on 0.0.0.0 holds it)" in done.stdout + done.stderr
