@@ -154,6 +154,16 @@ def _body(obj: dict[str, Any], spec: jobschema.Block, block: str) -> Body:
     return body
 
 
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    return "a number"
+
+
 def _where(err: json.JSONDecodeError, path: str) -> str:
     return f"{path}:{err.lineno}:{err.colno}"
 
@@ -174,7 +184,7 @@ def document(path: str, text: str) -> Document:
         raise HCLFileError(f"{path}: the JSON nests too deeply to read; flatten it", path) from None
     if not isinstance(data, dict):
         raise HCLFileError(
-            f'{path}: a JSON job file is one object, {{"Job": {{…}}}} or the job itself, not {type(data).__name__}',
+            f'{path}: a JSON job file is one object, {{"Job": {{…}}}} or the job itself, not {_json_kind(data)}',
             path,
         )
     nested = next((v for k, v in data.items() if k.lower() == "job"), None)
