@@ -139,8 +139,8 @@ def _body(obj: dict[str, Any], spec: jobschema.Block, block: str) -> Body:
     label = _LABELS.get(block) if spec.labels else None
     for key, value in obj.items():
         low = key.lower()
-        if value is None or low == label or low in skip:
-            continue
+        if value is None or value in ("", [], {}) or low == label or low in skip:
+            continue  # Go's zero values of what is unset: `nomad job inspect` writes them all
         if block == "network" and low in ("reservedports", "dynamicports"):
             ports = value if isinstance(value, list) else [value]
             body.setdefault("port", []).extend(_value(ports, jobschema.GROUP_PORT, "port"))

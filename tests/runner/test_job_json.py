@@ -71,13 +71,22 @@ DOCKER_TWIN = {
                     "Driver": "docker",
                     "Config": {"image": "hashicorp/web-frontend"},
                     "Env": {"DB_HOST": "db01.example.com", "DB_USER": "web", "DB_PASS": "loremipsum"},
-                    "Resources": {"CPU": 500, "MemoryMB": 128},
+                    "Resources": {"CPU": 500, "MemoryMB": 128, "Networks": None, "Devices": None},
+                    # Unset, as `nomad job inspect` writes it.
+                    "Artifacts": [],
+                    "Templates": None,
+                    "Lifecycle": None,
+                    "KillSignal": "",
+                    "Meta": {},
                 }
             ],
         }
     ],
     # What `nomad job inspect` adds: the server's, no job file's.
     "Status": "running",
+    "Affinities": None,
+    "Multiregion": None,
+    "Periodic": None,
     "ModifyIndex": 42,
 }
 
