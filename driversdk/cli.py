@@ -207,7 +207,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ), files=files, json=args.job_json
     )
     report = check_files(args.job, args.client, inputs)
-    if not report.job and report.problems and not report.checked and len(report.problems) == 1:
+    # A file that could not be read as a job at all (an empty job name still parses: it is listed).
+    if report.parsed is None and report.problems and not report.checked and len(report.problems) == 1:
         problem = report.problems[0]
         if problem.field == "file" and not args.json:  # a file that cannot be read as HCL at all
             print(f"error: {problem}", file=sys.stderr)
