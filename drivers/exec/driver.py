@@ -9,27 +9,23 @@ import logging
 import os
 import shutil
 import signal as signals
-import subprocess
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from drivers.exec import owner, reconcile
+from drivers.exec import reconcile
 from drivers.exec import rootfs as task_root
 from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, resolv_conf
 from drivers.exec.config import DEFAULT_TASK_USER, PluginConfig, TaskExecConfig, plugin_spec, task_spec
 from drivers.exec.fingerprint import fingerprint as read_fingerprint
 from drivers.exec.network import NetworkManager
-from drivers.exec.owner import ProcessIdentity, TaskRecord
-from drivers.exec.reconcile import Reconciler, ReconcileSettings, claim
+from drivers.exec.owner import TaskRecord
 from drivers.exec.runc import Runc
 from drivers.exec.store import DriverState
 from driversdk.errors import DriverError
 from driversdk.model import (
     AgentConfig,
     Capabilities,
-    ExecResult,
-    ExitResult,
     Fingerprint,
     FSIsolation,
     HealthState,
@@ -41,10 +37,11 @@ from driversdk.model import (
 )
 from driversdk.mounts import ensure_mounts_usable
 from driversdk.taskkit import supervisor
-from driversdk.taskkit.base import KILL_WAIT, SupervisedDriver, SupervisedTask
+from driversdk.taskkit.base import ExecRun, SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup
 from driversdk.taskkit.ids import check_user_allowed, lookup_user
-from driversdk.taskkit.logs import open_logs
+from driversdk.taskkit.reconcilecfg import ReconcileConfig
+from driversdk.taskkit.recorded import RecordedDriver, Start
 from driversdk.taskkit.supervisor import SUPERVISOR_ENV, Launch
 from driversdk.taskkit.taskdirs import grant_task_dirs
 
@@ -87,46 +84,26 @@ def is_supervisor(pid: int, state: DriverState) -> bool:
     return argv[:1] == [b"/bin/sh"] and state.container_id.encode() in argv
 
 
-class ExecDriver(SupervisedDriver[DriverState]):
+class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
     name = "exec"
     version = "0.1.0"
+    record_type = TaskRecord
+    dir_noun = "bundle"
 
     def __init__(self) -> None:
         super().__init__()
         self.config = PluginConfig()
         self._detected = False
-        self._reconciler = Reconciler(self._reconcile_settings, self._tracked_keys)
 
     # --- configuration ---------------------------------------------------------------------
-
-    def _tracked_keys(self) -> set[str]:
-        """What the reconciler must leave alone: every task this plugin tracks."""
-        return {t.state.container_id for t in self.tasks.records()}
 
     def config_schema(self) -> Spec:
         return plugin_spec()
 
     def set_config(self, config: dict[str, Any], agent: AgentConfig | None) -> None:
         self.config = PluginConfig.from_decoded(config)
-        # Not in Nomad's config-validation launch (no agent config): that process lives for a
-        # moment and runs no tasks. The thread reads self.config on each pass, so a later
-        # SetConfig changes its period and grace.
-        if agent is not None and self.config.reconcile_enabled:
-            self._reconciler.start()
-
-    def _reconcile_settings(self) -> ReconcileSettings:
-        c = self.config
-        return ReconcileSettings(
-            state_dir=c.state_dir,
-            runtime_path=c.runtime_path,
-            period=c.reconcile_period,
-            creation_grace=c.reconcile_creation_grace,
-            bridge_name=c.bridge_name,
-            bridge_subnet=c.bridge_subnet,
-        )
-
-    def shutdown(self) -> None:
-        self._reconciler.stop()
+        if agent is not None:
+            self.start_reconciler()
 
     def task_config_schema(self) -> Spec:
         return task_spec()
@@ -155,12 +132,20 @@ class ExecDriver(SupervisedDriver[DriverState]):
         self._detected = self._detected or fp.health is HealthState.HEALTHY
         return fp
 
-    # --- start -----------------------------------------------------------------------------
+    # --- start: what the kit's start sequence asks ---------------------------------------------
 
-    def start_task(self, task: TaskConfig) -> TaskHandle:
-        if self.tasks.has(task.id):
-            raise DriverError(f"task with ID {task.id!r} already started")
-        # Everything that can be refused is checked before anything is created.
+    @property
+    def plugin_state_dir(self) -> str:
+        return self.config.state_dir
+
+    def reconcile_config(self) -> ReconcileConfig:
+        c = self.config
+        return ReconcileConfig(c.reconcile_enabled, c.reconcile_period, c.reconcile_creation_grace)
+
+    def logs_disabled(self) -> bool:
+        return self.config.disable_log_collection
+
+    def prepare(self, task: TaskConfig) -> Start[DriverState]:
         cfg = TaskExecConfig.from_decoded(task.driver_config, self.config, task=task.name)
         # The user the task runs as (nobody when it names none, as Nomad's exec driver) against
         # denied_host_uids/gids, which deny root unless the operator opened them.
@@ -173,96 +158,68 @@ class ExecDriver(SupervisedDriver[DriverState]):
                 raise DriverError(
                     f"task {task.name!r}: its {what} dir {path!r} does not exist; create the task dir first"
                 )
-        # A task user can write its own local/, secrets/ and tmp/, and the shared alloc/data.
-        grant_task_dirs(task, user.uid, user.gid)
         cid = container_id_for(task.id)
         task_dir = os.path.join(self.config.state_dir, "tasks", cid)
         cgroup = TaskCgroup.for_container(cid, self.config.cgroup_parent)
         spec, links = build_spec(task, cfg, self.config, user, cgroups_path=cgroup.runc_path, bundle_dir=task_dir)
         runc = self.runc
 
-        fds: tuple[int, int] | None = None
-        created_dir = False
-        record = TaskRecord(
-            container_id=cid,
-            task_dir=task_dir,
-            phase="starting",
-            owner_pid=0,
-            owner_start_time=0,
-            since=0.0,
-            cgroup_v2=cgroup.v2,
-            cgroup_parent=cgroup.parent,
-            runc_path=runc.path,
-            runc_root=runc.root,
-        ).moved_to("starting", ProcessIdentity.current())
-        pid = 0
-        os.makedirs(os.path.dirname(task_dir), mode=0o700, exist_ok=True)
-        # The record comes first and goes last: whatever a kill mid-start leaves hangs off it
-        # (reconcile.py). The container id derives from the (unique per start) task id: an
-        # existing record or dir means a task with this id was started before and not destroyed.
-        if not owner.create(record) and not reconcile.replace_abandoned(record, self.config.state_dir):
-            raise DriverError(
-                f"task {task.name!r}: state of task id {task.id!r} already exists at {record.path!r}; "
-                "destroy the earlier task with this id first"
-            )
-        try:
-            try:
-                os.makedirs(task_dir, mode=0o700)
-            except FileExistsError:
-                raise DriverError(
-                    f"task {task.name!r}: state dir {task_dir!r} of task id {task.id!r} already exists; "
-                    "destroy the earlier task with this id first"
-                ) from None
-            created_dir = True
+        def build() -> Launch:
+            # A task user can write its own local/, secrets/ and tmp/, and the shared alloc/data.
+            grant_task_dirs(task, user.uid, user.gid)
             bundle = Bundle(task_dir)
             bundle.write(spec, links, resolv_conf=resolv_conf(task.dns))
             if spec["linux"]["rootfsPropagation"] == "rshared":
                 task_root.bind_self(bundle.rootfs)
             cgroup.create(task.resources)
-            fds = open_logs(
-                task.stdout_path, task.stderr_path, task=task.name, disabled=self.config.disable_log_collection
-            )
-            started = time.time()
-            state = DriverState(
-                container_id=cid,
-                task_dir=task_dir,
-                supervisor_pid=0,
-                cgroup_v2=cgroup.v2,
-                started_at=started,
-                runc_path=runc.path,
-                host_pid_mode=cfg.pid_mode == "host",
-                cgroup_parent=cgroup.parent,
-            )
-            pid, _runc_pid = supervisor.spawn(
-                task_dir, runc_launch(runc, task_dir, cid, self.config), *fds, task=task.name
-            )
-            # From here the host gets the handle, and with it the duty to recover or destroy the task.
-            owner.save(record.moved_to("started", ProcessIdentity.current()))
-        except BaseException:
-            if pid:
-                # Only the phase change failed: take the just-spawned task down again.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signals.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-                cgroup.kill_all()
-                with contextlib.suppress(DriverError):
-                    runc.delete_force(cid)
-            if created_dir:
-                with contextlib.suppress(DriverError):
-                    cgroup.remove()
-                task_root.unmount(Bundle(task_dir).rootfs)
-                task_root.remove_task_dir(task_dir)
-            owner.remove(task_dir)
-            raise
-        finally:
-            if fds is not None:
-                for fd in fds:
-                    os.close(fd)
+            return runc_launch(runc, task_dir, cid, self.config)
 
-        state = dataclasses.replace(state, supervisor_pid=pid)
-        log.info("started task %s as runc container %s (supervisor pid %d)", task.id, cid, pid)
-        return self.track(task, state)
+        state = DriverState(
+            container_id=cid,
+            task_dir=task_dir,
+            supervisor_pid=0,
+            cgroup_v2=cgroup.v2,
+            started_at=time.time(),
+            runc_path=runc.path,
+            runc_root=runc.root,
+            host_pid_mode=cfg.pid_mode == "host",
+            cgroup_parent=cgroup.parent,
+        )
+        return Start(state, build)
+
+    def started(self, state: DriverState, supervisor_pid: int, task_pid: int) -> DriverState:
+        return dataclasses.replace(state, supervisor_pid=supervisor_pid)
+
+    def record_of(self, state: DriverState) -> TaskRecord:
+        return TaskRecord(
+            phase="started",
+            owner_pid=0,
+            owner_start_time=0,
+            since=state.started_at,
+            cgroup_v2=state.cgroup_v2,
+            cgroup_parent=state.cgroup_parent,
+            container_id=state.container_id,
+            task_dir=state.task_dir,
+            runc_path=state.runc_path,
+            runc_root=state.runc_root,
+        )
+
+    # --- release: what the kit removes beside the cgroup and the dir ----------------------------
+
+    def runtime_names(self, record: TaskRecord) -> tuple[str, ...]:
+        return (record.container_id,)  # runc's own processes (run, exec) name the container
+
+    def remove_runtime(self, record: TaskRecord) -> list[str]:
+        return reconcile.remove_container(record)
+
+    def remove_dir(self, path: str) -> None:
+        task_root.unmount(Bundle(path).rootfs)
+        task_root.remove_task_dir(path)
+
+    def reconcile_more(self, now: float) -> list[str]:
+        tasks_dir = os.path.join(self.config.state_dir, "tasks")
+        removed = reconcile.remove_bundleless_containers(self.config.runtime_path, tasks_dir)
+        return removed + reconcile.reap_networks(self.networks, self.config.reconcile_creation_grace, now)
 
     # --- what the kit asks of this driver ----------------------------------------------------
 
@@ -271,12 +228,6 @@ class ExecDriver(SupervisedDriver[DriverState]):
 
     def task_cgroup(self, state: DriverState) -> TaskCgroup:
         return TaskCgroup(state.container_id, state.cgroup_v2, state.cgroup_parent)
-
-    def claim(self, state: DriverState) -> None:
-        # A task started by an older plugin version has no record yet: it gets one.
-        tasks_dir = os.path.dirname(state.task_dir)
-        if os.path.isdir(tasks_dir):
-            claim(_record_of(state), os.path.dirname(tasks_dir))
 
     def is_supervisor(self, state: DriverState) -> bool:
         return is_supervisor(state.supervisor_pid, state)
@@ -288,19 +239,6 @@ class ExecDriver(SupervisedDriver[DriverState]):
     def kill_all(self, state: DriverState) -> None:
         self.runc.kill(state.container_id, "SIGKILL", all_processes=True)
 
-    def release(self, state: DriverState) -> None:
-        """Remove the container, the task's cgroups, its bundle and its record; safe to repeat."""
-        record = owner.load(owner.record_path(state.task_dir))
-        if record is not None:
-            # Should this plugin die half-way, the next one's reconciler finishes the removal.
-            owner.save(record.moved_to("destroying", ProcessIdentity.current()))
-        runc = Runc(state.runc_path, state.runc_root)
-        runc.delete_force(state.container_id)
-        TaskCgroup(state.container_id, state.cgroup_v2, state.cgroup_parent).remove()
-        task_root.unmount(Bundle(state.task_dir).rootfs)
-        task_root.remove_task_dir(state.task_dir)
-        owner.remove(state.task_dir)
-
     def driver_attributes(self, record: SupervisedTask[DriverState]) -> dict[str, str]:
         return {"container_id": record.state.container_id}
 
@@ -309,32 +247,20 @@ class ExecDriver(SupervisedDriver[DriverState]):
     ) -> tuple[list[str], dict[str, str] | None]:
         return self.runc.exec_command(record.state.container_id, command), None
 
-    def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
-        record = self.tasks.get(task_id)
-        self.check_exec(record, command)
+    def exec_run(self, record: SupervisedTask[DriverState], command: list[str]) -> ExecRun:
         pid_file = os.path.join(record.state.task_dir, f"exec-{uuid.uuid4().hex}.pid")
-        argv = self.runc.exec_command(record.state.container_id, command, pid_file=pid_file)
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-        )
-        try:
-            try:
-                stdout, stderr = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                # Killing `runc exec` would orphan the process inside the task: kill that process.
-                with contextlib.suppress(OSError, ValueError), open(pid_file) as fh:
-                    os.kill(int(fh.read().strip()), signals.SIGKILL)
-                try:
-                    stdout, stderr = proc.communicate(timeout=KILL_WAIT)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    stdout, stderr = proc.communicate()
-        finally:
+
+        def kill(_runc_exec: object) -> None:
+            # Killing `runc exec` would orphan the process inside the task: kill that process.
+            with contextlib.suppress(OSError, ValueError), open(pid_file) as fh:
+                os.kill(int(fh.read().strip()), signals.SIGKILL)
+
+        def done() -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(pid_file)
-        code = proc.returncode
-        sig = code - 128 if 128 < code <= 192 else (-code if code < 0 else 0)
-        return ExecResult(stdout=stdout, stderr=stderr, result=ExitResult(exit_code=code, signal=sig))
+
+        argv = self.runc.exec_command(record.state.container_id, command, pid_file=pid_file)
+        return ExecRun(argv, None, kill, done, signal_in_exit_code=True)
 
     # --- networking --------------------------------------------------------------------------
 
@@ -343,19 +269,3 @@ class ExecDriver(SupervisedDriver[DriverState]):
 
     def destroy_network(self, alloc_id: str, spec: NetworkIsolationSpec) -> None:
         self.networks.destroy(alloc_id)
-
-
-def _record_of(state: DriverState) -> TaskRecord:
-    """The record a task started by an older plugin version (without one) is given on recovery."""
-    return TaskRecord(
-        container_id=state.container_id,
-        task_dir=state.task_dir,
-        phase="started",
-        owner_pid=0,
-        owner_start_time=0,
-        since=state.started_at,
-        cgroup_v2=state.cgroup_v2,
-        cgroup_parent=state.cgroup_parent,
-        runc_path=state.runc_path,
-        runc_root=state.runc_root,
-    )

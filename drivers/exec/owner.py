@@ -7,33 +7,16 @@ the runc container, its bundle dir and its cgroup.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from driversdk.taskkit.owner import (
-    OwnedRecord,
-    Phase,
-    ProcessIdentity,
-    create,
-    list_records,
-    owner_fields,
-    record_path,
-    remove,
-    save,
-)
-from driversdk.taskkit.owner import load as _load
+from driversdk.taskkit import owner as kit
+from driversdk.taskkit.owner import Phase, ProcessIdentity, create, list_records, record_path, remove, save
 
 
 @dataclass(frozen=True)
-class TaskRecord(OwnedRecord):
+class TaskRecord(kit.TaskRecord):
     container_id: str
     task_dir: str
-    phase: Phase
-    owner_pid: int
-    owner_start_time: int
-    since: float
-    cgroup_v2: bool
-    cgroup_parent: str
     runc_path: str
     runc_root: str = ""
 
@@ -42,25 +25,12 @@ class TaskRecord(OwnedRecord):
         return self.container_id
 
     @property
-    def path(self) -> str:
-        return record_path(self.task_dir)
-
-    @classmethod
-    def decode(cls, data: bytes) -> TaskRecord:
-        raw = json.loads(data)
-        return cls(
-            container_id=str(raw["container_id"]),
-            task_dir=str(raw["task_dir"]),
-            cgroup_v2=bool(raw["cgroup_v2"]),
-            cgroup_parent=str(raw["cgroup_parent"]),
-            runc_path=str(raw["runc_path"]),
-            runc_root=str(raw.get("runc_root", "")),
-            **owner_fields(raw),
-        )
+    def directory(self) -> str:
+        return self.task_dir
 
 
 def load(path: str) -> TaskRecord | None:
-    return _load(path, TaskRecord.decode)
+    return kit.load(path, TaskRecord.decode)
 
 
 __all__ = [

@@ -1,13 +1,12 @@
-"""One task as the exec driver tracks it, the versioned state saved to recover it, and the store."""
+"""The versioned state that recovers an exec task (TaskHandle.driver_state)."""
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from driversdk.errors import ConfigError
 from driversdk.taskkit.cgroups import CGROUP_PARENT
+from driversdk.taskkit.fields import decode_state, encode_state
 from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
@@ -39,24 +38,8 @@ class DriverState:
         return os.path.join(self.task_dir, SPEC_FILE)
 
     def encode(self) -> bytes:
-        return json.dumps({"version": STATE_VERSION, **asdict(self)}, sort_keys=True).encode()
+        return encode_state(self, STATE_VERSION)
 
     @classmethod
     def decode(cls, data: bytes, version: int) -> DriverState:
-        try:
-            raw = json.loads(data)
-            if version != STATE_VERSION or raw.get("version") != STATE_VERSION:
-                raise ValueError(f"unknown state version {raw.get('version')} (handle version {version})")
-            return cls(
-                container_id=str(raw["container_id"]),
-                task_dir=str(raw["task_dir"]),
-                supervisor_pid=int(raw["supervisor_pid"]),
-                cgroup_v2=bool(raw["cgroup_v2"]),
-                started_at=float(raw["started_at"]),
-                runc_path=str(raw["runc_path"]),
-                runc_root=str(raw.get("runc_root", "")),
-                host_pid_mode=bool(raw.get("host_pid_mode", False)),
-                cgroup_parent=str(raw.get("cgroup_parent", CGROUP_PARENT)),
-            )
-        except (ValueError, KeyError, TypeError) as err:
-            raise ConfigError(f"failed to decode the exec driver's task state: {err}") from None
+        return decode_state(cls, data, version, expected=STATE_VERSION, driver="exec")

@@ -1,13 +1,13 @@
-"""One raw_exec task as the driver tracks it, the versioned state that recovers it, and the store."""
+"""The versioned state that recovers a raw_exec task (TaskHandle.driver_state)."""
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from drivers.raw_exec.cgroups import RawCgroup
-from driversdk.errors import ConfigError
+from driversdk.taskkit.fields import decode_state, encode_state
+from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
 STATE_VERSION = 1
@@ -32,11 +32,11 @@ class RawState:
 
     @property
     def status_file(self) -> str:
-        return os.path.join(self.state_dir, "exit_status")
+        return os.path.join(self.state_dir, STATUS_FILE)
 
     @property
     def spec_file(self) -> str:
-        return os.path.join(self.state_dir, "launch.json")
+        return os.path.join(self.state_dir, SPEC_FILE)
 
     @property
     def cgroup(self) -> RawCgroup:
@@ -45,24 +45,8 @@ class RawState:
         )
 
     def encode(self) -> bytes:
-        return json.dumps({"version": STATE_VERSION, **asdict(self)}, sort_keys=True).encode()
+        return encode_state(self, STATE_VERSION)
 
     @classmethod
     def decode(cls, data: bytes, version: int) -> RawState:
-        try:
-            raw = json.loads(data)
-            if version != STATE_VERSION or raw.get("version") != STATE_VERSION:
-                raise ValueError(f"unknown state version {raw.get('version')} (handle version {version})")
-            return cls(
-                task_key=str(raw["task_key"]),
-                state_dir=str(raw["state_dir"]),
-                supervisor_pid=int(raw["supervisor_pid"]),
-                task_pid=int(raw["task_pid"]),
-                started_at=float(raw["started_at"]),
-                cgroup_v2=bool(raw["cgroup_v2"]),
-                cgroup_parent=str(raw["cgroup_parent"]),
-                cgroup_v1_override={str(k): str(v) for k, v in (raw.get("cgroup_v1_override") or {}).items()},
-                cgroup_v2_override=str(raw.get("cgroup_v2_override") or ""),
-            )
-        except (ValueError, KeyError, TypeError) as err:
-            raise ConfigError(f"failed to decode the raw_exec driver's task state: {err}") from None
+        return decode_state(cls, data, version, expected=STATE_VERSION, driver="raw_exec")

@@ -3,6 +3,9 @@
 - :mod:`.processdriver`: ``ProcessDriver``, a whole driver from ``command(task)`` or ``launch(task)``.
 - :mod:`.base`: ``SupervisedDriver``, the lifecycle (recover, wait, stop, destroy, inspect, signal,
   exec, stats) over a few hooks; ``ProcessDriver``, exec and raw_exec are built on it.
+- :mod:`.recorded`: ``RecordedDriver``, exec's and raw_exec's base: the start sequence (record
+  first, roll back on failure), the release DestroyTask and the reconciler share, recovery claims.
+- :mod:`.fields`: saved task state and records as JSON, older layouts' missing fields defaulted.
 - :mod:`.supervisor` and :mod:`.launch`: the one task supervisor, its typed ``Launch`` and its
   status file, read by a plugin started after the one that launched the task.
 - :mod:`.ids`, :mod:`.cgroups`, :mod:`.taskdirs`, :mod:`.logs`, :mod:`.stats`: host users and

@@ -10,7 +10,11 @@ it, release what it holds and run a command in it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,12 +24,12 @@ from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
 from driversdk.exits import ExitSlot, supervised_exit
-from driversdk.model import ExitResult, TaskConfig, TaskHandle, TaskState, TaskStats, TaskStatus
+from driversdk.model import ExecResult, ExitResult, TaskConfig, TaskHandle, TaskState, TaskStats, TaskStatus
 from driversdk.signals import signal_name
 from driversdk.taskkit import supervisor
 from driversdk.taskkit.cgroups import CgroupSample, CounterFiles, TaskCgroup
 from driversdk.taskkit.stats import task_stats
-from driversdk.taskkit.streaming import run_session
+from driversdk.taskkit.streaming import exit_result, run_session
 from driversdk.taskkit.taskmap import TaskMap
 
 log = logging.getLogger("driversdk.taskkit")
@@ -52,6 +56,28 @@ class SupervisedState(Protocol):
 
 
 S = TypeVar("S", bound=SupervisedState)
+
+
+@dataclass(frozen=True)
+class ExecRun:
+    """How ExecTask runs one command in a task (:meth:`SupervisedDriver.exec_run`)."""
+
+    argv: list[str]
+    env: dict[str, str] | None
+    """None: the plugin's environment."""
+    kill: Callable[[subprocess.Popen[bytes]], None]
+    """What the timeout kills: the command and what it started, wherever they run."""
+    done: Callable[[], None] = lambda: None
+    """Runs once the command ended, whatever happened (removes files the run needed)."""
+    signal_in_exit_code: bool = False
+    """The argv's program (runc) reports the command killed by signal N as exit 128 + N."""
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """The default timeout kill: ``proc`` leads its own session, so its group holds the command
+    (a launcher exec'd it) and every child it did not move elsewhere."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 @dataclass
@@ -265,6 +291,43 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
             raise DriverError(f"exec in task {record.task.name!r}: tty sessions are not supported; run without -t")
         argv, env = self.exec_argv(record, session.command)
         return run_session(argv, session, env=env)
+
+    def exec_run(self, record: SupervisedTask[S], command: list[str]) -> ExecRun:
+        """How ExecTask runs the checked ``command``: exec_command's argv, its group killed on timeout."""
+        argv, env = self.exec_command(record, command)
+        return ExecRun(argv, env, kill_group)
+
+    def exec_task(self, task_id: str, command: list[str], timeout: float | None) -> ExecResult:
+        record = self.tasks.get(task_id)
+        self.check_exec(record, command)
+        run = self.exec_run(record, command)
+        try:
+            proc = subprocess.Popen(
+                run.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=run.env,
+            )
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                run.kill(proc)
+                try:
+                    stdout, stderr = proc.communicate(timeout=KILL_WAIT)
+                except subprocess.TimeoutExpired:
+                    # Something the command started in another session still holds the pipes open.
+                    proc.kill()
+                    for stream in (proc.stdout, proc.stderr):
+                        if stream is not None:
+                            stream.close()
+                    proc.wait()
+                    stdout, stderr = b"", b""
+        finally:
+            run.done()
+        result = exit_result(proc.returncode, signal_in_exit_code=run.signal_in_exit_code)
+        return ExecResult(stdout=stdout, stderr=stderr, result=result)
 
     def task_stats(self, task_id: str) -> TaskStats | None:
         record = self.tasks.get(task_id)

@@ -30,6 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Self, TypeVar
 
+from driversdk.taskkit.cgroups import TaskCgroup
+from driversdk.taskkit.fields import from_fields
+
 log = logging.getLogger("driversdk.taskkit.owner")
 
 Phase = Literal["starting", "started", "destroying"]
@@ -131,6 +134,38 @@ def owner_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "owner_start_time": int(raw["owner_start_time"]),
         "since": float(raw["since"]),
     }
+
+
+@dataclass(frozen=True)
+class TaskRecord(OwnedRecord):
+    """What every kit driver's record holds: the owner fields and the task's own cgroup, named
+    after :attr:`key`. A driver's record extends it with where its task lives (:attr:`directory`,
+    under the JSON name its older versions read) and what else it must remove."""
+
+    phase: Phase
+    owner_pid: int
+    owner_start_time: int
+    since: float
+    cgroup_v2: bool
+    cgroup_parent: str
+
+    @property
+    def directory(self) -> str:
+        """The task's own state dir: its launch spec, status file and whatever the driver keeps."""
+        raise NotImplementedError
+
+    @property
+    def path(self) -> str:
+        return record_path(self.directory)
+
+    @property
+    def cgroup(self) -> TaskCgroup:
+        return TaskCgroup(self.key, self.cgroup_v2, self.cgroup_parent)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Self:
+        raw = json.loads(data)
+        return from_fields(cls, raw, **owner_fields(raw))
 
 
 R = TypeVar("R", bound=OwnedRecord)

@@ -17,13 +17,17 @@ from driversdk.driver import ExecSession
 from driversdk.model import ExitResult
 
 CHUNK = 65536
+SIGNAL_OFFSET = 128
 READER_JOIN = 5.0
 
 
-def exit_result(returncode: int) -> ExitResult:
-    """A Popen return code as Nomad reports it: a signalled process exits 128 + signal."""
+def exit_result(returncode: int, *, signal_in_exit_code: bool = False) -> ExitResult:
+    """A Popen return code as Nomad reports it: a signalled process exits 128 + signal.
+    ``signal_in_exit_code``: the program (runc) itself reports a child killed by N as 128 + N."""
     if returncode < 0:
         return ExitResult(exit_code=128 - returncode, signal=-returncode)
+    if signal_in_exit_code and SIGNAL_OFFSET < returncode <= SIGNAL_OFFSET + 64:
+        return ExitResult(exit_code=returncode, signal=returncode - SIGNAL_OFFSET)
     return ExitResult(exit_code=returncode)
 
 

@@ -67,8 +67,8 @@ def test_exec_process_identity_tells_live_from_dead_and_reused() -> None:
 
 
 def _rec(phase: Any, owner_identity: ProcessIdentity, since: float) -> TaskRecord:
-    return TaskRecord("dsx-1", "/s/tasks/dsx-1", phase, owner_identity.pid, owner_identity.start_time, since,
-                      False, "p", "runc")  # fmt: skip
+    return TaskRecord(phase, owner_identity.pid, owner_identity.start_time, since, False, "p",
+                      "dsx-1", "/s/tasks/dsx-1", "runc")  # fmt: skip
 
 
 def test_exec_orphan_needs_dead_owner_grace_and_no_handle() -> None:
@@ -245,8 +245,8 @@ def test_exec_reconciler_spares_live_owners_and_started_tasks(
         # wrote before it got to make the bundle dir.
         marker_dir = track.base / "state" / "tasks" / "dsx-marker"
         dead = ProcessIdentity(_dead_pid(), 1)
-        marker = TaskRecord(str(marker_dir.name), str(marker_dir), "starting", dead.pid, dead.start_time,
-                            time.time(), False, track.cgroup_parent, "runc")  # fmt: skip
+        marker = TaskRecord("starting", dead.pid, dead.start_time, time.time(), False, track.cgroup_parent,
+                            str(marker_dir.name), str(marker_dir), "runc")  # fmt: skip
         assert owner.create(marker)
 
         client = h.restart_plugin()
