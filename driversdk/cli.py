@@ -204,7 +204,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # File functions read only below the job file's directory (see FilePolicy).
     files = FilePolicy.beside(args.job)
     inputs = JobInputs(
-        vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ), files=files, json=args.job_json
+        vars=args.var or (),
+        var_files=args.var_file or (),
+        env=dict(os.environ),
+        files=files,
+        json=args.job_json,
+        hcl1=args.job_hcl1,
     )
     report = check_files(args.job, args.client, inputs)
     # A file that could not be read as a job at all (an empty job name still parses: it is listed).
@@ -243,7 +248,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         emit = printer(args.json, lambda s: print(s, flush=True))
         variables = JobInputs(
-            vars=args.var or (), var_files=args.var_file or (), env=dict(os.environ), json=args.job_json
+            vars=args.var or (),
+            var_files=args.var_file or (),
+            env=dict(os.environ),
+            json=args.job_json,
+            hcl1=args.job_hcl1,
         )
         return run_jobs(list(args.job), client, emit, variables=variables)
     except RunRefused as err:  # before any task started (an allocation's setup may have refused it)
@@ -262,6 +271,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # As `nomad job run -json`; a file whose first non-space character is { is read as JSON anyway.
 _JOB_JSON = "the job file is JSON in Nomad's API format (one dash; --json is the output format)"
+# As `nomad job run -hcl1` of Nomad 1.0-1.5: the job file is HCL1, read as jobspec v1 read it.
+_JOB_HCL1 = "the job file is HCL1, as older Nomad versions ran it with -hcl1 (no variables or functions)"
 
 
 class CLIError(DriverSDKError):
@@ -819,7 +830,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Not the data-dir parent: validate reads the client config, and a --data-dir would be ignored.
     validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
-    validate.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
+    validate_format = validate.add_mutually_exclusive_group()  # a job file is JSON or HCL1, not both
+    validate_format.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
+    validate_format.add_argument("-hcl1", dest="job_hcl1", action="store_true", help=_JOB_HCL1)
     # As `nomad job run`: -var NAME=VALUE and -var-file FILE, repeatable, the last value wins
     # (after NOMAD_VAR_<name> from the environment).
     validate.add_argument(
@@ -834,7 +847,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", nargs="+", help="the job file(s) (HCL); one process runs them all, one plugin per driver")
     run.add_argument("--client", help="the client config file (HCL): data_dir, host volumes, plugins")
     run.add_argument("--json", action="store_true", help="print one JSON object per event line")
-    run.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
+    run_format = run.add_mutually_exclusive_group()  # a job file is JSON or HCL1, not both
+    run_format.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
+    run_format.add_argument("-hcl1", dest="job_hcl1", action="store_true", help=_JOB_HCL1)
     run.add_argument(
         "-var", "--var", action="append", metavar="NAME=VALUE", help="a value for a variable the job declares"
     )

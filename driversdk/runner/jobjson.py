@@ -23,9 +23,11 @@ from driversdk.runner.hclload import HCLFileError
 
 @dataclass
 class JobInputs(Inputs):
-    """Inputs with ``-json``: the job file is read as JSON whatever its first character."""
+    """Inputs with ``-json`` (the job file is read as JSON whatever its first character) or
+    ``-hcl1`` (read as HCL1, as Nomad 1.0-1.5 read it with that flag: :mod:`jobhcl1`)."""
 
     json: bool = False
+    hcl1: bool = False
 
 
 def is_json(text: str, inputs: Inputs | None) -> bool:

@@ -17,8 +17,8 @@ from driversdk.durations import parse_duration
 from driversdk.errors import ConfigError
 from driversdk.mounts import Propagation, UnknownPropagationError
 from driversdk.paths import PATH_MAX, check_name, show
-from driversdk.runner import artifacts, jobjson, jobschema, restarts, templates
-from driversdk.runner.hcl import Body, HCLSyntaxError, Inputs, evaluate
+from driversdk.runner import artifacts, jobhcl1, jobjson, jobschema, restarts, templates
+from driversdk.runner.hcl import Body, HCLSyntaxError, Inputs
 from driversdk.runner.hclload import is_blocks, labelled, read_text, single, syntax_error
 from driversdk.runner.problems import Problem, ValidationFailed
 from driversdk.signals import UnknownSignalError, signal_name
@@ -588,8 +588,10 @@ def evaluate_job(path: str | Path, inputs: Inputs | None = None) -> tuple[dict[s
     file = str(path)
     text = read_text(path)
     try:
-        # A job in Nomad's API format (JSON) becomes the body its HCL twin evaluates to.
-        document = jobjson.document(file, text) if jobjson.is_json(text, inputs) else evaluate(file, text, inputs)
+        # A job in Nomad's API format (JSON) or in HCL1 (-hcl1) becomes the body its HCL twin evaluates to.
+        document = (
+            jobjson.document(file, text) if jobjson.is_json(text, inputs) else jobhcl1.document(file, text, inputs)
+        )
     except HCLSyntaxError as err:
         raise syntax_error(path, err) from None
     problems = [

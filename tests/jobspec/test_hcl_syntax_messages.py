@@ -64,7 +64,8 @@ def test_each_kind_of_syntax_error_in_hcl_terms(
     where = f"{path}:{line}:{column}: " if column else f"{path}:{line}:"
     assert message.startswith(where), message
     assert f": {summary}" in message, message
-    assert message.endswith(f"in {excerpt}"), message
+    # A file that reads as HCL1 (a quoted name, name: value) goes on to name -hcl1 (tests/jobspec/test_hcl1.py).
+    assert message.split("; the file looks like HCL1")[0].endswith(f"in {excerpt}"), message
     assert not PARSER_WORDS.search(message), message
     assert caught.value.line == line
 
@@ -87,7 +88,8 @@ def test_the_cli_says_it_in_hcl_terms_with_its_line_in_json(tmp_path: Path) -> N
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"error: {path}:4:7: Invalid argument name: argument names must not be quoted; write the name without "
-        'quotes, in `"driver" = "docker"`'
+        'quotes, in `"driver" = "docker"`; the file looks like HCL1, as older Nomad versions ran it with -hcl1: '
+        f"read it so with `driversdk run -hcl1 {path}` (or `driversdk validate -hcl1 {path}`), or rewrite it as HCL2"
     )
     import json
 

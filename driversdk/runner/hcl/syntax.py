@@ -10,6 +10,7 @@ as "Unclosed configuration block") with the line and column of the offending tex
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,12 +117,23 @@ def describe(err: Exception, text: str) -> SyntaxFacts:
     else:
         summary = f"Invalid syntax: {first} is not expected here"
     if kind == "COMMA" or (summary.startswith(("Missing newline", "Argument or block")) and _HCL1_COMMA.search(text)):
-        summary += (
-            "; the file looks like HCL1 (commas after arguments), which driversdk does not read: rewrite it as "
-            "HCL2 (Nomad reads such files only with -hcl1)"
-        )
+        summary += "; " + hcl1_hint("FILE", "commas after arguments")
     excerpt = lines[line - 1].strip() if line is not None and 0 < line <= len(lines) else ""
     return SyntaxFacts(summary, line, column, excerpt)
+
+
+# Where the HCL1 hint starts in a summary (jobhcl1 words it again with the file's name).
+HCL1_MARK = "the file looks like HCL1"
+
+
+def hcl1_hint(file: str, why: str = "") -> str:
+    """That the file looks like HCL1 (for ``why``), as Nomad 1.0-1.5 ran such files with
+    ``-hcl1``, and the flag that reads it so (the file's name quoted as a shell would need it)."""
+    file = shlex.quote(file)
+    return (
+        f"{HCL1_MARK}{f' ({why})' if why else ''}, as older Nomad versions ran it with -hcl1: read it so with "
+        f"`driversdk run -hcl1 {file}` (or `driversdk validate -hcl1 {file}`), or rewrite it as HCL2"
+    )
 
 
 def _quote(text: str, limit: int = 80) -> str:
