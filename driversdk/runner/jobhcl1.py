@@ -19,6 +19,7 @@ from typing import Any
 from driversdk.runner import jobschema
 from driversdk.runner.hcl import Body, Document, EvalError, HCLSyntaxError, Inputs, evaluate
 from driversdk.runner.hcl.syntax import HCL1_MARK, SyntaxFacts, describe_hcl1, hcl1_hint
+from driversdk.runner.hcllimits import MAX_VALUE_DEPTH, Budget
 from driversdk.runner.hclload import HCLFileError
 
 
@@ -87,12 +88,21 @@ def _hcl1_document(path: str, text: str) -> Document:
         data = _loads(text)
     except ImportError as err:
         raise ImportError(f"pyhcl (module 'hcl') does not import: {err}", name="hcl") from err
+    except RecursionError:
+        raise HCLFileError(f"{path}: the HCL1 nests too deeply to read; flatten it", path) from None
     except Exception as err:  # pyhcl raises ValueError (and its lexer's errors) for any syntax problem
         facts = describe_hcl1(str(err), text)
         where = ":".join(str(p) for p in (path, facts.line, facts.column) if p)
         raise HCLFileError(f"{where}: {facts.sentence()} (read as HCL1, with -hcl1)", path, facts.line or 0) from None
     if not isinstance(data, dict):
         raise HCLFileError(f"{path}: this HCL1 file has no body of arguments and blocks", path)
+    # Measured without recursion: what walks the body next (this module, the schema, the parser) recurses.
+    depth = Budget().size(data).depth
+    if depth > MAX_VALUE_DEPTH:
+        raise HCLFileError(
+            f"{path}: the HCL1 nests {depth} blocks and maps deep, more than the {MAX_VALUE_DEPTH} read; flatten it",
+            path,
+        )
     errors: list[EvalError] = []
     top = Body()
     for key, value in data.items():

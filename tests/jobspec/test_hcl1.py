@@ -337,3 +337,12 @@ def test_run_an_hcl1_job_end_to_end(track: Tracker) -> None:
     (alloc,) = (track.base / "data" / "allocs").iterdir()
     # The heredoc's last newline, env from a quoted key and ${NOMAD_TASK_NAME} interpolated at run time.
     assert (alloc / "alloc" / "logs" / "app.stdout.0").read_text() == "hello app\nfrom-hcl1 app\n"
+
+
+def test_hcl1_nested_too_deep_is_one_sentence(tmp_path: Path) -> None:
+    """What walks the body recurses: a file of 3000 nested maps is refused before, not a RecursionError."""
+    path = tmp_path / "deep.hcl"
+    path.write_text('job "x" {\n  meta ' + "{ a = " * 3000 + "1" + " }" * 3000 + "\n}\n")
+    with pytest.raises(HCLFileError) as caught:
+        parse_job(path, HCL1)
+    assert str(caught.value) == f"{path}: the HCL1 nests 3003 blocks and maps deep, more than the 64 read; flatten it"
