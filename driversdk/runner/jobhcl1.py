@@ -75,9 +75,21 @@ def _heredoc_lexer() -> Any:
 
     class HeredocLexer(Lexer):  # type: ignore[misc]
         def _end_heredoc(self, t: Any) -> Any:
+            closing, start, lexer = t.value, t.lexer.here_start, t.lexer
             token = super()._end_heredoc(t)
-            if token is not None:
-                token.value += "\n"
+            if token is None:
+                return None
+            if lexer.is_tabbed and closing.strip() == lexer.here_identifier:
+                # <<- as HCL1 unindents it: by the closing marker's indentation (spaces or tabs),
+                # when every line has it; pyhcl strips leading tabs only.
+                raw = lexer.lexdata[start : lexer.lexpos - lexer.newline_chars - len(closing)]
+                indent = closing[: len(closing) - len(closing.lstrip())]
+                lines = raw.split("\n")
+                if all(line.startswith(indent) for line in lines):
+                    token.value = "\n".join(line[len(indent) :] for line in lines)
+                else:
+                    token.value = raw
+            token.value += "\n"
             return token
 
     return HeredocLexer

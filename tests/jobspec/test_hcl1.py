@@ -346,3 +346,18 @@ def test_hcl1_nested_too_deep_is_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(HCLFileError) as caught:
         parse_job(path, HCL1)
     assert str(caught.value) == f"{path}: the HCL1 nests 3003 blocks and maps deep, more than the 64 read; flatten it"
+
+
+def test_indented_heredocs_unindent_as_hcl1_does(tmp_path: Path) -> None:
+    """`<<-` drops the closing marker's indentation (spaces or tabs) from every line that has it
+    all; a line without it leaves the text as written. Each ends with its last newline."""
+    path = tmp_path / "old.hcl"
+    heredocs = (
+        "    a = <<-EOT\n      one\n        two\n      EOT\n"
+        "    b = <<-EOT\n\tx\n\tEOT\n"
+        "    c = <<EOT\nplain\nEOT\n"
+        "    d = <<-EOT\n    lo\n      EOT\n"
+    )
+    path.write_text(f'job "x" {{\n  meta {{\n{heredocs}  }}\n}}\n')
+    job, _ = model(path, HCL1)
+    assert job.meta == {"a": "one\n  two\n", "b": "x\n", "c": "plain\n", "d": "    lo\n"}
