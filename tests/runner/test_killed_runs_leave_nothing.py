@@ -60,7 +60,8 @@ def test_a_run_recovering_two_killed_runs_ends_both_of_their_plugins(tmp_path: P
 
 
 @pytest.mark.usefixtures("kill_orphans_if_failed")
-def test_a_recovered_allocation_whose_setup_fails_ends_what_the_killed_run_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("planted", ["file", "symlink"])
+def test_a_recovered_allocation_whose_setup_fails_ends_what_the_killed_run_left(tmp_path: Path, planted: str) -> None:
     client, data = _client(tmp_path)
     job = _job(tmp_path, "first", 1)
     killed = _start(cli("run", str(job), "--client", str(client)))
@@ -73,17 +74,27 @@ def test_a_recovered_allocation_whose_setup_fails_ends_what_the_killed_run_left(
         if killed.poll() is None:
             killed.kill()
     assert processes(str(Path(alloc_dir) / "alloc" / "logs")), "the killed run's log collector runs on"
-    # The task (which sees the alloc dir) swapped alloc/tmp for a file: the allocation's setup
-    # fails when the next run recovers it, before its task is followed again.
+    # The task (which sees the alloc dir) swapped alloc/tmp for a file, or for a symlink to a host
+    # dir: the allocation's setup fails with a sentence when the next run recovers it, before its
+    # task is followed again, and nothing is done through the link.
     tmp = Path(alloc_dir) / "alloc" / "tmp"
     tmp.rmdir()
-    tmp.write_text("not a dir")
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir(mode=0o700)
+    if planted == "file":
+        tmp.write_text("not a dir")
+    else:
+        tmp.symlink_to(host_dir)
 
     done = subprocess.run(
         cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
     )
     assert done.returncode != 0, done.stdout + done.stderr
     assert "recovering alloc" in done.stdout, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert "unexpectedly" not in out and "Traceback" not in out, out
+    assert ("is not a directory" if planted == "file" else "passes through a symlink") in out, out
+    assert host_dir.stat().st_mode & 0o7777 == 0o700 and list(host_dir.iterdir()) == []
     assert db_rows(data, "SELECT state FROM run_allocs") == [("failed",)], done.stdout + done.stderr
     assert db_rows(data, "SELECT state FROM run_tasks WHERE state IN ('running', 'restarting')") == [], (
         done.stdout + done.stderr
