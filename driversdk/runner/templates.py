@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driversdk.errors import ConfigError
+from driversdk.runner import sockaddr
 
 # consul-template functions that ask a Consul, Vault or Nomad server: no answer on one machine.
 CLUSTER_FUNCTIONS = frozenset(
@@ -102,19 +104,44 @@ class _Text:
 
 
 @dataclass
-class _Action:
+class _Cond:
+    """A control pipeline, with the variables it declares (``:=``) or assigns (``=``)."""
+
     pipe: list[Any]
+    names: list[str] = field(default_factory=list)
+    op: str = ""
+
+
+@dataclass
+class _Action:
+    cond: _Cond
 
 
 @dataclass
 class _If:
-    branches: list[tuple[list[Any], list[Any]]] = field(default_factory=list)  # (condition pipe, body)
+    """``if`` and ``with`` (and their ``else if``/``else with`` chains): each branch is
+    (keyword, condition, body); ``with`` moves the dot to its value."""
+
+    branches: list[tuple[str, _Cond, list[Any]]] = field(default_factory=list)
     otherwise: list[Any] = field(default_factory=list)
 
 
+@dataclass
+class _Range:
+    cond: _Cond
+    body: list[Any] = field(default_factory=list)
+    otherwise: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Jump:
+    word: str  # "break" or "continue"
+
+
 _TOKEN = re.compile(
-    r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<raw>`[^`]*`)|(?P<num>-?\d+)|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)'
-    r"|(?P<var>\$[A-Za-z0-9_]*)|(?P<punct>:=|[|().=,]))"
+    r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<raw>`[^`]*`)|(?P<num>-?\d+)'
+    r"|(?P<var>\$[A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)|(?P<field>(?:\.[A-Za-z_][A-Za-z0-9_]*)+)"
+    r"|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)|(?P<punct>:=|[|().=,]))"
 )
 
 
@@ -170,11 +197,32 @@ def _split(text: str, left: str, right: str) -> list[tuple[bool, str]]:
     return pieces
 
 
+def _cond(tokens: list[tuple[str, str]], source: str, *, pair: bool = False) -> _Cond:
+    """A pipeline with an optional ``$x :=``/``$x =`` in front (``$i, $e :=`` when ``pair``, as
+    range allows)."""
+    names: list[str] = []
+    i = 0
+    while i < len(tokens) and tokens[i][0] == "var" and "." not in tokens[i][1]:
+        if i + 1 < len(tokens) and tokens[i + 1] in (("punct", ":="), ("punct", "=")):
+            names.append(tokens[i][1])
+            if len(names) > (2 if pair else 1) or tokens[i][1] == "$":
+                raise TemplateError(f"too many or bad variables declared in {{{{{source.strip()}}}}}")
+            return _Cond(_pipeline(tokens[i + 2 :], source), names, tokens[i + 1][1])
+        if pair and i + 1 < len(tokens) and tokens[i + 1] == ("punct", ",") and not names:
+            names.append(tokens[i][1])
+            i += 2
+            continue
+        break
+    if names:
+        raise TemplateError(f"missing := after the variables in {{{{{source.strip()}}}}}")
+    return _Cond(_pipeline(tokens, source))
+
+
 def parse(text: str, left: str = "{{", right: str = "}}") -> list[Any]:
     """The template's tree; TemplateError for what the subset does not read."""
     left, right = left or "{{", right or "}}"
     root: list[Any] = []
-    stack: list[tuple[_If, list[Any]]] = []
+    stack: list[tuple[_If | _Range, list[Any]]] = []
     body = root
     for is_action, piece in _split(text, left, right):
         if not is_action:
@@ -190,39 +238,52 @@ def parse(text: str, left: str = "{{", right: str = "}}") -> list[Any]:
         if not tokens:
             raise TemplateError(f"empty action {left}{piece}{right}")
         head = tokens[0][1] if tokens[0][0] == "ident" else ""
-        if head == "if":
+        if head in ("if", "with"):
             node = _If()
-            node.branches.append((_pipeline(tokens[1:], piece), []))
+            node.branches.append((head, _cond(tokens[1:], piece), []))
             body.append(node)
             stack.append((node, body))
-            body = node.branches[-1][1]
+            body = node.branches[-1][2]
+        elif head == "range":
+            loop = _Range(_cond(tokens[1:], piece, pair=True))
+            body.append(loop)
+            stack.append((loop, body))
+            body = loop.body
         elif head == "else":
             if not stack:
                 raise TemplateError(f"{left}else{right} without {left}if{right}")
-            node = stack[-1][0]
-            if len(tokens) > 1 and tokens[1] == ("ident", "if"):
-                node.branches.append((_pipeline(tokens[2:], piece), []))
-                body = node.branches[-1][1]
+            owner = stack[-1][0]
+            chained = len(tokens) > 1 and tokens[1][1] in ("if", "with") and tokens[1][0] == "ident"
+            if chained and isinstance(owner, _If):
+                owner.branches.append((tokens[1][1], _cond(tokens[2:], piece), []))
+                body = owner.branches[-1][2]
             elif len(tokens) == 1:
-                body = node.otherwise
+                body = owner.otherwise
             else:
                 raise TemplateError(f"unexpected {piece.strip()!r} after else")
         elif head == "end":
             if not stack:
                 raise TemplateError(f"{left}end{right} without {left}if{right}")
             body = stack.pop()[1]
-        elif head in ("range", "with", "define", "template", "block", "break", "continue"):
+        elif head in ("break", "continue"):
+            if not any(isinstance(n, _Range) for n, _ in stack) or len(tokens) > 1:
+                raise TemplateError(f"{left}{head}{right} outside a {left}range{right}")
+            body.append(_Jump(head))
+        elif head in ("define", "template", "block"):
             raise TemplateError(f'"{head}" is not supported by driversdk run\'s templates')
         else:
-            body.append(_Action(_pipeline(tokens, piece)))
+            body.append(_Action(_cond(tokens, piece)))
     if stack:
-        raise TemplateError(f"{left}if{right} without {left}end{right}")
+        opened = stack[-1][0]
+        word = "range" if isinstance(opened, _Range) else opened.branches[0][0]
+        raise TemplateError(f"{left}{word}{right} without {left}end{right}")
     return root
 
 
 def _pipeline(tokens: list[tuple[str, str]], source: str) -> list[Any]:
     """A pipeline as a list of commands; each command is a list of operands, an operand a
-    ("str", value), ("int", n), ("bool", b), ("func", name) or ("pipe", pipeline)."""
+    ("str", value), ("int", n), ("bool", b), ("func", name), ("pipe", pipeline), ("dot", None),
+    ("field", names) or ("var", (name, names))."""
     commands: list[list[Any]] = [[]]
     i = 0
     while i < len(tokens):
@@ -247,10 +308,17 @@ def _pipeline(tokens: list[tuple[str, str]], source: str) -> list[Any]:
             commands[-1].append(("int", int(text)))
         elif kind == "ident" and text in ("true", "false"):
             commands[-1].append(("bool", text == "true"))
+        elif kind == "ident" and text == "nil":
+            commands[-1].append(("nil", None))
         elif kind == "ident":
             commands[-1].append(("func", text))
-        elif kind == "var" or text == ":=":
-            raise TemplateError(f"variables ({text}) are not supported by driversdk run's templates")
+        elif kind == "punct" and text == ".":
+            commands[-1].append(("dot", None))
+        elif kind == "field":
+            commands[-1].append(("field", tuple(text.split(".")[1:])))
+        elif kind == "var":
+            name, *names = text.split(".")
+            commands[-1].append(("var", (name, tuple(names))))
         else:
             raise TemplateError(f"unexpected {text!r} in {{{{{source.strip()}}}}}")
         i += 1
@@ -272,11 +340,15 @@ def _walk_functions(nodes: list[Any]) -> list[str]:
 
     for node in nodes:
         if isinstance(node, _Action):
-            pipe(node.pipe)
+            pipe(node.cond.pipe)
         elif isinstance(node, _If):
-            for cond, body in node.branches:
-                pipe(cond)
+            for _, cond, body in node.branches:
+                pipe(cond.pipe)
                 names.extend(_walk_functions(body))
+            names.extend(_walk_functions(node.otherwise))
+        elif isinstance(node, _Range):
+            pipe(node.cond.pipe)
+            names.extend(_walk_functions(node.body))
             names.extend(_walk_functions(node.otherwise))
     return names
 
@@ -307,12 +379,70 @@ def _truth(value: Any) -> bool:
     return value not in (None, "", 0, False) and not (isinstance(value, list | dict) and not value)
 
 
-def _text(value: Any) -> str:
+def _text(value: Any, top: bool = True) -> str:
+    """A value as Go's text/template prints it (``<no value>`` for a missing one at the top)."""
     if value is None:
-        return "<no value>"
+        return "<no value>" if top else "<nil>"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + " ".join(_text(v, False) for v in value) + "]"
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{_text(value[k], False)}" for k in sorted(value)) + "]"
     return str(value)
+
+
+def _go_syntax(value: Any) -> str:
+    """``%#v``: the value as Go source (consul-template's data is nil at the top: ``<nil>``)."""
+    if value is None:
+        return "<nil>"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        kind = "string" if value and all(isinstance(v, str) for v in value) else "interface {}"
+        return f"[]{kind}{{" + ", ".join(_go_syntax(v) for v in value) + "}"
+    if isinstance(value, dict):
+        items = ", ".join(f"{_go_syntax(k)}:{_go_syntax(value[k])}" for k in sorted(value))
+        return "map[string]interface {}{" + items + "}"
+    return str(value)
+
+
+_VERB = re.compile(r"%([-+# 0]*)(\d*)(?:\.(\d+))?([a-zA-Z%])")
+
+
+def _printf(layout: Any, *args: Any) -> str:
+    """Go's fmt.Sprintf for the verbs templates use: %v %s %d %q %t %x %X %f and %#v."""
+    queue = list(args)
+
+    def one(match: re.Match[str]) -> str:
+        flags, width, precision, verb = match.groups()
+        if verb == "%":
+            return "%"
+        if not queue:
+            return f"%!{verb}(MISSING)"
+        value = queue.pop(0)
+        if verb == "v" and "#" in flags:
+            text = _go_syntax(value)
+        elif verb in ("v", "s", "t"):
+            text = _text(value, False)
+        elif verb == "q":
+            text = _go_syntax(str(value))
+        elif verb in ("d", "x", "X", "f") and isinstance(value, int | float) and not isinstance(value, bool):
+            spec = {"d": "d", "x": "x", "X": "X", "f": f".{precision or 6}f"}[verb]
+            text = format(int(value) if verb != "f" else float(value), spec)
+        elif verb in ("x", "X") and isinstance(value, str):
+            text = value.encode().hex() if verb == "x" else value.encode().hex().upper()
+        else:
+            return f"%!{verb}({type(value).__name__}={_text(value, False)})"
+        if precision and verb == "s":
+            text = text[: int(precision)]
+        if width:
+            text = text.ljust(int(width)) if "-" in flags else text.rjust(int(width), "0" if "0" in flags else " ")
+        return text
+
+    return _VERB.sub(one, str(layout))
 
 
 def _timestamp(now: Callable[[], float], *args: Any) -> str:
@@ -337,9 +467,55 @@ def _b64decode(value: str) -> str:
         raise TemplateError(f"base64Decode: {value[:40]!r} is not base64 of UTF-8 text") from None
 
 
+def _parse_json(text: Any) -> Any:
+    try:
+        return json.loads(str(text))
+    except ValueError:
+        raise TemplateError(f"parseJSON: {str(text)[:40]!r} is not JSON") from None
+
+
+def _index(value: Any, *keys: Any) -> Any:
+    for key in keys:
+        if isinstance(value, dict):
+            value = value.get(key)
+        elif isinstance(value, list | str) and isinstance(key, int) and 0 <= key < len(value):
+            value = value[key]
+        else:
+            raise TemplateError(f"index: can't index {_text(value, False)!r} with {_text(key, False)!r}")
+    return value
+
+
+def _join(*args: Any) -> str:
+    """consul-template's ``join sep list``, or go-sockaddr's ``join "attr" sep addresses``."""
+    if len(args) == 3:
+        return sockaddr.join(str(args[0]), str(args[1]), args[2])
+    if len(args) != 2:
+        raise TypeError
+    sep, items = args
+    if not isinstance(items, list):
+        raise TemplateError(f"join: {_text(items, False)!r} is not a list")
+    return str(sep).join(_text(i, False) for i in items)
+
+
+def _field(value: Any, name: str) -> Any:
+    if value is None or isinstance(value, dict):
+        return None if value is None else value.get(name)  # a missing key is Go's zero: <no value>
+    if isinstance(value, sockaddr.IfAddr) and name in ("Name", "SockAddr"):
+        return value.name if name == "Name" else value.text()
+    raise TemplateError(f"can't evaluate field {name} in {_text(value, False)!r}")
+
+
+class _Jumped(Exception):
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+
 class _Renderer:
     def __init__(self, env: Mapping[str, str], now: Callable[[], float]) -> None:
         self.env = env
+        # consul-template executes every template with nil data: the dot and $ start as nil.
+        self.scopes: list[dict[str, Any]] = [{"$": None}]
+        self.dot: Any = None
         self.functions: dict[str, Callable[..., Any]] = {
             "env": lambda name: self.env.get(str(name), ""),
             "envOrDefault": lambda name, default: self.env.get(str(name)) or default,
@@ -351,14 +527,61 @@ class _Renderer:
             "replaceAll": lambda old, new, s: str(s).replace(str(old), str(new)),
             "base64Encode": lambda s: base64.b64encode(str(s).encode()).decode(),
             "base64Decode": lambda s: _b64decode(str(s)),
+            "split": lambda sep, s: str(s).split(str(sep)) if s else [],
+            "join": _join,
+            "parseJSON": _parse_json,
+            "index": _index,
+            "printf": _printf,
+            "println": lambda *xs: " ".join(_text(x, False) for x in xs) + "\n",
             "eq": lambda a, *bs: any(a == b for b in bs),
             "ne": lambda a, b: a != b,
             "not": lambda a: not _truth(a),
             "and": lambda *xs: next((x for x in xs if not _truth(x)), xs[-1]),
             "or": lambda *xs: next((x for x in xs if _truth(x)), xs[-1]),
             "len": lambda s: len(s),
-            "print": lambda *xs: "".join(_text(x) for x in xs),
+            "print": lambda *xs: "".join(_text(x, False) for x in xs),
+            "sockaddr": self.sockaddr,
+            **sockaddr.functions(),
         }
+
+    def sockaddr(self, *args: Any) -> Any:
+        """consul-template's ``sockaddr "GetPrivateIP"``: the arguments, joined, are one
+        go-sockaddr pipeline."""
+        source = " ".join(str(a) for a in args)
+        return self.pipe(_pipeline(_tokens(source), source))
+
+    # variables ---------------------------------------------------------------------------------
+
+    def lookup(self, name: str) -> Any:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        raise TemplateError(f"undefined variable: {name}")
+
+    def bind(self, cond: _Cond, values: list[Any]) -> None:
+        for name, value in zip(cond.names, values, strict=True):
+            if cond.op == ":=":
+                self.scopes[-1][name] = value
+                continue
+            for scope in reversed(self.scopes):
+                if name in scope:
+                    scope[name] = value
+                    break
+            else:
+                raise TemplateError(f"undefined variable: {name}")
+
+    def run(self, body: list[Any], out: list[str], dot: Any) -> None:
+        """A body in its own scope (Go's variables end at the body's {{end}}) with ``dot``."""
+        saved = self.dot
+        self.scopes.append({})
+        self.dot = dot
+        try:
+            self.nodes(body, out)
+        finally:
+            self.scopes.pop()
+            self.dot = saved
+
+    # evaluation --------------------------------------------------------------------------------
 
     def pipe(self, pipeline: list[Any]) -> Any:
         value: Any = _NOTHING
@@ -387,6 +610,8 @@ class _Renderer:
             return func(*args)
         except TypeError:
             raise TemplateError(f'wrong number of arguments for "{first}" ({len(args)})') from None
+        except sockaddr.SockaddrError as err:
+            raise TemplateError(f"{first}: {err}") from None
 
     def operand(self, op: tuple[str, Any]) -> Any:
         kind, value = op
@@ -394,6 +619,11 @@ class _Renderer:
             return self.pipe(value)
         if kind == "func":
             return self.command([op], _NOTHING)
+        if kind in ("dot", "field", "var"):
+            base, names = (self.dot, value) if kind != "var" else (self.lookup(value[0]), value[1])
+            for name in names if kind != "dot" else ():
+                base = _field(base, name)
+            return base
         return value
 
     def nodes(self, nodes: list[Any], out: list[str]) -> None:
@@ -401,14 +631,58 @@ class _Renderer:
             if isinstance(node, _Text):
                 out.append(node.text)
             elif isinstance(node, _Action):
-                out.append(_text(self.pipe(node.pipe)))
-            else:
-                for cond, body in node.branches:
-                    if _truth(self.pipe(cond)):
-                        self.nodes(body, out)
-                        break
+                value = self.pipe(node.cond.pipe)
+                if node.cond.names:
+                    self.bind(node.cond, [value])  # a declaration prints nothing, as in Go
                 else:
-                    self.nodes(node.otherwise, out)
+                    out.append(_text(value))
+            elif isinstance(node, _If):
+                self.branch(node, out)
+            elif isinstance(node, _Range):
+                self.range(node, out)
+            else:
+                raise _Jumped(node.word)
+
+    def branch(self, node: _If, out: list[str]) -> None:
+        self.scopes.append({})  # a variable of the condition lives until {{end}}
+        try:
+            for word, cond, body in node.branches:
+                value = self.pipe(cond.pipe)
+                if cond.names:
+                    self.bind(cond, [value])
+                if _truth(value):
+                    self.run(body, out, value if word == "with" else self.dot)
+                    return
+            self.run(node.otherwise, out, self.dot)
+        finally:
+            self.scopes.pop()
+
+    def range(self, node: _Range, out: list[str]) -> None:
+        value = self.pipe(node.cond.pipe)
+        if isinstance(value, dict):
+            items = [(k, value[k]) for k in sorted(value)]  # Go ranges over a map in key order
+        elif isinstance(value, list):
+            items = list(enumerate(value))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            items = [(i, i) for i in range(value)]
+        elif value is None:
+            items = []
+        else:
+            raise TemplateError(f"range can't iterate over {_text(value, False)!r}")
+        if not items:
+            self.run(node.otherwise, out, self.dot)
+            return
+        for key, item in items:
+            self.scopes.append({})
+            try:
+                if node.cond.names:
+                    self.bind(node.cond, [key, item] if len(node.cond.names) == 2 else [item])
+                self.run(node.body, out, item)
+            except _Jumped as jump:
+                if jump.word == "break":
+                    break
+            finally:
+                self.scopes.pop()
 
 
 _NOTHING = object()

@@ -48,13 +48,14 @@ def test_templates_custom_delimiters_and_timestamp() -> None:
 @pytest.mark.parametrize(
     ("text", "why"),
     [
-        ("{{ range $x := split }}", '"range" is not supported'),
+        ('{{ range $x := split "," "a" }}', "{{range}} without {{end}}"),
+        ('{{ define "x" }}', '"define" is not supported'),
         ('{{ key "a/b" }}', 'function "key" needs a Consul, Vault or Nomad server'),
         ('{{ sprig_thing "x" }}', 'function "sprig_thing" is not supported'),
         ("{{ if true }}open", "without {{end}}"),
         ("{{ end }}", "without {{if}}"),
         ("{{ env ", "unclosed action"),
-        ("{{ $x }}", "variables ($x) are not supported"),
+        ("{{ $x }}", "undefined variable: $x"),
         ('{{ env "A" "B" }}', 'wrong number of arguments for "env"'),
     ],
 )
