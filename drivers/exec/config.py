@@ -9,8 +9,8 @@ from typing import Any
 
 from driversdk import hclspec as hs
 from driversdk.errors import ConfigError
+from driversdk.taskkit.hostcfg import HostDefaults, HostPluginConfig, host_options, host_options_spec
 from driversdk.taskkit.ids import IdRanges
-from driversdk.taskkit.reconcilecfg import ReconcileConfig, reconcile_spec
 
 # Nomad's default allow_caps for exec (Docker's defaults less NET_RAW).
 DEFAULT_ALLOW_CAPS = (
@@ -28,8 +28,8 @@ DEFAULT_CGROUP_PARENT = "driversdk-exec"
 MODES = ("private", "host")
 # Who a task may run as when the plugin config does not say: never root (uid 0 or gid 0). An
 # operator who wants root tasks sets both options to "", which denies no id.
-DEFAULT_DENIED_HOST_UIDS = "0"
-DEFAULT_DENIED_HOST_GIDS = "0"
+DEFAULT_DENIED_HOST_IDS = "0"
+HOST_DEFAULTS = HostDefaults(DEFAULT_STATE_DIR, DEFAULT_CGROUP_PARENT, denied_ids=DEFAULT_DENIED_HOST_IDS)
 # Who a task runs as when it names no user, as Nomad's exec driver does.
 DEFAULT_TASK_USER = "nobody"
 
@@ -43,10 +43,6 @@ def plugin_spec() -> hs.Spec:
         {
             "runtime_path": hs.default(hs.attr("string"), hs.literal('"runc"')),
             "no_pivot_root": hs.default(hs.attr("bool"), hs.literal("false")),
-            # A default, not a missing value: "" (deny nothing) must reach the plugin as written.
-            "denied_host_uids": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_DENIED_HOST_UIDS}"')),
-            "denied_host_gids": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_DENIED_HOST_GIDS}"')),
-            "state_dir": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_STATE_DIR}"')),
             "default_pid_mode": hs.default(hs.attr("string"), hs.literal('"private"')),
             "default_ipc_mode": hs.default(hs.attr("string"), hs.literal('"private"')),
             "allow_caps": hs.default(hs.attr("list(string)"), _list_literal(DEFAULT_ALLOW_CAPS)),
@@ -54,8 +50,7 @@ def plugin_spec() -> hs.Spec:
             "disable_log_collection": hs.default(hs.attr("bool"), hs.literal("false")),
             "bridge_name": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_BRIDGE}"')),
             "bridge_subnet": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_SUBNET}"')),
-            "cgroup_parent": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_CGROUP_PARENT}"')),
-            "reconcile": reconcile_spec(),
+            **host_options_spec(HOST_DEFAULTS),
         }
     )
 
@@ -84,16 +79,17 @@ def _mode(value: str, field: str) -> str:
     return value
 
 
-def _or_default(cfg: dict[str, Any], key: str, default: str) -> str:
-    """The option as written ("" included); the default only when it is missing."""
-    value = cfg.get(key)
-    return default if value is None else str(value)
+def _denied(name: str) -> IdRanges:
+    return IdRanges.parse(DEFAULT_DENIED_HOST_IDS, name)
 
 
 @dataclass(frozen=True)
-class PluginConfig:
-    runtime_path: str = "runc"
+class PluginConfig(HostPluginConfig):
     state_dir: str = DEFAULT_STATE_DIR
+    cgroup_parent: str = DEFAULT_CGROUP_PARENT
+    denied_uids: IdRanges = field(default_factory=lambda: _denied("denied_host_uids"))
+    denied_gids: IdRanges = field(default_factory=lambda: _denied("denied_host_gids"))
+    runtime_path: str = "runc"
     default_pid_mode: str = "private"
     default_ipc_mode: str = "private"
     allow_caps: tuple[str, ...] = DEFAULT_ALLOW_CAPS
@@ -101,19 +97,11 @@ class PluginConfig:
     disable_log_collection: bool = False
     bridge_name: str = DEFAULT_BRIDGE
     bridge_subnet: str = DEFAULT_SUBNET
-    cgroup_parent: str = DEFAULT_CGROUP_PARENT
-    reconcile_enabled: bool = True
-    reconcile_period: float = 300.0
-    reconcile_creation_grace: float = 300.0
     no_pivot_root: bool = False
-    denied_uids: IdRanges = field(default_factory=lambda: IdRanges.parse(DEFAULT_DENIED_HOST_UIDS, "denied_host_uids"))
-    denied_gids: IdRanges = field(default_factory=lambda: IdRanges.parse(DEFAULT_DENIED_HOST_GIDS, "denied_host_gids"))
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
-        state_dir = cfg.get("state_dir") or DEFAULT_STATE_DIR
-        if not os.path.isabs(state_dir):
-            raise ConfigError(f"plugin config state_dir {state_dir!r} must be an absolute path")
+        host = host_options(cfg, HOST_DEFAULTS)
         chroot = tuple(cfg.get("chroot_env") or DEFAULT_CHROOT_ENV)
         for path in chroot:
             if not os.path.isabs(path) or os.path.normpath(path) == "/":
@@ -129,19 +117,12 @@ class PluginConfig:
             ) from None
         if net.num_addresses < 4:
             raise ConfigError(f"plugin config bridge_subnet {subnet!r} is too small; use a /30 or larger network")
-        cgroup_parent = (cfg.get("cgroup_parent") or DEFAULT_CGROUP_PARENT).strip("/")
-        if not cgroup_parent or ".." in cgroup_parent.split("/"):
-            raise ConfigError(
-                f"plugin config cgroup_parent {cfg.get('cgroup_parent')!r} must name a cgroup below the root, "
-                f'such as "{DEFAULT_CGROUP_PARENT}"'
-            )
         bridge = cfg.get("bridge_name") or DEFAULT_BRIDGE
         if len(bridge) > 15:
             raise ConfigError(f"plugin config bridge_name {bridge!r} is longer than 15 characters; use a shorter name")
-        reconcile = ReconcileConfig.from_decoded(cfg.get("reconcile"))
         return cls(
+            **host,
             runtime_path=cfg.get("runtime_path") or "runc",
-            state_dir=state_dir,
             default_pid_mode=_mode(cfg.get("default_pid_mode") or "private", "plugin config default_pid_mode"),
             default_ipc_mode=_mode(cfg.get("default_ipc_mode") or "private", "plugin config default_ipc_mode"),
             allow_caps=tuple(normalize_cap(c) for c in (cfg.get("allow_caps") or DEFAULT_ALLOW_CAPS)),
@@ -149,17 +130,7 @@ class PluginConfig:
             disable_log_collection=bool(cfg.get("disable_log_collection")),
             bridge_name=bridge,
             bridge_subnet=str(net),
-            cgroup_parent=cgroup_parent,
-            reconcile_enabled=reconcile.enabled,
-            reconcile_period=reconcile.period,
-            reconcile_creation_grace=reconcile.creation_grace,
             no_pivot_root=bool(cfg.get("no_pivot_root")),
-            denied_uids=IdRanges.parse(
-                _or_default(cfg, "denied_host_uids", DEFAULT_DENIED_HOST_UIDS), "denied_host_uids"
-            ),
-            denied_gids=IdRanges.parse(
-                _or_default(cfg, "denied_host_gids", DEFAULT_DENIED_HOST_GIDS), "denied_host_gids"
-            ),
         )
 
 

@@ -40,7 +40,6 @@ from driversdk.taskkit import supervisor
 from driversdk.taskkit.base import ExecRun, SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup
 from driversdk.taskkit.ids import check_user_allowed, lookup_user
-from driversdk.taskkit.reconcilecfg import ReconcileConfig
 from driversdk.taskkit.recorded import RecordedDriver, Start
 from driversdk.taskkit.supervisor import SUPERVISOR_ENV, Launch
 from driversdk.taskkit.taskdirs import grant_task_dirs
@@ -88,6 +87,7 @@ class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
     name = "exec"
     version = "0.1.0"
     record_type = TaskRecord
+    config: PluginConfig
     dir_noun = "bundle"
 
     def __init__(self) -> None:
@@ -133,14 +133,6 @@ class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
         return fp
 
     # --- start: what the kit's start sequence asks ---------------------------------------------
-
-    @property
-    def plugin_state_dir(self) -> str:
-        return self.config.state_dir
-
-    def reconcile_config(self) -> ReconcileConfig:
-        c = self.config
-        return ReconcileConfig(c.reconcile_enabled, c.reconcile_period, c.reconcile_creation_grace)
 
     def logs_disabled(self) -> bool:
         return self.config.disable_log_collection

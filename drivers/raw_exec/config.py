@@ -10,11 +10,12 @@ from typing import Any
 
 from driversdk import hclspec as hs
 from driversdk.errors import ConfigError
-from driversdk.taskkit.ids import IdRanges
-from driversdk.taskkit.reconcilecfg import ReconcileConfig, reconcile_spec
+from driversdk.taskkit.hostcfg import HostDefaults, HostPluginConfig, host_options, host_options_spec
 
 DEFAULT_STATE_DIR = "/var/lib/driversdk-raw-exec"
 DEFAULT_CGROUP_PARENT = "driversdk-raw-exec"
+# As Nomad's raw_exec: no host id is denied unless the operator names it.
+HOST_DEFAULTS = HostDefaults(DEFAULT_STATE_DIR, DEFAULT_CGROUP_PARENT)
 # Linux accepts -1000..1000; Nomad's raw_exec refuses negative values (lowering a score needs
 # CAP_SYS_RESOURCE and would shield the task from the OOM killer).
 MAX_OOM_SCORE_ADJ = 1000
@@ -24,13 +25,8 @@ def plugin_spec() -> hs.Spec:
     return hs.obj(
         {
             "enabled": hs.default(hs.attr("bool"), hs.literal("false")),
-            "denied_host_uids": hs.attr("string"),
-            "denied_host_gids": hs.attr("string"),
             "denied_envvars": hs.attr("list(string)"),
-            "state_dir": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_STATE_DIR}"')),
-            "cgroup_parent": hs.default(hs.attr("string"), hs.literal(f'"{DEFAULT_CGROUP_PARENT}"')),
-            # As exec's: removes what a plugin killed inside StartTask left (reconcile.py).
-            "reconcile": reconcile_spec(),
+            **host_options_spec(HOST_DEFAULTS),
         }
     )
 
@@ -56,39 +52,18 @@ def glob_match(pattern: str, name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class PluginConfig:
-    enabled: bool = False
-    denied_uids: IdRanges = field(default_factory=lambda: IdRanges("", ()))
-    denied_gids: IdRanges = field(default_factory=lambda: IdRanges("", ()))
-    denied_envvars: tuple[str, ...] = ()
+class PluginConfig(HostPluginConfig):
     state_dir: str = DEFAULT_STATE_DIR
     cgroup_parent: str = DEFAULT_CGROUP_PARENT
-    reconcile_enabled: bool = True
-    reconcile_period: float = 300.0
-    reconcile_creation_grace: float = 300.0
+    enabled: bool = False
+    denied_envvars: tuple[str, ...] = ()
 
     @classmethod
     def from_decoded(cls, cfg: dict[str, Any]) -> PluginConfig:
-        state_dir = cfg.get("state_dir") or DEFAULT_STATE_DIR
-        if not os.path.isabs(state_dir):
-            raise ConfigError(f"plugin config state_dir {state_dir!r} must be an absolute path")
-        parent = (cfg.get("cgroup_parent") or DEFAULT_CGROUP_PARENT).strip("/")
-        if not parent or ".." in parent.split("/"):
-            raise ConfigError(
-                f"plugin config cgroup_parent {cfg.get('cgroup_parent')!r} must name a cgroup below the root, "
-                f'such as "{DEFAULT_CGROUP_PARENT}"'
-            )
-        reconcile = ReconcileConfig.from_decoded(cfg.get("reconcile"))
         return cls(
-            reconcile_enabled=reconcile.enabled,
-            reconcile_period=reconcile.period,
-            reconcile_creation_grace=reconcile.creation_grace,
+            **host_options(cfg, HOST_DEFAULTS),
             enabled=bool(cfg.get("enabled")),
-            denied_uids=IdRanges.parse(cfg.get("denied_host_uids"), "denied_host_uids"),
-            denied_gids=IdRanges.parse(cfg.get("denied_host_gids"), "denied_host_gids"),
             denied_envvars=tuple(cfg.get("denied_envvars") or ()),
-            state_dir=state_dir,
-            cgroup_parent=parent,
         )
 
 

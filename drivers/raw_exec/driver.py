@@ -33,7 +33,6 @@ from driversdk.taskkit import supervisor
 from driversdk.taskkit.base import SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup, unified_only
 from driversdk.taskkit.ids import check_user_allowed, lookup_user
-from driversdk.taskkit.reconcilecfg import ReconcileConfig
 from driversdk.taskkit.recorded import RecordedDriver, Start
 from driversdk.taskkit.supervisor import Launch
 from driversdk.taskkit.taskdirs import grant_task_dirs
@@ -80,6 +79,7 @@ class RawExecDriver(RecordedDriver[RawState, TaskRecord]):
     name = "raw_exec"
     version = "0.1.0"
     record_type = TaskRecord
+    config: PluginConfig
 
     def __init__(self) -> None:
         super().__init__()
@@ -120,14 +120,6 @@ class RawExecDriver(RecordedDriver[RawState, TaskRecord]):
         return Fingerprint(HealthState.HEALTHY, "Healthy", {"driver.raw_exec": True})
 
     # --- start: what the kit's start sequence asks ---------------------------------------------
-
-    @property
-    def plugin_state_dir(self) -> str:
-        return self.config.state_dir
-
-    def reconcile_config(self) -> ReconcileConfig:
-        c = self.config
-        return ReconcileConfig(c.reconcile_enabled, c.reconcile_period, c.reconcile_creation_grace)
 
     def prepare(self, task: TaskConfig) -> Start[RawState]:
         if not self.config.enabled:

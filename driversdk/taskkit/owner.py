@@ -64,7 +64,8 @@ class ProcessIdentity:
         return process_start_time(self.pid) == self.start_time and not _is_zombie(self.pid)
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields from field 3 (state) on; None once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             text = fh.read()
@@ -75,7 +76,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def process_start_time(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     # Fields after the name start at field 3 (state); starttime is field 22.
     if fields is None or len(fields) < 20 or not fields[19].isdigit():
         return None
@@ -83,7 +84,7 @@ def process_start_time(pid: int) -> int | None:
 
 
 def _is_zombie(pid: int) -> bool:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields is not None and fields[:1] == ["Z"]
 
 

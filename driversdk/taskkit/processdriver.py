@@ -45,7 +45,7 @@ from driversdk.taskkit import supervisor
 from driversdk.taskkit.base import SupervisedDriver, SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup
 from driversdk.taskkit.logs import open_logs
-from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.owner import ProcessIdentity, stat_fields
 from driversdk.taskkit.streaming import run_session
 from driversdk.taskkit.supervisor import Launch
 
@@ -265,7 +265,7 @@ class ProcessDriver(SupervisedDriver[ProcessState]):
         ticks = os.sysconf("SC_CLK_TCK")
         page = os.sysconf("SC_PAGE_SIZE")
         for pid in _group_members(record.state.pid):
-            fields = _stat_fields(pid)
+            fields = stat_fields(pid)
             if fields is None:
                 continue
             user += int(fields[11]) / ticks
@@ -289,21 +289,12 @@ def _bytes(value: bytes | str | None) -> bytes:
     return value.encode() if isinstance(value, str) else value
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()
-
-
 def _group_members(pgid: int) -> list[int]:
     """Every live process of the task's process group (the task and its children)."""
     members = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            fields = _stat_fields(int(name))
+            fields = stat_fields(int(name))
             # fields[2] is the process group id (field 5 of /proc/<pid>/stat).
             if fields is not None and len(fields) > 21 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
                 members.append(int(name))

@@ -25,6 +25,7 @@ from driversdk.errors import DriverError
 from driversdk.model import TaskConfig, TaskHandle
 from driversdk.taskkit import owner, supervisor
 from driversdk.taskkit.base import S, SupervisedDriver
+from driversdk.taskkit.hostcfg import HostPluginConfig
 from driversdk.taskkit.logs import open_logs
 from driversdk.taskkit.owner import PeriodicPass, TaskRecord
 from driversdk.taskkit.reconcilecfg import ReconcileConfig
@@ -49,10 +50,13 @@ class Start(Generic[S]):
 
 class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
     """Implement :meth:`prepare`, :meth:`record_of`, :meth:`started`, :attr:`record_type` and
-    :attr:`plugin_state_dir`, plus SupervisedDriver's signal, kill and exec hooks; override
-    :meth:`remove_runtime` and :meth:`remove_dir` where a task holds more than a cgroup and a dir."""
+    :attr:`config` (a :class:`~driversdk.taskkit.hostcfg.HostPluginConfig`), plus SupervisedDriver's
+    signal, kill and exec hooks; override :meth:`remove_runtime` and :meth:`remove_dir` where a task
+    holds more than a cgroup and a dir."""
 
     record_type: type[R]
+    config: HostPluginConfig
+    """The plugin config (SetConfig's); a driver narrows it to its own subclass."""
     dir_noun = "state dir"
     """What the task's dir is called in the lines the release logs."""
 
@@ -66,10 +70,10 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
 
     @property
     def plugin_state_dir(self) -> str:
-        raise NotImplementedError
+        return self.config.state_dir
 
     def reconcile_config(self) -> ReconcileConfig:
-        raise NotImplementedError
+        return self.config.reconcile
 
     def prepare(self, task: TaskConfig) -> Start[S]:
         """Check everything that can be refused; create nothing."""

@@ -62,7 +62,13 @@ class Tracker:
 
     def leftovers(self) -> dict[str, list[str]]:
         state = str(self.base / "state") + "/"
-        runc = subprocess.run(["runc", "list", "--format", "json"], capture_output=True, text=True, check=True)
+        # `runc list` fails when a container's state dir goes while it reads them (a reconciler
+        # deleting one right then): the next listing no longer sees it.
+        for _ in range(5):
+            runc = subprocess.run(["runc", "list", "--format", "json"], capture_output=True, text=True)
+            if runc.returncode == 0:
+                break
+        runc.check_returncode()
         containers = [c["id"] for c in json.loads(runc.stdout or "null") or [] if c["bundle"].startswith(state)]
         ours = (state, str(self.base / "allocs") + "/")
         mounts = [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(ours)]
