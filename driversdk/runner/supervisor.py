@@ -5,7 +5,10 @@ bidirectional mounts (the socket dir at ``mount_dir``, the staging/publish tree 
 ``stage_publish_base_dir``) and ``CSI_ENDPOINT``. Once the task runs it probes the socket every
 5 s until the plugin is healthy (or ``health_timeout`` passes), registers it in the node's
 plugin registry, then heartbeats every 30 s and reports health changes as task events. On stop
-it deregisters and removes the socket dir. Timings and event texts follow Nomad (csi reference §5).
+it deregisters and removes the socket dir. Timings and event texts follow Nomad (csi reference §5),
+but for one thing: while the socket does not exist yet, the wait between probes watches for it
+(every 50 ms) and probes as soon as it appears, instead of sleeping out the 5 s interval a plugin
+that starts in a fraction of a second would otherwise pay before its first claim.
 
 An instance that is going away is never handed to a claim: stop() deregisters it before anything
 else (the task is stopped after), and so does the heartbeat as soon as the task has exited; claims
@@ -19,6 +22,7 @@ import errno
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -37,6 +41,7 @@ from driversdk.paths import resolve_under
 from driversdk.runner.jobspec import Task
 
 PROBE_INTERVAL = 5.0
+SOCKET_POLL = 0.05  # how often the wait for ready looks for a socket that is not there yet
 PROBE_TIMEOUT = 5.0
 HEARTBEAT_INTERVAL = 30.0
 ROLES = {"node": ("csi-node",), "controller": ("csi-controller",), "monolith": ("csi-controller", "csi-node")}
@@ -122,6 +127,15 @@ def answers(socket_path: str) -> bool:
     finally:
         probe.close()
     return True
+
+
+def socket_present(path: str) -> bool:
+    """Whether a unix socket is at ``path`` itself: the plugin owns the dir, so a symlink there is
+    not followed (it is not the plugin's socket; the next interval's probe says what is wrong)."""
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def live_instance(registry: PluginRegistry, kind: str, name: str) -> PluginRegistration | None:
@@ -276,13 +290,9 @@ class PluginSupervisor:
                     on_failure(self.failure)
                     return
                 step = min(PROBE_INTERVAL, self.health_timeout - waited)
-                # Wake early when the task exits; the probe in between still gets its chance.
-                deadline = time.monotonic() + step
-                while not self._stop.is_set() and not self._task_done.is_set() and time.monotonic() < deadline:
-                    self._stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                waited += self._wait_to_probe(step)
                 if self._stop.is_set():
                     return
-                waited += step
                 client, error = self._probe(client)
             self.healthy = True
             self._event("Plugin became healthy", f"plugin: {self.plugin.id}")
@@ -313,6 +323,20 @@ class PluginSupervisor:
         finally:
             if client is not None:
                 client.close()
+
+    def _wait_to_probe(self, step: float) -> float:
+        """Wait up to ``step`` before the next probe while not ready; returns the time waited.
+        Wakes early when the task exits (the probe in between still gets its chance), and when the
+        socket appears where there was none: a plugin that just started listening is probed now."""
+        absent = not socket_present(self.socket_path)
+        start = time.monotonic()
+        deadline = start + step
+        while not self._stop.is_set() and not self._task_done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or (absent and socket_present(self.socket_path)):
+                break
+            self._stop.wait(min(SOCKET_POLL if absent else 0.1, left))
+        return time.monotonic() - start
 
     def _heartbeat_wait(self) -> bool:
         """Wait for the next heartbeat, waking early when the task exits; True when stopping."""

@@ -8,12 +8,15 @@ until the caller cancels it or its deadline passes; the volume is left untouched
 
 A call log (``--call-log`` or CSI_HOSTPATH_CALL_LOG) gets one line per call, the RPC's name (with
 ``=CODE`` when a fault failed it), in the order they came: a test reads the order of calls across
-restarts of the plugin.
+restarts of the plugin. With ``--call-times`` (CSI_HOSTPATH_CALL_TIMES=1) each line also carries
+the wall-clock time of the call after a tab, and a ``listening`` line marks when the socket began
+to accept: a bench reads how long after that the first Probe came.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -29,9 +32,10 @@ class Fault:
 
 
 class Faults:
-    def __init__(self, spec: str = "", call_log: str = "") -> None:
+    def __init__(self, spec: str = "", call_log: str = "", call_times: bool = False) -> None:
         self._faults: dict[str, Fault] = {}
         self._call_log = call_log
+        self._call_times = call_times
         self.calls: dict[str, int] = {}
         self._lock = threading.Lock()
         for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -46,8 +50,14 @@ class Faults:
 
     def _log(self, line: str) -> None:
         if self._call_log:
+            stamp = f"\t{time.time():.6f}" if self._call_times else ""
             with open(self._call_log, "a", encoding="utf-8") as log:
-                log.write(line + "\n")
+                log.write(line + stamp + "\n")
+
+    def listening(self) -> None:
+        """Mark in a timed call log that the socket accepts connections now."""
+        if self._call_times:
+            self._log("listening")
 
     def before(self, rpc: str, context: grpc.ServicerContext) -> float:
         """Count the call; returns a delay to apply (HANG: never answer), or aborts the call with

@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> None:
         "--call-log", default=os.environ.get("CSI_HOSTPATH_CALL_LOG", ""), help="a file to append each RPC's name to"
     )
     parser.add_argument(
+        "--call-times",
+        action="store_true",
+        default=os.environ.get("CSI_HOSTPATH_CALL_TIMES", "") not in ("", "0", "false"),
+        help="add each call's wall-clock time to the call log, and a line when the socket starts listening",
+    )
+    parser.add_argument(
         "--forget-node-state",
         action="store_true",
         default=os.environ.get("CSI_HOSTPATH_FORGET_NODE_STATE", "") not in ("", "0", "false"),
@@ -77,8 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     if os.path.exists(path):
         os.unlink(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    faults = Faults(args.fault, args.call_log, args.call_times)
     state = HostPathState(
-        args.root, args.node_id, Faults(args.fault, args.call_log), args.peer_node_id, advertised,
+        args.root, args.node_id, faults, args.peer_node_id, advertised,
         forget_node_state=args.forget_node_state,
     )  # fmt: skip
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
@@ -91,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     server.add_insecure_port(f"unix:{path}")
     server.start()
     os.chmod(path, 0o600)
+    faults.listening()
     log.info("hostpath CSI plugin listening on %s (node %s)", path, args.node_id)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
