@@ -12,6 +12,8 @@
   denied ids, per-task cgroups, task dir grants, log fifos, cgroup stats.
 - :mod:`.owner`, :mod:`.reconcilecfg`: which plugin owns a task's on-disk state (so a plugin killed
   inside StartTask leaves state a later one can remove), and the ``reconcile`` config block.
+- :mod:`.hostcfg`: the plugin options exec and raw_exec share (state and cgroup dirs, denied host
+  ids, ``reconcile``): one schema piece and one config base.
 - :mod:`.taskmap`, :mod:`.streaming`: the task map, one ``nomad alloc exec`` session.
 
 Nothing here imports a bundled driver (``drivers.*``) or the runner (tests/sdk/test_taskkit_layers.py).
