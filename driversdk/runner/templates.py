@@ -7,21 +7,36 @@ subset, and says exactly which:
 - text, and actions between the delimiters (``{{``/``}}`` or the template's
   ``left_delimiter``/``right_delimiter``), with Go's trim markers (``{{-`` and ``-}}``) and
   comments (``{{/* … */}}``);
-- ``if`` / ``else if`` / ``else`` / ``end`` on a pipeline (empty string, 0, false and a missing
-  value are false, as in Go);
+- ``if`` / ``else if`` / ``else`` / ``end`` on a pipeline (empty string, 0, false, an empty list
+  or map and a missing value are false, as in Go); ``with`` (the dot becomes its value) with
+  ``else`` / ``else with``; ``range`` over a list, a map (in key order) or an integer, with
+  ``else``, ``break`` and ``continue``;
+- variables as in Go: ``{{ $x := p }}`` declares in the current scope, ``{{ $x = p }}`` assigns
+  the nearest, a scope ends at its ``{{ end }}``, ``range $i, $e := p`` / ``range $e := p``,
+  ``$`` is the data root; a variable used before it is declared is refused when parsing, as Go
+  does;
+- the dot: the element in ``range``, the value in ``with``, and at the top nil, because
+  consul-template executes every template with nil data (``{{ . }}`` prints ``<no value>``,
+  ``{{ printf "%#v" . }}`` prints ``<nil>``); ``.Field`` / ``$x.Field`` read a map's key;
 - pipelines (``a | b``: the value on the left becomes the last argument of ``b``),
   parenthesised pipelines, string literals (``"…"`` with Go escapes, raw `` `…` ``), integers,
-  ``true``/``false``;
+  ``true``/``false``/``nil``;
 - functions: ``env "X"`` (the task's environment), ``envOrDefault "X" "d"``, ``timestamp``
   (RFC 3339 UTC; ``timestamp "unix"`` for seconds), ``toLower``, ``toUpper``, ``toTitle``,
-  ``trimSpace``, ``replaceAll "old" "new" s``, ``base64Encode``, ``base64Decode``, and Go's
-  ``eq``, ``ne``, ``not``, ``and``, ``or``, ``len``, ``print``.
+  ``trimSpace``, ``replaceAll "old" "new" s``, ``base64Encode``, ``base64Decode``, ``split``,
+  ``join``, ``parseJSON``, and Go's ``eq``, ``ne``, ``not``, ``and``, ``or``, ``len``, ``index``,
+  ``print``, ``println``, ``printf`` (verbs ``%v %#v %s %d %q %t %x %f``);
+- go-sockaddr's functions on this node's interfaces (:mod:`driversdk.runner.sockaddr`):
+  ``GetAllInterfaces``, ``GetDefaultInterfaces``, ``GetPrivateInterfaces``,
+  ``GetPublicInterfaces``, ``GetPrivateIP(s)``, ``GetPublicIP(s)``, ``GetInterfaceIP(s)``, the
+  helpers ``attr``, ``include``, ``exclude``, ``sort``, ``limit``, ``offset``, ``reverse``,
+  ``unique``, ``join "attr" "sep"``, and consul-template's ``sockaddr "GetPrivateIP"`` form.
 
 A template that calls a function needing a Consul, Vault or Nomad server (:data:`CLUSTER_FUNCTIONS`:
 ``key``, ``service``, ``secret``, ``nomadVar`` …) is not rendered by ``driversdk run``:
 :func:`cluster_functions` finds them, so ``validate`` notes the template and ``run`` skips it with
-a task event. Anything else outside the subset (``range``, ``with``, variables, other functions)
-is a :class:`TemplateError` naming it.
+a task event. Anything else outside the subset (``define``/``template``/``block``, method calls,
+other functions) is a :class:`TemplateError` naming it.
 """
 
 from __future__ import annotations
@@ -224,6 +239,20 @@ def parse(text: str, left: str = "{{", right: str = "}}") -> list[Any]:
     root: list[Any] = []
     stack: list[tuple[_If | _Range, list[Any]]] = []
     body = root
+    # Variables known at each open block, checked while parsing as Go's parser does.
+    known: list[set[str]] = [{"$"}]
+
+    def declared(cond: _Cond, *, opens: bool = False) -> _Cond:
+        wanted = [v[0] for v in _variables(cond.pipe)] + (cond.names if cond.op == "=" else [])
+        for name in wanted:
+            if not any(name in scope for scope in known):
+                raise TemplateError(f"undefined variable: {name}")
+        if opens:
+            known.append(set())
+        if cond.op == ":=":
+            known[-1].update(cond.names)
+        return cond
+
     for is_action, piece in _split(text, left, right):
         if not is_action:
             if piece:
@@ -240,12 +269,12 @@ def parse(text: str, left: str = "{{", right: str = "}}") -> list[Any]:
         head = tokens[0][1] if tokens[0][0] == "ident" else ""
         if head in ("if", "with"):
             node = _If()
-            node.branches.append((head, _cond(tokens[1:], piece), []))
+            node.branches.append((head, declared(_cond(tokens[1:], piece), opens=True), []))
             body.append(node)
             stack.append((node, body))
             body = node.branches[-1][2]
         elif head == "range":
-            loop = _Range(_cond(tokens[1:], piece, pair=True))
+            loop = _Range(declared(_cond(tokens[1:], piece, pair=True), opens=True))
             body.append(loop)
             stack.append((loop, body))
             body = loop.body
@@ -255,7 +284,7 @@ def parse(text: str, left: str = "{{", right: str = "}}") -> list[Any]:
             owner = stack[-1][0]
             chained = len(tokens) > 1 and tokens[1][1] in ("if", "with") and tokens[1][0] == "ident"
             if chained and isinstance(owner, _If):
-                owner.branches.append((tokens[1][1], _cond(tokens[2:], piece), []))
+                owner.branches.append((tokens[1][1], declared(_cond(tokens[2:], piece)), []))
                 body = owner.branches[-1][2]
             elif len(tokens) == 1:
                 body = owner.otherwise
@@ -265,6 +294,7 @@ def parse(text: str, left: str = "{{", right: str = "}}") -> list[Any]:
             if not stack:
                 raise TemplateError(f"{left}end{right} without {left}if{right}")
             body = stack.pop()[1]
+            known.pop()
         elif head in ("break", "continue"):
             if not any(isinstance(n, _Range) for n, _ in stack) or len(tokens) > 1:
                 raise TemplateError(f"{left}{head}{right} outside a {left}range{right}")
@@ -272,7 +302,7 @@ def parse(text: str, left: str = "{{", right: str = "}}") -> list[Any]:
         elif head in ("define", "template", "block"):
             raise TemplateError(f'"{head}" is not supported by driversdk run\'s templates')
         else:
-            body.append(_Action(_cond(tokens, piece)))
+            body.append(_Action(declared(_cond(tokens, piece))))
     if stack:
         opened = stack[-1][0]
         word = "range" if isinstance(opened, _Range) else opened.branches[0][0]
@@ -325,6 +355,18 @@ def _pipeline(tokens: list[tuple[str, str]], source: str) -> list[Any]:
     if not commands[-1]:
         raise TemplateError(f"missing value in {{{{{source.strip()}}}}}")
     return commands
+
+
+def _variables(pipe: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
+    """The variables a pipeline reads, nested pipelines included."""
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for command in pipe:
+        for kind, value in command:
+            if kind == "var":
+                found.append(value)
+            elif kind == "pipe":
+                found.extend(_variables(value))
+    return found
 
 
 def _walk_functions(nodes: list[Any]) -> list[str]:

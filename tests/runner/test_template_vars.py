@@ -4,9 +4,12 @@ renders them for Nomad."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.runner.test_template_sockaddr import ROOT, render_in_run
 
@@ -48,14 +51,29 @@ def test_template_variables_scopes_and_the_dot(tmp_path: Path) -> None:
     }
 
 
-def test_template_undefined_variable_is_one_sentence_and_the_task_does_not_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        # Go's parser refuses a variable used outside its scope: validate and run both say so.
+        (
+            '{{ range split "," "a" }}{{ $gone := . }}{{ end }}{{ $gone }}',
+            'task "t", template[0]: template data: undefined variable: $gone',
+        ),
+        # A sockaddr attribute that does not exist fails the render, naming the template.
+        (
+            '{{ GetAllInterfaces | attr "colour" }}',
+            'task "t" template[0] ("local/x"): attr: attr "colour" is not an attribute sockaddr knows',
+        ),
+    ],
+)
+def test_template_mistakes_are_one_sentence_and_the_task_does_not_start(tmp_path: Path, data: str, said: str) -> None:
     marker = tmp_path / "started"
     job = tmp_path / "job.hcl"
     job.write_text(
         'job "tpl" {\n  type = "batch"\n  group "g" {\n    task "t" {\n      driver = "raw_exec"\n'
         f'      config {{\n        command = "/bin/touch"\n        args = ["{marker}"]\n      }}\n'
-        '      template {\n        data = "{{ range split \\",\\" \\"a\\" }}{{ $gone }}{{ end }}"\n'
-        '        destination = "local/x"\n      }\n    }\n  }\n}\n'
+        f'      template {{\n        data = {json.dumps(data)}\n        destination = "local/x"\n      }}\n'
+        "    }\n  }\n}\n"
     )
     client = tmp_path / "client.hcl"
     client.write_text(
@@ -68,6 +86,6 @@ def test_template_undefined_variable_is_one_sentence_and_the_task_does_not_start
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode != 0, out
-    assert 'task "t" template[0] ("local/x"): undefined variable: $gone' in out, out
+    assert said in out, out
     assert "Traceback" not in out
     assert not marker.exists()
