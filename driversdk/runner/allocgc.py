@@ -92,8 +92,8 @@ class Usage:
         return cls(disk, inodes)
 
 
-class _Refused(Exception):
-    """An alloc dir this collection must not remove (raised inside this module only)."""
+class _Refused(DriverSDKError):
+    """An alloc dir this collection must not remove (raised and caught inside this module only)."""
 
 
 def collect(

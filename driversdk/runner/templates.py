@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from driversdk.errors import ConfigError
+from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.runner import sockaddr
 
 # consul-template functions that ask a Consul, Vault or Nomad server: no answer on one machine.
@@ -547,8 +547,13 @@ def _field(value: Any, name: str) -> Any:
     raise TemplateError(f"can't evaluate field {name} in {_text(value, False)!r}")
 
 
-class _Jumped(Exception):
+class _Jumped(DriverSDKError):
+    """{{ break }} / {{ continue }} unwinding to the range it belongs to, which catches it (the
+    parser refuses either outside a range), so it never reaches an operator; it sits in the one
+    exception tree all the same."""
+
     def __init__(self, word: str) -> None:
+        super().__init__(word)
         self.word = word
 
 

@@ -72,7 +72,7 @@ def test_a_symlink_to_the_root_is_refused(tmp_path: Path) -> None:
     done = validate(tmp_path, str(link))
     assert done.returncode == 1
     assert (
-        f'error {tmp_path / "client.hcl"}, host_volume "shared": path "{link}" resolves to / (through a symlink), '
+        f'error {tmp_path / "client.hcl"}:2, host_volume "shared": path "{link}" resolves to / (through a symlink), '
         "the host's whole filesystem; refusing to mount it into tasks: point the host volume at a directory\n"
     ) in done.stdout, done.stdout + done.stderr
 
@@ -95,6 +95,6 @@ def test_a_relative_path_is_refused(tmp_path: Path) -> None:
     done = validate(tmp_path, "srv/data")
     assert done.returncode == 1
     assert (
-        f'error {tmp_path / "client.hcl"}, host_volume "shared": path "srv/data" must be an absolute path '
+        f'error {tmp_path / "client.hcl"}:2, host_volume "shared": path "srv/data" must be an absolute path '
         "(it would depend on the directory driversdk runs in)\n"
     ) in done.stdout, done.stdout + done.stderr
