@@ -18,8 +18,10 @@ from typing import Any
 from docker.types import DriverConfig, LogConfig, Ulimit
 from docker.types import Mount as DockerMount
 
+from drivers.docker import pinrecord
 from drivers.docker.config import DOCKER_DEFAULT_CAPS, MODE_KINDS, PluginConfig, TaskDockerConfig
 from drivers.docker.labels import LABEL_ALLOC_ID, LABEL_TASK_ID
+from drivers.docker.pinrecord import PIN_DIR_PREFIX
 from driversdk import pinning
 from driversdk.errors import ConfigError, DriverError
 from driversdk.model import NetworkIsolationMode, TaskConfig
@@ -75,7 +77,6 @@ class ContainerSpec:
 
 # Propagation modes the engine only grants a source on a shared (or, for slave, slave) mount.
 _SHARED_PROPAGATIONS = frozenset({"shared", "rshared", "slave", "rslave"})
-PIN_DIR_PREFIX = ".driversdk-pins-"
 
 # A seccomp profile is a few KiB of JSON (Docker's default is ~20 KiB); this bounds what the
 # root plugin reads from a path a job names.
@@ -387,6 +388,7 @@ class Pins:
 
     directory: str = ""
     paths: list[str] = field(default_factory=list)
+    record: str | None = None  # pinrecord's note of ``directory``, for a plugin that dies first
 
     def release(self) -> None:
         for path in reversed(self.paths):
@@ -397,6 +399,8 @@ class Pins:
         self.paths.clear()
         if self.directory:
             pinning.remove_private_dir(self.directory)
+            if not os.path.lexists(self.directory):
+                pinrecord.forget(self.record)
             self.directory = ""
 
 
@@ -417,6 +421,7 @@ def pin_sources(task: TaskConfig, spec: ContainerSpec) -> Pins:
                 f"task {task.name!r}: cannot make a private dir for its bind sources in the alloc dir "
                 f"{task.alloc_dir} ({getattr(err, 'strerror', None) or err}); check the alloc dir's permissions"
             ) from None
+        pins.record = pinrecord.record(pins.directory)
         for n, source in enumerate(spec.task_sources):
             pinned = _pin_one(task, source, pins.directory, str(n))
             pins.paths.append(pinned)

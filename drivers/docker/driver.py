@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from drivers.docker import reconcile
+from drivers.docker import pinrecord, reconcile
 from drivers.docker.config import PluginConfig, TaskDockerConfig, plugin_spec, task_spec
 from drivers.docker.fingerprint import fingerprint as read_fingerprint
 from drivers.docker.handle import STATE_VERSION, ContainerHandle, DriverState
@@ -153,6 +153,8 @@ class DockerDriver(DriverPlugin):
             # A driver that will start no task (built for validation) leaves it to a first use.
             if self._warm_up_enabled:
                 threading.Thread(target=self._warm_up, daemon=True, name="docker-client").start()
+        # Pins a plugin killed mid-start left mounted in an alloc dir (see pinrecord).
+        pinrecord.release_stale()
         # Nomad starts its reconciler on the first Fingerprint, for want of a post-config hook;
         # SetConfig is ours, and every host (Nomad, the runner, the test harness) sends it.
         if self._reconciler is not None:

@@ -25,7 +25,9 @@ import pytest
 
 from drivers.docker import reconcile
 from drivers.docker.container import LABEL_ALLOC_ID, LABEL_TASK_ID
+from drivers.docker.pinrecord import PIN_DIR_PREFIX
 from driversdk.errors import PluginCallError
+from driversdk.mountinfo import mount_points
 from driversdk.testing import AllocDir, DriverHarness
 
 from .conftest import IMAGE, PAUSE, PLUGIN, busybox
@@ -177,6 +179,10 @@ class HoldingProxy:
                 s.close()
 
 
+def _pins_under(root: Path) -> list[str]:
+    return sorted(p for p in mount_points() if p.startswith(str(root)) and PIN_DIR_PREFIX in p)
+
+
 def test_plugin_killed_mid_start_task_leaves_no_orphan_for_long(
     private: PrivateEngine, client: docker.DockerClient, plugin_log: PluginLog, tmp_path: Path
 ) -> None:
@@ -203,7 +209,11 @@ def test_plugin_killed_mid_start_task_leaves_no_orphan_for_long(
         [left] = client.containers.list(all=True, filters={"label": f"{LABEL_TASK_ID}={task.id}"})
         assert left.status == "created", "the kill landed between create and start"
 
+        # The killed plugin's pins (its alloc/logs bind) are still mounted in the alloc dir...
+        assert _pins_under(tmp_path), "the kill landed after the pins were made"
         with DriverHarness(PLUGIN, plugin_config=plugin_config(private.endpoint)):
+            # ...and the next plugin releases them when it starts.
+            assert _pins_under(tmp_path) == []
             took = wait_until("removal of the orphan", lambda: not exists(client, str(left.id)), REMOVAL_BOUND)
         assert took >= GRACE, "removed before creation_grace"
         removed = plugin_log.fields("removed untracked container")
