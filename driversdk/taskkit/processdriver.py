@@ -148,7 +148,10 @@ class ProcessDriver(SupervisedDriver[ProcessState]):
         if self.tasks.has(task.id):
             raise DriverError(f"task with ID {task.id!r} already started")
         launch = self.launch(task)
-        task_dir = os.path.join(self.state_dir, task.id.replace("/", "_"))
+        entry = task.id.replace("/", "_")
+        if entry in ("", ".", ".."):  # would name the state dir or its parent, which rmtree below empties
+            raise DriverError(f"task ID {task.id!r} cannot name a directory; the host must give each task its own ID")
+        task_dir = os.path.join(self.state_dir, entry)
         shutil.rmtree(task_dir, ignore_errors=True)  # an earlier start of this id, never destroyed
         os.mkdir(task_dir, 0o700)
         try:

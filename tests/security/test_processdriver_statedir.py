@@ -53,3 +53,19 @@ def test_our_own_private_dir_is_used(driver: HelloDriver, tmp_path: Path) -> Non
     path = Path(driver.state_dir)
     assert path == _planned(driver, tmp_path)
     assert path.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("task_id", ["..", ".", ""])
+def test_a_task_id_that_names_no_directory_of_its_own_is_refused(
+    driver: HelloDriver, tmp_path: Path, task_id: str
+) -> None:
+    from driversdk.testing import AllocDir
+
+    bystander = tmp_path / "bystander"
+    bystander.write_text("kept")
+    alloc = AllocDir.create(tmp_path / "alloc", tasks=["web"])
+    task = alloc.task_config("web", driver_config={"command": "/bin/true"})
+    task = type(task)(**{**task.__dict__, "id": task_id})
+    with pytest.raises(DriverError, match="cannot name a directory"):
+        driver.start_task(task)
+    assert bystander.read_text() == "kept", "start_task emptied a directory that is not the task's"
