@@ -80,14 +80,14 @@ class TaskRunner:
         self.done = threading.Event()
         # What the template hook renders with env = true; over the task's env, as Nomad's.
         self.template_env: dict[str, str] = {}
-        # The restart policy: only when the job writes a restart block (see README "Run a job").
-        self.tracker: restarts.RestartTracker | None = None
-        if alloc.group.restart is not None or task.restart is not None:
-            policy = restarts.policy_for(alloc.job.type, alloc.group.restart, task.restart)
-            count = restoring.restarts if restoring is not None else 0
-            self.tracker = restarts.RestartTracker(policy, alloc.job.type, task.lifecycle_hook,
-                                                   task.lifecycle_sidecar, count=count)  # fmt: skip
-            self.tracker.restarts = count
+        # Every task has a restart policy, as in Nomad: the job type's default, with the fields of
+        # the group's and the task's restart blocks over it (docs/run.md "Run a job").
+        policy = restarts.policy_for(alloc.job.type, alloc.group.restart, task.restart)
+        count = restoring.restarts if restoring is not None else 0
+        self.tracker = restarts.RestartTracker(
+            policy, alloc.job.type, task.lifecycle_hook, task.lifecycle_sidecar, count=count
+        )
+        self.tracker.restarts = count
         self._stopping = threading.Event()  # stop() was called: no more restarts
         self._between = False  # the task exited and waits for its restart: nothing to stop
         self._destroyed: set[str] = set()  # task ids already removed from their driver
@@ -176,8 +176,8 @@ class TaskRunner:
         """Start the task; a start that fails goes under the restart policy as an exit does, as in
         Nomad's task runner: one the driver calls recoverable (a registry down, an engine
         restarting) is tried again after the policy's delay; an unrecoverable one, or one past
-        the policy's attempts, is the task's failure (raised). Without a restart block, or while
-        the run is being stopped, the first failure is raised at once."""
+        the policy's attempts, is the task's failure (raised). While the run is being stopped, the
+        first failure is raised at once."""
         count = 0
         while True:
             try:
