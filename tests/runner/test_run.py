@@ -27,7 +27,13 @@ def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
     ]
 
 
-def files(tmp_path: Path, script: str, volume: bool = True, image: str = IMAGE) -> tuple[Path, Path, Path]:
+# What a job whose task is meant to fail says, so the run ends at its first failure.
+NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
+
+
+def files(
+    tmp_path: Path, script: str, volume: bool = True, image: str = IMAGE, restart: str = ""
+) -> tuple[Path, Path, Path]:
     data = tmp_path / "data"
     shared = tmp_path / "shared"
     shared.mkdir(exist_ok=True)
@@ -37,7 +43,9 @@ def files(tmp_path: Path, script: str, volume: bool = True, image: str = IMAGE) 
     job = tmp_path / "job.hcl"
     job.write_text(
         f"""job "shop" {{
+  type = "batch"
   group "web" {{
+    {restart}
     {vol_group if volume else ""}
     task "web" {{
       driver = "docker"
@@ -86,7 +94,7 @@ def test_run_job_with_host_volume_and_rotated_logs(engine: docker.DockerClient, 
 
 
 def test_run_failure_is_a_sentence_and_leaves_nothing(engine: docker.DockerClient, tmp_path: Path) -> None:
-    job, client, data = files(tmp_path, "true", image="driversdk-test/missing:1")
+    job, client, data = files(tmp_path, "true", image="driversdk-test/missing:1", restart=NO_RESTARTS)
     done = subprocess.run(
         cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
     )
@@ -146,7 +154,9 @@ def test_rotating_file_keeps_max_files(tmp_path: Path) -> None:
 
 
 def test_status_and_logs_after_a_run(engine: docker.DockerClient, tmp_path: Path) -> None:
-    job, client, data = files(tmp_path, "echo line-one; echo line-two; echo err-line >&2; exit 3", volume=False)
+    job, client, data = files(
+        tmp_path, "echo line-one; echo line-two; echo err-line >&2; exit 3", volume=False, restart=NO_RESTARTS
+    )
     done = subprocess.run(
         cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
     )

@@ -69,7 +69,11 @@ def mount_points() -> list[str]:
     return [e.mount_point for e in read_mountinfo()]
 
 
-def write_job(tmp_path: Path, script: str, driver: str = "docker") -> tuple[Path, Path, Path]:
+# What a job whose task is meant to fail says, so the run ends at its first failure.
+NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
+
+
+def write_job(tmp_path: Path, script: str, driver: str = "docker", restart: str = "") -> tuple[Path, Path, Path]:
     data = tmp_path / "data"
     if driver == "docker":
         config = f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "{script}"]'
@@ -78,7 +82,9 @@ def write_job(tmp_path: Path, script: str, driver: str = "docker") -> tuple[Path
     job = tmp_path / "job.hcl"
     job.write_text(
         f"""job "faulty" {{
+  type = "batch"
   group "g" {{
+    {restart}
     task "work" {{
       driver = "{driver}"
       kill_timeout = "1s"
@@ -142,7 +148,7 @@ def start_run(job: Path, client: Path) -> subprocess.Popen[str]:
 def test_a_plugin_killed_mid_run_is_relaunched_and_the_real_exit_code_recorded(
     engine: docker.DockerClient, tmp_path: Path, driver: str
 ) -> None:
-    job, client, data = write_job(tmp_path, "echo up; sleep 4; exit 7", driver=driver)
+    job, client, data = write_job(tmp_path, "echo up; sleep 4; exit 7", driver=driver, restart=NO_RESTARTS)
     proc = start_run(job, client)
     try:
         pid = int(str(wait_for(f"the {driver} plugin", lambda: plugin_pid(data, driver))))

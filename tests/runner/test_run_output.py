@@ -173,9 +173,11 @@ def test_a_start_failure_names_the_task_in_text_and_is_json_in_json(track: Track
     last = events[-1]
     assert last["type"] == "error" and last["task"] == "web" and last["job"] == "shop" and len(last["alloc"]) == 36
     assert "/no/such/command" in last["message"]
-    # status keeps the reason: the driver's failure, not a bare "failed".
+    # status keeps the reason: the driver's failure, not a bare "failed"; the default restart
+    # policy does not retry an error the driver calls unrecoverable (Nomad's words).
     out = status(client)
-    assert out.count("shop/web/web  raw_exec failed  Driver Failure: ") == 2, out
+    said = "shop/web/web  raw_exec failed  Not Restarting: Error was unrecoverable; failed by Driver Failure: "
+    assert out.count(said) == 2, out
     assert "/no/such/command" in out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, start_run, wait_for, write_job
+from tests.runner.test_run_faults import NO_RESTARTS, ROOT, cli, db_rows, leaks, start_run, wait_for, write_job
 
 
 def _kill_run_then_let_the_task_exit(job: Path, client: Path, data: Path) -> None:
@@ -49,7 +49,7 @@ def _run_again(job: Path, client: Path) -> tuple[int, str]:
 
 @pytest.mark.timeout(180)
 def test_a_task_that_ended_while_its_run_was_dead_is_recorded_with_its_exit_code(tmp_path: Path) -> None:
-    job, client, data = write_job(tmp_path, "echo up; sleep 1; exit 5", driver="exec")
+    job, client, data = write_job(tmp_path, "echo up; sleep 1; exit 5", driver="exec", restart=NO_RESTARTS)
     _kill_run_then_let_the_task_exit(job, client, data)
     code, out = _run_again(job, client)
     assert code == 1, out
@@ -63,7 +63,7 @@ def test_a_task_that_ended_while_its_run_was_dead_is_recorded_with_its_exit_code
 def test_a_task_that_ended_unrecoverably_while_its_run_was_dead_is_lost_not_a_failed_destroy(
     tmp_path: Path,
 ) -> None:
-    job, client, data = write_job(tmp_path, "echo up; sleep 1; exit 5", driver="exec")
+    job, client, data = write_job(tmp_path, "echo up; sleep 1; exit 5", driver="exec", restart=NO_RESTARTS)
     _kill_run_then_let_the_task_exit(job, client, data)
     # What the exec driver kept of the task is gone too (a reboot clears its state dir): no
     # driver can tell how the task ended.
