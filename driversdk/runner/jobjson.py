@@ -53,7 +53,7 @@ _RENAMES: dict[str, dict[str, str]] = {
     "task": {"resources": "resources", "logconfig": "logs", "templates": "template", "artifacts": "artifact",
              "volumemounts": "volume_mount", "restartpolicy": "restart", "services": "service",
              "constraints": "constraint", "affinities": "affinity", "csipluginconfig": "csi_plugin",
-             "identities": "identity", "actions": "action"},
+             "identities": "identity", "actions": "action", "scalingpolicies": "scaling"},
     "resources": {"cpu": "cpu", "memorymb": "memory", "memorymaxmb": "memory_max", "diskmb": "disk", "iops": "iops",
                   "secretsmb": "secrets", "networks": "network", "devices": "device", "numa": "numa"},
     "network": {"mbits": "mbits", "ip": "ip", "cidr": "cidr", "dns": "dns"},
@@ -78,9 +78,21 @@ _RENAMES: dict[str, dict[str, str]] = {
     "periodic": {"spec": "cron", "specs": "crons", "timezone": "time_zone"},
     "ui": {"links": "link"},
     "link": {"url": "url"},
+    "identity": {"audience": "aud"},
+    "multiregion": {"regions": "region"},
+    "sidecar_task": {"logconfig": "logs", "volumemounts": "volume_mount"},
+    "expose": {"paths": "path"},
+    "ingress": {"listeners": "listener"},
+    "listener": {"services": "service"},
+    "terminating": {"services": "service"},
 }  # fmt: skip
 # Fields that are the block's label (or, for the job's Name, the same as its label) and not an argument.
-_LABELS = {"group": "name", "task": "name", "device": "name", "action": "name", "port": "label", "target": "value"}
+_LABELS = {"group": "name", "task": "name", "device": "name", "action": "name", "port": "label", "target": "value",
+           "scaling": "type"}  # fmt: skip
+# A task's scaling policy is labelled "cpu" or "mem"; its API Type says so as "vertical_cpu" / "vertical_mem".
+SCALING_TYPES = {"cpu": "vertical_cpu", "mem": "vertical_mem"}
+# Labelled blocks the API keeps as a map by label (API field -> job-file block), by the block they are in.
+BY_LABEL = {("group", "volumes"): "volume", ("proxy", "envoygatewaybindaddresses"): "envoy_gateway_bind_addresses"}
 _DROPPED: dict[str, frozenset[str]] = {"volume": frozenset({"name"}), "periodic": frozenset({"spectype"})}
 
 
@@ -130,15 +142,17 @@ def _labelled(obj: dict[str, Any], spec: jobschema.Block, block: str) -> Any:
     body = _body(obj, spec, block)
     if not spec.labels:
         return body
-    label = next((v for k, v in obj.items() if k.lower() == _LABELS.get(block, "name")), "")
-    return {str(label): body}
+    label = str(next((v for k, v in obj.items() if k.lower() == _LABELS.get(block, "name")), ""))
+    if block == "scaling":
+        label = next((short for short, kind in SCALING_TYPES.items() if kind == label), label)
+    return {label: body}
 
 
 def _body(obj: dict[str, Any], spec: jobschema.Block, block: str) -> Body:
     body = Body()
     renames = _RENAMES.get(block, {})
     skip = _DROPPED.get(block, frozenset())
-    label = _LABELS.get(block) if spec.labels else None
+    label = _LABELS.get(block, "name") if spec.labels else None
     for key, value in obj.items():
         low = key.lower()
         if value is None or value in ("", [], {}) or low == label or low in skip:
@@ -147,9 +161,10 @@ def _body(obj: dict[str, Any], spec: jobschema.Block, block: str) -> Body:
             ports = value if isinstance(value, list) else [value]
             body.setdefault("port", []).extend(_value(ports, jobschema.GROUP_PORT, "port"))
             continue
-        if block == "group" and low == "volumes" and isinstance(value, dict):
-            body["volume"] = [{str(n): _body(v, jobschema.VOLUME, "volume")} for n, v in value.items()
-                              if isinstance(v, dict)]  # fmt: skip
+        labelled = BY_LABEL.get((block, low))
+        child = spec.fields.get(labelled or "")
+        if labelled and isinstance(child, jobschema.Block) and isinstance(value, dict):
+            body[labelled] = [{str(n): _body(v, child, labelled)} for n, v in value.items() if isinstance(v, dict)]
             continue
         name = renames.get(low) or _snake(key)
         body[name] = _value(value, spec.fields.get(name), name)

@@ -585,15 +585,21 @@ def evaluate_job(path: str | Path, inputs: Inputs | None = None) -> tuple[dict[s
 
     Unreadable files and HCL syntax errors raise; evaluation errors come back as problems (and
     then the body is empty: nothing after them can be trusted)."""
-    file = str(path)
-    text = read_text(path)
+    return evaluate_text(str(path), read_text(path), inputs)
+
+
+def evaluate_text(
+    file: str, text: str, inputs: Inputs | None = None
+) -> tuple[dict[str, Any], list[Problem], list[str]]:
+    """:func:`evaluate_job` of a job's text that is not a file (sent over the API); ``file`` is the
+    name its problems carry. File functions read what ``inputs.files`` allows: nothing by default."""
     try:
         # A job in Nomad's API format (JSON) or in HCL1 (-hcl1) becomes the body its HCL twin evaluates to.
         document = (
             jobjson.document(file, text) if jobjson.is_json(text, inputs) else jobhcl1.document(file, text, inputs)
         )
     except HCLSyntaxError as err:
-        raise syntax_error(path, err) from None
+        raise syntax_error(file, err) from None
     problems = [
         Problem.at(err.line, file, _printable(err.reason), field=_printable(err.expr)) for err in document.errors
     ]
