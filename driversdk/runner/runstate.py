@@ -114,6 +114,27 @@ class RunState:
             ).fetchall()
         return [AllocRecord(*r) for r in rows]
 
+    def allocs(self, job: str | None = None) -> list[tuple[AllocRecord, float]]:
+        """Every allocation (of one job), oldest first, with when it last changed (Unix seconds)."""
+        query = "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs"
+        with self._lock:
+            if job is None:
+                rows = self._db.execute(query + " ORDER BY rowid").fetchall()
+            else:
+                rows = self._db.execute(query + " WHERE job=? ORDER BY rowid", (job,)).fetchall()
+        return [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+
+    def allocs_by_prefix(self, prefix: str) -> list[tuple[AllocRecord, float]]:
+        """Allocations whose id starts with ``prefix`` (Nomad's CLI takes a short id)."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs "
+                "WHERE alloc_id LIKE ? ESCAPE '\\' ORDER BY rowid",
+                (escaped + "%",),
+            ).fetchall()
+        return [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+
     # --- garbage collection of terminal allocations (driversdk.runner.allocgc) -------------------
 
     def terminal_allocs(self) -> list[AllocRecord]:

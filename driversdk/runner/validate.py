@@ -12,7 +12,7 @@ import copy
 import functools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -187,17 +187,9 @@ def _driver_facts(
                 plugin = connect_driver(started, command, timeout=60, name=driver)
             else:
                 plugin = pending
-            config = client.plugin_config(driver)
-            schema = plugin.config_schema()
-            skipped: list[str] = []
-            if schema is not None and driver in PLUGIN_OPTIONS:
-                config, skipped = _without_nomad_only(config, schema, PLUGIN_OPTIONS[driver], "")
-            shapes = _block_shapes(schema, config, "", "config") if schema is not None else []
-            if shapes:
-                raise ConfigError(f'plugin "{driver}" {"; ".join(shapes)}')
+            config, skipped = plugin_config_for(driver, client, plugin)
             plugin.set_config(config)
-            result = DriverFacts(plugin.capabilities(), plugin.task_config_schema(), skipped,
-                                 nodeattrs.driver_attributes(driver, plugin))  # fmt: skip
+            result = facts_of(driver, plugin, skipped)
         except DriverSDKError as err:
             result = Problem(
                 client.file or job.file, f'driver "{driver}" could not be loaded: {err}', job=job.name,
@@ -226,8 +218,31 @@ def _driver_facts(
     return result
 
 
+def plugin_config_for(
+    driver: str, client: ClientConfig, plugin: DriverClient | InProcessDriver
+) -> tuple[dict[str, Any], list[str]]:
+    """The client's ``plugin "<driver>" { config {} }`` as the plugin takes it: without the options
+    only Nomad's driver of that name has (named in the second value); a block where the plugin's
+    schema wants an attribute (or the reverse) raises ConfigError."""
+    config = client.plugin_config(driver)
+    schema = plugin.config_schema()
+    skipped: list[str] = []
+    if schema is not None and driver in PLUGIN_OPTIONS:
+        config, skipped = _without_nomad_only(config, schema, PLUGIN_OPTIONS[driver], "")
+    shapes = _block_shapes(schema, config, "", "config") if schema is not None else []
+    if shapes:
+        raise ConfigError(f'plugin "{driver}" {"; ".join(shapes)}')
+    return config, skipped
+
+
+def facts_of(driver: str, plugin: DriverClient | InProcessDriver, skipped: list[str]) -> DriverFacts:
+    """What validation needs of a configured plugin: its capabilities, task schema and attributes."""
+    return DriverFacts(plugin.capabilities(), plugin.task_config_schema(), skipped,
+                       nodeattrs.driver_attributes(driver, plugin))  # fmt: skip
+
+
 def _spawn_plugins(
-    job: Job, client: ClientConfig, checks_only: bool = False
+    job: Job, client: ClientConfig, checks_only: bool = False, known: Collection[str] = ()
 ) -> dict[str, StartingPlugin | DriverClient | DriverSDKError]:
     """Start the plugin of every driver the job names, all at once and before anything else is
     waited on: each boots (an interpreter, its imports) while this process loads its gRPC client
@@ -237,7 +252,8 @@ def _spawn_plugins(
     out: dict[str, StartingPlugin | DriverClient | DriverSDKError] = {}
     for group in job.groups:
         for task in group.tasks:
-            command = client.driver_command(task.driver) if task.driver and task.driver not in out else None
+            wanted = task.driver and task.driver not in out and task.driver not in known
+            command = client.driver_command(task.driver) if wanted else None
             if command is None:
                 continue  # no driver, already started, or none configured (_driver_facts says so)
             if checks_only and answers_here(client, task.driver):
@@ -500,12 +516,14 @@ def validate_job(
     keep_plugins: dict[str, DriverClient] | None = None,
     inputs: Inputs | None = None,
     while_starting: Callable[[], None] | None = None,
+    known: Mapping[str, DriverFacts] | None = None,
 ) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
     there (configured, not yet initialised) instead of being shut down. ``while_starting`` is
     called once the job's plugins have been started, before the first is waited for: work of the
-    caller's that then takes the time they take to boot."""
-    report = _validate(path, client, keep_plugins, inputs, while_starting)
+    caller's that then takes the time they take to boot. ``known``: facts of drivers whose
+    plugins the caller already runs (the agent's): no plugin is launched for those."""
+    report = _validate(path, client, keep_plugins, inputs, while_starting, known or {})
     report.problems = _once(report.problems)
     if report.parsed is not None and any(not p.line and p.file == report.parsed.file for p in report.problems):
         index = _line_index(report.evaluated if report.evaluated is not None else _evaluated(path, inputs))
@@ -602,6 +620,7 @@ def _validate(
     keep_plugins: dict[str, DriverClient] | None,
     inputs: Inputs | None,
     while_starting: Callable[[], None] | None = None,
+    known: Mapping[str, DriverFacts] | None = None,
 ) -> Report:
     parsed, problems = parse_job(path, inputs)
     job = dry_interpolated(parsed)
@@ -627,9 +646,9 @@ def _validate(
             if problem is not None:
                 where = {"job": job.name, "group": group.name, "task": task.name, "field": "csi_plugin"}
                 report.problems.append(Problem(client.file or job.file, problem, **where))
-    cache: dict[str, DriverFacts | Problem] = {}
+    cache: dict[str, DriverFacts | Problem] = dict(known or {})
     # Plugins no caller keeps are only asked questions: they are told so, and skip warming up for tasks.
-    spawned = _spawn_plugins(job, client, checks_only=keep_plugins is None)
+    spawned = _spawn_plugins(job, client, checks_only=keep_plugins is None, known=cache.keys())
     starting: dict[str, StartingPlugin | DriverClient | DriverSDKError] = dict(spawned)
     try:
         _connect_plugins(starting, client)

@@ -126,6 +126,19 @@ def _v7_task_events(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX run_task_events_task ON run_task_events (alloc_id, task, seq)")
 
 
+def _v8_agent_jobs(db: sqlite3.Connection) -> None:
+    """Jobs registered with the agent (``PUT /v1/jobs``): each job's specification in Nomad's API
+    JSON, its status, whether it was told to stop, and Nomad's version and indexes, so a restarted
+    agent runs (or stops) what it was told before it went down."""
+    db.execute(
+        "CREATE TABLE agent_jobs (id TEXT PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL, "
+        "stop INTEGER NOT NULL DEFAULT 0, submit_time INTEGER NOT NULL, version INTEGER NOT NULL, "
+        "create_index INTEGER NOT NULL, modify_index INTEGER NOT NULL)"
+    )
+    db.execute("CREATE TABLE agent_acl (accessor TEXT PRIMARY KEY, secret_sha256 TEXT NOT NULL, name TEXT NOT NULL, "
+               "type TEXT NOT NULL, create_time INTEGER NOT NULL)")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_unversioned_schema,
     _v2_one_plugin_per_driver,
@@ -134,6 +147,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v5_idle_plugins,
     _v6_no_kept_plugins,
     _v7_task_events,
+    _v8_agent_jobs,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -269,6 +269,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_TASK_FAILED
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    """The agent, in the foreground until SIGINT or SIGTERM."""
+    from driversdk.agent.main import run_agent
+    from driversdk.agent.settings import load_settings
+
+    settings = load_settings(args.agent_config, dev=args.agent_dev)
+    if args.agent_data_dir:
+        settings.client.data_dir = os.path.abspath(args.agent_data_dir)
+        settings.ephemeral_data_dir = False
+    code = run_agent(settings, allow_unauthenticated_loopback=args.agent_allow_loopback)
+    # The agent's threads (job runners, HTTP) are left as they are: the tasks run on, recovered by
+    # the next agent; everything they would record is recorded already.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 # As `nomad job run -json`; a file whose first non-space character is { is read as JSON anyway.
 _JOB_JSON = "the job file is JSON in Nomad's API format (one dash; --json is the output format)"
 # As `nomad job run -hcl1` of Nomad 1.0-1.5: the job file is HCL1, read as jobspec v1 read it.
@@ -858,6 +875,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
+    agent = sub.add_parser(
+        "agent", help="run the agent: owns this node's plugins, jobs and allocations, serves Nomad's HTTP API"
+    )
+    agent.add_argument("-config", dest="agent_config", metavar="FILE", help="agent config file (Nomad's format)")
+    agent.add_argument(
+        "-dev",
+        dest="agent_dev",
+        action="store_true",
+        help="a throwaway agent: a data dir of its own, removed with every job when it exits",
+    )
+    agent.add_argument("-data-dir", dest="agent_data_dir", metavar="DIR", help="state directory (over the config's)")
+    agent.add_argument(
+        "-allow-unauthenticated-loopback",
+        dest="agent_allow_loopback",
+        action="store_true",
+        help="serve the HTTP API on a loopback TCP address without ACLs (any local user may then use it)",
+    )
+    agent.set_defaults(func=cmd_agent)
     status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)

@@ -1,0 +1,364 @@
+"""The agent: what one ``driversdk run`` owned for its lifetime, owned for the agent's.
+
+It holds the data dir (one agent per data dir), the state stores, the driver manager with one
+plugin per driver launched at start and kept while the agent lives, and a :class:`JobRunner`
+per registered job. Jobs arrive as Nomad's API JSON (``PUT /v1/jobs``), are checked by the same
+validation ``driversdk validate`` runs (against the agent's own plugins: nothing is launched to
+check a job), recorded, and run. A restarted agent reattaches to its plugins (or relaunches them)
+and recovers every task with RecoverTask through the jobs it recorded.
+
+Stopping the agent leaves the tasks running, as stopping a Nomad client does: its plugins are
+shut down (containers and task supervisors outlive them) and the next agent recovers the tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from driversdk.agent.acl import TokenStore
+from driversdk.agent.datadirlock import DataDirLock
+from driversdk.agent.jobrunner import JobRunner
+from driversdk.agent.jobstore import JobRecord, JobStatus, JobStore
+from driversdk.agent.settings import AgentSettings
+from driversdk.errors import ConfigError, DriverSDKError
+from driversdk.paths import check_name
+from driversdk.pinning import private_dir
+from driversdk.runner.events import RunEvent
+from driversdk.runner.problems import Problem
+
+if TYPE_CHECKING:
+    from driversdk.runner.allocrunner import NodeServices
+    from driversdk.runner.drivermanager import DriverManager
+    from driversdk.runner.taskenv import Node
+    from driversdk.runner.validate import DriverFacts
+
+
+class JobInvalid(ConfigError):
+    """A job the agent will not run: each problem is one sentence."""
+
+    def __init__(self, job: str, problems: list[Problem]) -> None:
+        self.problems = problems
+        lines = "; ".join(str(p) for p in problems)
+        super().__init__(f'job "{job}" is invalid: {lines}' if job else f"the job is invalid: {lines}")
+
+
+class JobNotFound(DriverSDKError):
+    """No job of that id is registered."""
+
+
+@dataclass
+class DriverHealth:
+    healthy: bool
+    description: str
+    attributes: dict[str, str] = field(default_factory=dict)
+    updated: int = 0
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, log: Any = None) -> None:
+        self.settings = settings
+        self.client = settings.client
+        self._log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.lock = DataDirLock(settings.data_dir)
+        self.node: NodeServices | None = None
+        self.drivers: DriverManager | None = None
+        self.jobs: JobStore | None = None
+        self.tokens: TokenStore | None = None
+        self.facts: dict[str, DriverFacts] = {}
+        self.health: dict[str, DriverHealth] = {}
+        self.runners: dict[str, JobRunner] = {}
+        self.started_at = time.time()
+        self._lock = threading.RLock()
+        # Bumped on every change a client may wait for (Nomad's index, for blocking queries).
+        self._changed = threading.Condition()
+        self.index = 1
+        self._gc: Any = None
+
+    # --- log and change index --------------------------------------------------------------------
+
+    def log(self, level: str, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+        self._log(f"    {stamp} [{level.upper()}] {message}")
+
+    def emit(self, event: RunEvent) -> None:
+        level = "error" if event.kind == "error" else "info"
+        self.log(level, f"client: {event.text().removeprefix('==> ')}")
+        self.bump()
+
+    def bump(self) -> None:
+        with self._changed:
+            self.index += 1
+            self._changed.notify_all()
+
+    def wait_change(self, after: int, timeout: float) -> int:
+        """Block until the index passes ``after`` or ``timeout`` seconds pass; the current index."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self.index <= after:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            return self.index
+
+    # --- start / stop ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the data dir, open the stores, launch (or reattach) the plugins, fingerprint them and
+        recover the recorded jobs. Raises DataDirBusy when another agent has the data dir."""
+        from driversdk.runner.allocgc import GCPolicy, PeriodicGC
+        from driversdk.runner.allocrunner import NodeServices
+        from driversdk.runner.drivermanager import DriverManager
+        from driversdk.statedb import prepare_data_dir
+
+        prepare_data_dir(self.settings.data_dir)
+        self.lock.acquire()
+        try:
+            self.node = NodeServices.open(self.client.data_dir)
+            self.jobs = JobStore(self.client.data_dir)
+            self.tokens = TokenStore(self.client.data_dir) if self.settings.acl_enabled else None
+            self.drivers = self.node.drivers = DriverManager(self.client, self.node.state, self.emit)
+            self._fingerprint()
+            self._gc = PeriodicGC(self.client.data_dir, self.node.state, GCPolicy.of(self.client),
+                                  lambda text: self.log("info", f"client.gc: {text}"))  # fmt: skip
+            self._gc.start(room_for=0)
+            self._recover()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _drivers_to_load(self) -> list[str]:
+        from driversdk.runner.bundled import SHIPPED
+
+        names = set(SHIPPED) | set(self.client.plugins)
+        return sorted(n for n in names if self.client.driver_command(n) is not None)
+
+    def _fingerprint(self) -> None:
+        """Launch (or reattach to) every driver's plugin once and keep it for the agent's life; a
+        driver that cannot load is unhealthy, with the reason, and tried again when a job needs it."""
+        for driver in self._drivers_to_load():
+            self.fingerprint(driver)
+
+    def fingerprint(self, driver: str) -> DriverHealth:
+        from driversdk.runner.validate import facts_of, plugin_config_for
+
+        assert self.drivers is not None and self.node is not None
+        try:
+            plugin = self.drivers.acquire(driver)  # held for the agent's life: never shut down before it
+        except DriverSDKError as err:
+            health = DriverHealth(False, f"the {driver} plugin could not be started: {err}", updated=time.time_ns())
+        else:
+            try:
+                _, skipped = plugin_config_for(driver, self.client, plugin)
+                facts = facts_of(driver, plugin, skipped)
+                healthy = facts.attributes.get(f"driver.{driver}") == "true"
+                description = "Healthy" if healthy else _health_description(plugin)
+                self.facts[driver] = facts
+                self.node.driver_attributes[driver] = dict(facts.attributes)
+                health = DriverHealth(healthy, description, dict(facts.attributes), time.time_ns())
+            except DriverSDKError as err:
+                health = DriverHealth(False, f"the {driver} plugin did not answer: {err}", updated=time.time_ns())
+                self.drivers.release(driver)
+        self.health[driver] = health
+        self.log("info" if health.healthy else "warn", f"client.driver_mgr: driver {driver}: {health.description}")
+        return health
+
+    def _recover(self) -> None:
+        """Run again what was running, and stop what was stopped while the agent was down."""
+        assert self.jobs is not None
+        for record in self.jobs.all():
+            if record.status is JobStatus.DEAD:
+                continue
+            try:
+                job = self._checked(record.id, record.spec)
+            except DriverSDKError as err:
+                self.log("error", f"client: job {record.id!r} could not be recovered: {err}")
+                continue
+            self.log("info", f"client: recovering job {record.id!r}" + (" to stop it" if record.stop else ""))
+            self._start_runner(job, only_to_stop=record.stop)
+
+    def shutdown(self) -> None:
+        """Leave the tasks running (the next agent recovers them) and everything recorded: every
+        store's lock is taken so no thread records a plugin's exit as a task's, then the plugins are
+        shut down and the process ends."""
+        assert self.node is not None
+        self.log("info", "agent: shutting down; tasks keep running and are recovered by the next agent")
+        if self._gc is not None:
+            self._gc.stop()
+        locks = [self.node.state._lock, self.node.volumes._lock, self.node.csi_state._lock]
+        if self.jobs is not None:
+            locks.append(self.jobs._lock)
+        for lock in locks:
+            lock.acquire(timeout=10)
+        if self.drivers is not None:
+            with self.drivers._lock:
+                self.drivers._closing = True
+                for plugin in list(self.drivers._plugins.values()):
+                    plugin.kill()
+        self.lock.release()
+
+    def close(self) -> None:
+        """Shut the plugins down and close the stores (after every job was stopped)."""
+        if self._gc is not None:
+            self._gc.stop()
+        try:
+            if self.node is not None:
+                self.node.close()
+        finally:
+            for store in (self.jobs, self.tokens):
+                if store is not None:
+                    store.close()
+            self.lock.release()
+
+    # --- what the API shows ------------------------------------------------------------------------
+
+    def node_info(self) -> Node:
+        from driversdk.runner import nodeattrs
+
+        drivers = {name: h.attributes for name, h in self.health.items()}
+        return nodeattrs.node(self.client, drivers)
+
+    def ports_of(self, alloc_id: str) -> list[dict[str, Any]]:
+        """The ports given to a live allocation of this agent (Nomad's AllocatedPorts)."""
+        with self._lock:
+            runners = list(self.runners.values())
+        for runner in runners:
+            for alloc in list(runner.allocs):
+                if alloc.alloc_id == alloc_id:
+                    return [{"Label": p.label, "Value": p.value, "To": p.to, "HostIP": p.host_ip} for p in alloc.ports]
+        return []
+
+    @staticmethod
+    def version() -> str:
+        from driversdk import __version__
+
+        return __version__
+
+    # --- jobs ------------------------------------------------------------------------------------
+
+    def _job_file(self, job_id: str, spec: dict[str, Any]) -> str:
+        """The job's API JSON as a private file for validation, named by a digest of its id: an id
+        is the caller's text and never becomes a path component."""
+        folder = private_dir(os.path.join(self.client.data_dir, "jobs"))
+        path = os.path.join(folder, hashlib.sha256(job_id.encode()).hexdigest()[:32] + ".json")
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"Job": spec}, fh)
+        os.replace(tmp, path)
+        return path
+
+    def _checked(self, job_id: str, spec: dict[str, Any]) -> Any:
+        """The job model of an API job, checked as ``driversdk validate`` checks a job file."""
+        from driversdk.runner.hcl import Inputs
+        from driversdk.runner.validate import validate_job
+
+        path = self._job_file(job_id, spec)
+        report = validate_job(path, self.client, inputs=Inputs(), known=self.facts)
+        if not report.valid or report.parsed is None:
+            # The file is the agent's copy of the request: what the caller sent has no file name.
+            problems = [dataclasses.replace(p, file="", message=p.message.replace(path, "the job"))
+                        for p in report.problems]  # fmt: skip
+            raise JobInvalid(job_id, problems)
+        if report.parsed.name != job_id:
+            raise JobInvalid(job_id, [Problem("", f"the job's ID {job_id!r} and name {report.parsed.name!r} differ; "
+                                                  "driversdk keeps one job per name", field="ID")])  # fmt: skip
+        return report.parsed
+
+    def _job_id(self, spec: dict[str, Any]) -> str:
+        job_id = spec.get("ID") or spec.get("Name")
+        if not isinstance(job_id, str) or not job_id:
+            raise JobInvalid("", [Problem("", "the job has no ID (and no Name to take it from)", field="ID")])
+        problem = check_name(job_id, "job ID")
+        if problem:
+            raise JobInvalid("", [Problem("", problem, field="ID")])
+        return job_id
+
+    def check(self, spec: dict[str, Any]) -> None:
+        """Validate a job as registering it would (``POST /v1/validate/job``); nothing is kept."""
+        job_id = self._job_id(spec)
+        self._checked(job_id, dict(spec, ID=job_id))
+
+    def register(self, spec: dict[str, Any]) -> JobRecord:
+        """Check, record and run a job (an update replaces the job's allocations with new ones)."""
+        assert self.jobs is not None
+        job_id = self._job_id(spec)
+        spec = dict(spec, ID=job_id)
+        spec.setdefault("Name", job_id)
+        job = self._checked(job_id, spec)
+        with self._lock:
+            record, changed = self.jobs.put(job_id, spec)
+            running = self.runners.get(job_id)
+            if running is not None and not running.ended.is_set() and not changed:
+                return record
+        if running is not None:
+            running.stop()
+        self._start_runner(job)
+        self.bump()
+        return record
+
+    def _start_runner(self, job: Any, only_to_stop: bool = False) -> None:
+        assert self.node is not None and self.drivers is not None and self.jobs is not None
+        runner = JobRunner(job, self.client, self.node, self.drivers, self.emit, self._runner_ended,
+                           only_to_stop=only_to_stop)  # fmt: skip
+        with self._lock:
+            self.runners[job.name] = runner
+        self.jobs.set_status(job.name, JobStatus.RUNNING)
+        runner.start()
+
+    def _runner_ended(self, runner: JobRunner) -> None:
+        assert self.jobs is not None
+        with self._lock:
+            if self.runners.get(runner.job.name) is runner:
+                try:
+                    self.jobs.set_status(runner.job.name, JobStatus.DEAD)
+                except DriverSDKError as err:
+                    self.log("error", f"client: {err}")
+        self.bump()
+
+    def deregister(self, job_id: str, purge: bool = False) -> JobRecord | None:
+        """Stop the job's allocations (the stop is recorded first: an agent restarted meanwhile
+        stops them too); ``purge`` forgets the job afterwards."""
+        assert self.jobs is not None
+        record = self.jobs.get(job_id)
+        if record is None:
+            raise JobNotFound(f'job "{job_id}" is not registered')
+        self.jobs.mark_stopped(job_id)
+        with self._lock:
+            runner = self.runners.get(job_id)
+        self.bump()
+
+        def finish() -> None:
+            if runner is not None:
+                runner.stop()
+            if purge:
+                assert self.jobs is not None
+                self.jobs.purge(job_id)
+                with self._lock:
+                    if self.runners.get(job_id) is runner:
+                        self.runners.pop(job_id, None)
+            self.bump()
+
+        threading.Thread(target=finish, name=f"stop-{job_id}", daemon=True).start()
+        return record
+
+
+def _health_description(plugin: Any) -> str:
+    """The plugin's own words for why it is not healthy (its first fingerprint)."""
+    try:
+        stream = plugin.fingerprint()
+        try:
+            first = next(iter(stream))
+        finally:
+            stream.close()
+    except (DriverSDKError, StopIteration):
+        return "Unhealthy: the plugin sent no fingerprint"
+    return str(first.health_description or first.health)

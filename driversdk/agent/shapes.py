@@ -1,0 +1,254 @@
+"""The agent's state in Nomad's API JSON: job and allocation stubs and objects, task states with
+their events, the node with its drivers. Field names and values are those of Nomad's ``api``
+package, so Nomad's clients read them unchanged. Everything is read from ``state.db`` (the same
+records ``driversdk status`` reads), so recovered and finished allocations look as live ones do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from driversdk.agent.jobstore import JobRecord
+from driversdk.runner.runstate import AllocRecord, TaskRecord
+
+if TYPE_CHECKING:
+    from driversdk.agent.agent import Agent
+
+NAMESPACE = "default"
+REGION = "global"
+
+
+def rfc3339(seconds: float | None) -> str | None:
+    if not seconds:
+        return None
+    fraction = f"{seconds % 1:.9f}"[1:]
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + fraction + "Z"
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+def job(record: JobRecord) -> dict[str, Any]:
+    out = dict(record.spec)
+    out.update(
+        ID=record.id,
+        Namespace=NAMESPACE,
+        Region=out.get("Region") or REGION,
+        Type=record.type,
+        Priority=out.get("Priority") or 50,
+        Stop=record.stop,
+        Status=record.status.value,
+        StatusDescription="",
+        Version=record.version,
+        SubmitTime=record.submit_time,
+        CreateIndex=record.create_index,
+        ModifyIndex=record.modify_index,
+        JobModifyIndex=record.modify_index,
+    )
+    return out
+
+
+def job_stub(agent: Agent, record: JobRecord) -> dict[str, Any]:
+    spec = record.spec
+    return {
+        "ID": record.id,
+        "ParentID": "",
+        "Name": record.name,
+        "Namespace": NAMESPACE,
+        "Datacenters": spec.get("Datacenters") or ["*"],
+        "Multiregion": None,
+        "Type": record.type,
+        "Priority": spec.get("Priority") or 50,
+        "Periodic": bool(spec.get("Periodic")),
+        "ParameterizedJob": bool(spec.get("ParameterizedJob")),
+        "Stop": record.stop,
+        "Status": record.status.value,
+        "StatusDescription": "",
+        "JobSummary": summary(agent, record),
+        "CreateIndex": record.create_index,
+        "ModifyIndex": record.modify_index,
+        "JobModifyIndex": record.modify_index,
+        "SubmitTime": record.submit_time,
+        "Meta": spec.get("Meta"),
+    }
+
+
+def summary(agent: Agent, record: JobRecord) -> dict[str, Any]:
+    groups: dict[str, dict[str, int]] = {}
+    for group in record.spec.get("TaskGroups") or []:
+        if isinstance(group, dict) and isinstance(group.get("Name"), str):
+            groups[group["Name"]] = _empty_summary()
+    assert agent.node is not None
+    for alloc, _ in agent.node.state.allocs(record.id):
+        counts = groups.setdefault(alloc.group, _empty_summary())
+        status = client_status(alloc, agent.node.state.tasks(alloc.alloc_id))
+        key = {"pending": "Starting", "running": "Running", "complete": "Complete", "failed": "Failed",
+               "lost": "Lost"}.get(status, "Unknown")  # fmt: skip
+        counts[key] += 1
+    return {
+        "JobID": record.id,
+        "Namespace": NAMESPACE,
+        "Summary": groups,
+        "Children": {"Pending": 0, "Running": 0, "Dead": 0},
+        "CreateIndex": record.create_index,
+        "ModifyIndex": record.modify_index,
+    }
+
+
+def _empty_summary() -> dict[str, int]:
+    return {"Queued": 0, "Complete": 0, "Failed": 0, "Running": 0, "Starting": 0, "Lost": 0, "Unknown": 0}
+
+
+# --- allocations --------------------------------------------------------------------------------
+
+# run_tasks states → (Nomad's task State, Failed)
+_TASK_STATES = {
+    "starting": ("pending", False),
+    "restarting": ("pending", False),
+    "running": ("running", False),
+    "complete": ("dead", False),
+    "stopped": ("dead", False),
+    "failed": ("dead", True),
+    "lost": ("dead", True),
+}
+
+
+def task_state(agent: Agent, record: TaskRecord) -> dict[str, Any]:
+    assert agent.node is not None
+    state, failed = _TASK_STATES.get(record.state, ("pending", False))
+    events = agent.node.state.task_events(record.alloc_id, record.task)
+    api_events = [_event(e) for e in events]
+    started = [e["Time"] for e in api_events if e["Type"] == "Started"]
+    restarted = [e["Time"] for e in api_events if e["Type"] == "Restarting"]
+    return {
+        "State": state,
+        "Failed": failed,
+        "Restarts": record.restarts,
+        "LastRestart": rfc3339(restarted[-1] / 1e9) if restarted else None,
+        "StartedAt": rfc3339(started[0] / 1e9) if started else None,
+        "FinishedAt": rfc3339(record.updated) if state == "dead" else None,
+        "Events": api_events,
+        "TaskHandle": None,
+    }
+
+
+def _event(stored: dict[str, Any]) -> dict[str, Any]:
+    """A kept event (``RunEvent.to_json``) as Nomad's TaskEvent."""
+    from driversdk.runner.events import RunEvent
+
+    details = stored.get("details")
+    event = RunEvent(
+        str(stored.get("kind") or "task"),
+        str(stored.get("message") or ""),
+        time=float(stored.get("time") or 0),
+        type=str(stored.get("type") or ""),
+        exit_code=stored.get("exit_code"),
+        signal=stored.get("signal"),
+        fails_task=bool(stored.get("fails_task")),
+        details={str(k): str(v) for k, v in details.items()} if isinstance(details, dict) else {},
+    )
+    return event.to_api()
+
+
+def client_status(alloc: AllocRecord, tasks: list[TaskRecord]) -> str:
+    states = [_TASK_STATES.get(t.state, ("pending", False)) for t in tasks]
+    if any(s == "running" for s, _ in states):
+        return "running"
+    if tasks and all(s == "dead" for s, _ in states):
+        if any(t.state == "lost" for t in tasks):
+            return "lost"
+        return "failed" if any(f for _, f in states) or alloc.state == "failed" else "complete"
+    if alloc.state == "failed":
+        return "failed"
+    if alloc.state == "stopped":
+        return "complete"
+    return "pending"
+
+
+def _alloc_name(alloc: AllocRecord) -> str:
+    return f"{alloc.job}.{alloc.group}[{alloc.index}]"
+
+
+def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:
+    assert agent.node is not None
+    tasks = agent.node.state.tasks(alloc.alloc_id)
+    record = agent.jobs.get(alloc.job) if agent.jobs is not None else None
+    node = agent.node_info()
+    desired = "stop" if (record is None or record.stop or alloc.state != "running") else "run"
+    return {
+        "ID": alloc.alloc_id,
+        "EvalID": "",
+        "Name": _alloc_name(alloc),
+        "Namespace": NAMESPACE,
+        "NodeID": node.id,
+        "NodeName": node.name,
+        "JobID": alloc.job,
+        "JobType": record.type if record is not None else "",
+        "JobVersion": record.version if record is not None else 0,
+        "TaskGroup": alloc.group,
+        "DesiredStatus": desired,
+        "DesiredDescription": "alloc is being stopped" if desired == "stop" and alloc.state == "running" else "",
+        "ClientStatus": client_status(alloc, tasks),
+        "ClientDescription": "",
+        "TaskStates": {t.task: task_state(agent, t) for t in tasks},
+        "CreateIndex": 0,
+        "ModifyIndex": agent.index,
+        "CreateTime": int(min((t.updated for t in tasks), default=updated) * 1e9),
+        "ModifyTime": int(updated * 1e9),
+    }
+
+
+def allocation(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:
+    out = alloc_stub(agent, alloc, updated)
+    record = agent.jobs.get(alloc.job) if agent.jobs is not None else None
+    out["Job"] = job(record) if record is not None else None
+    out["AllocModifyIndex"] = out["ModifyIndex"]
+    out["AllocatedResources"] = {"Shared": {"Ports": agent.ports_of(alloc.alloc_id), "Networks": None}, "Tasks": {}}
+    out["AllocDir"] = alloc.alloc_dir
+    return out
+
+
+# --- node ---------------------------------------------------------------------------------------
+
+
+def node(agent: Agent, full: bool = True) -> dict[str, Any]:
+    info = agent.node_info()
+    drivers = {
+        name: {
+            "Attributes": health.attributes,
+            "Detected": True,
+            "Healthy": health.healthy,
+            "HealthDescription": health.description,
+            "UpdateTime": rfc3339(health.updated / 1e9),
+        }
+        for name, health in sorted(agent.health.items())
+    }
+    out: dict[str, Any] = {
+        "ID": info.id,
+        "Name": info.name,
+        "Datacenter": info.datacenter,
+        "NodeClass": info.node_class,
+        "NodePool": info.pool,
+        "Status": "ready",
+        "StatusDescription": "",
+        "SchedulingEligibility": "eligible",
+        "Drain": False,
+        "Drivers": drivers,
+        "Address": "127.0.0.1",
+        "Version": agent.version(),
+        "CreateIndex": 1,
+        "ModifyIndex": agent.index,
+    }
+    if full:
+        out.update(
+            Attributes=info.attributes,
+            Meta=info.meta,
+            HTTPAddr=agent.settings.tcp.url().removeprefix("http://") if agent.settings.tcp else "",
+            StatusUpdatedAt=int(agent.started_at),
+            HostVolumes={
+                name: {"Name": name, "Path": v.host_path, "ReadOnly": v.read_only}
+                for name, v in sorted(agent.client.host_volumes.items())
+            },
+        )
+    return out
