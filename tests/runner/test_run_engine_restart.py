@@ -31,6 +31,10 @@ def test_engine_restart_under_driversdk_run_is_a_sentence_and_leaves_nothing(
     job.write_text(
         f"""job "engine" {{
   group "g" {{
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
     task "web" {{
       driver = "docker"
       kill_timeout = "1s"

@@ -13,7 +13,17 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.runner.test_run_faults import ROOT, cgroup_parent, cli, db_rows, leaks, ours, start_run, wait_for
+from tests.runner.test_run_faults import (
+    NO_RESTARTS,
+    ROOT,
+    cgroup_parent,
+    cli,
+    db_rows,
+    leaks,
+    ours,
+    start_run,
+    wait_for,
+)
 
 IMAGE = "driversdk-test/busybox:local"
 CLIENT = (
@@ -154,7 +164,7 @@ def test_run_lifecycle_failed_prestart_fails_the_alloc_and_starts_no_main_task(
     engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     body = (
-        task("init", "echo no; exit 3", 'lifecycle {\n hook = "prestart"\n }')
+        task("init", "echo no; exit 3", 'lifecycle {\n hook = "prestart"\n }\n' + NO_RESTARTS)
         + task("side", "while true; do sleep 0.2; done", 'lifecycle {\n hook = "prestart"\n sidecar = true\n }')
         + task("main", mark("main-start"))
         + task("stop", mark("poststop"), 'lifecycle {\n hook = "poststop"\n }')
@@ -348,13 +358,16 @@ def test_a_stop_during_a_first_start_restart_delay_ends_the_run_at_once(
     assert leaks(engine, tmp_path) == []
 
 
-def test_without_a_restart_block_a_first_start_failure_fails_the_run_at_once(
+def test_with_no_restarts_allowed_a_first_start_failure_fails_the_run_at_once(
     engine: docker.DockerClient, tmp_path: Path
 ) -> None:
     image = _unreachable_image()
-    job, client, data = write(tmp_path, task("later", "echo up").replace(f'"{IMAGE}"', f'"{image}"'))
+    body = task("later", "echo up", NO_RESTARTS).replace(f'"{IMAGE}"', f'"{image}"')
+    job, client, data = write(tmp_path, body)
     done = run(job, client)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"Failed to pull `{image}`" in done.stdout + done.stderr
-    assert "Restarting" not in done.stdout and "Driver Failure" not in done.stdout
+    assert f"==> task \"later\" Driver Failure: task 'later': Failed to pull `{image}`" in done.stdout
+    assert '==> task "later" Not Restarting: Policy allows no restarts' in done.stdout, done.stdout
+    assert "Task restarting in" not in done.stdout
     assert ours(engine, data) == []
