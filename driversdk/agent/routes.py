@@ -168,8 +168,12 @@ def parse_job(agent: Agent, request: Request, _: re.Match[str]) -> Response:
     variables = body.get("Variables") or ""
     if not isinstance(variables, str):
         raise APIError(400, "Variables must be the text of a variables file")
+    from driversdk.runner.hcl import Inputs
+
+    # No file functions: the job's text came over the API and reads nothing of this host.
+    inputs = Inputs(var_texts=[("variables.hcl", variables)] if variables.strip() else ())
     try:
-        return Response(body=jobapi.parse_text(text, variables))
+        return Response(body=jobapi.parse_to_api(text, inputs))
     except DriverSDKError as err:
         raise APIError(400, str(err)) from None
 

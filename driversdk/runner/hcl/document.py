@@ -48,6 +48,7 @@ class Inputs:
 
     vars: Sequence[str] = ()  # -var K=V, in order
     var_files: Sequence[str] = ()  # -var-file FILE, in order
+    var_texts: Sequence[tuple[str, str]] = ()  # (name, content) of var files sent over the API, after var_files
     env: Mapping[str, str] = field(default_factory=dict)  # NOMAD_VAR_<name>
     files: FilePolicy = field(default_factory=FilePolicy.none)
 
@@ -383,6 +384,8 @@ class _Run:
                 self.assign(variables[name], text, f"the environment ({key})", "env")
         for var_file in self.inputs.var_files:
             self.var_file(var_file, variables)
+        for name, text in self.inputs.var_texts:
+            self.var_text(name, text, variables)
         for item in self.inputs.vars:
             name, sep, text = item.partition("=")
             if not sep:
@@ -411,7 +414,6 @@ class _Run:
         var.values.append((kind, value))
 
     def var_file(self, path: str, variables: dict[str, Variable]) -> None:
-        where = os.path.basename(path)
         try:
             with open(path, "rb") as f:
                 raw = f.read(MAX_JOB_FILE_BYTES + 1)
@@ -424,6 +426,11 @@ class _Run:
         except (OSError, UnicodeDecodeError) as err:
             self.error(EvalError(0, path, f"cannot read the var file {path}: {getattr(err, 'strerror', None) or err}"))
             return
+        self.var_text(path, text, variables)
+
+    def var_text(self, path: str, text: str, variables: dict[str, Variable]) -> None:
+        """A var file's content; ``path`` names it in messages (and ``.json`` makes it JSON)."""
+        where = os.path.basename(path)
         values: dict[str, Any] = {}
         if path.endswith(".json"):
             try:
