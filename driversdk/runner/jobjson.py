@@ -78,6 +78,7 @@ _RENAMES: dict[str, dict[str, str]] = {
     "periodic": {"spec": "cron", "specs": "crons", "timezone": "time_zone"},
     "ui": {"links": "link"},
     "link": {"url": "url"},
+    "device": {"constraints": "constraint", "affinities": "affinity"},
     "identity": {"audience": "aud"},
     "multiregion": {"regions": "region"},
     "sidecar_task": {"logconfig": "logs", "volumemounts": "volume_mount"},

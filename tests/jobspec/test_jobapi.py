@@ -297,6 +297,11 @@ def test_periodic_multiregion_scaling_and_identity_are_spelled_as_nomad_spells_t
     scaling = parse_to_api((ROOT / "tests/jobspec/fixtures/19-scaling.hcl").read_text())["TaskGroups"][0]
     assert scaling["Scaling"]["Type"] == "horizontal"
     assert [p["Type"] for p in scaling["Tasks"][0]["ScalingPolicies"]] == ["vertical_cpu", "vertical_mem"]
+    resources = parse_to_api((ROOT / "tests/jobspec/fixtures/20-resources-device-numa.hcl").read_text())
+    device = resources["TaskGroups"][0]["Tasks"][0]["Resources"]["Devices"][0]
+    assert device["Name"] == "nvidia/gpu"
+    assert device["Constraints"] == [{"LTarget": "${device.attr.memory}", "RTarget": "2 GiB", "Operand": ">="}]
+    assert device["Affinities"][0]["Weight"] == 50
     identity = parse_to_api((ROOT / "tests/jobspec/fixtures/14-consul-identity.hcl").read_text())
     assert identity["TaskGroups"][0]["Tasks"][0]["Identities"][1] == {
         "Name": "vault_default",
