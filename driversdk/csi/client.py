@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 import grpc
 
 from driversdk.csi.cancel import CallCancelled, Cancel
-from driversdk.csi.errors import CSIConnectError, CSIError, unpack
+from driversdk.csi.errors import CallContext, CSIConnectError, CSIError, unpack
 from driversdk.csi.model import AttachmentMode, Volume, VolumeCapability
 from driversdk.csi.retry import policy_for
 from driversdk.pb import csi_pb2, csi_pb2_grpc
@@ -201,7 +201,7 @@ class CSIClient:
         self.cancel = cancel
         self.call_timeout = call_timeout
         if cancel is not None and cancel.cancelled:
-            raise self._cancelled("connect", "")
+            raise self._cancelled(CallContext("connect", self.plugin))
         self.channel = open_channel(socket_path, connect_timeout)
         self.identity = csi_pb2_grpc.IdentityStub(self.channel)
         self.controller = csi_pb2_grpc.ControllerStub(self.channel)
@@ -211,97 +211,80 @@ class CSIClient:
     def close(self) -> None:
         self.channel.close()
 
-    def _call(
-        self,
-        call: str,
-        fn: grpc.UnaryUnaryMultiCallable[Req, T],
-        request: Req,
-        *,
-        volume: str = "",
-        node: str = "",
-        path: str = "",
-        snapshot: str = "",
-        source: str = "",
-        token: str = "",
-    ) -> T:
-        policy = policy_for(call)
+    def _call(self, about: CallContext, fn: grpc.UnaryUnaryMultiCallable[Req, T], request: Req) -> T:
+        policy = policy_for(about.call)
         deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
         for attempt in range(1, policy.attempts + 1):
-            self.attempts[call] = self.attempts.get(call, 0) + 1
+            self.attempts[about.call] = self.attempts.get(about.call, 0) + 1
             timeout = policy.attempt_timeout
             if deadline is not None:
                 timeout = max(0.001, min(timeout, deadline - time.monotonic()))
             try:
-                return self._attempt(call, fn, request, timeout, volume)
+                return self._attempt(about, fn, request, timeout)
             except grpc.RpcError as err:
                 failed = rpc_call_of(err)
                 code = failed.code() if failed is not None else None
                 wait = policy.backoff(attempt)
                 in_time = deadline is None or time.monotonic() + wait < deadline
                 if attempt < policy.attempts and code in policy.codes and in_time:
-                    log.debug("retrying CSI call", extra={"call": call, "code": str(code), "wait": wait})
+                    log.debug("retrying CSI call", extra={"call": about.call, "code": str(code), "wait": wait})
                     if self.cancel is not None and self.cancel.wait(wait):
-                        raise self._cancelled(call, volume) from None
+                        raise self._cancelled(about) from None
                     if self.cancel is None:
                         time.sleep(wait)
                     continue
-                raise unpack(
-                    err,
-                    call,
-                    plugin=self.plugin,
-                    volume=volume,
-                    node=node,
-                    path=path,
-                    snapshot=snapshot,
-                    source=source,
-                    token=token,
-                ) from None
+                raise unpack(err, about) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _attempt(
-        self, call: str, fn: grpc.UnaryUnaryMultiCallable[Req, T], request: Req, timeout: float, volume: str
-    ) -> T:
+    def _attempt(self, about: CallContext, fn: grpc.UnaryUnaryMultiCallable[Req, T], request: Req, timeout: float) -> T:
         """One attempt; the token, when cancelled, cancels it in flight."""
         if self.cancel is None:
             return fn(request, timeout=timeout)
         if self.cancel.cancelled:
-            raise self._cancelled(call, volume)
+            raise self._cancelled(about)
         future = fn.future(request, timeout=timeout)
         remove = self.cancel.on_cancel(future.cancel)
         try:
             return future.result()
         except grpc.FutureCancelledError:
-            raise self._cancelled(call, volume) from None
+            raise self._cancelled(about) from None
         except grpc.RpcError:
             if self.cancel.cancelled:  # cancelled while the answer (an error) was on its way
-                raise self._cancelled(call, volume) from None
+                raise self._cancelled(about) from None
             raise
         finally:
             remove()
 
-    def _cancelled(self, call: str, volume: str) -> CallCancelled:
-        what = f'{call} of volume "{volume}"' if volume else call
+    def _cancelled(self, about: CallContext) -> CallCancelled:
+        what = f'{about.call} of volume "{about.volume}"' if about.volume else about.call
         reason = self.cancel.reason if self.cancel is not None else "interrupted"
         return CallCancelled(
-            f'{reason}: {what} on CSI plugin "{self.plugin}" was given up', code="CANCELLED", call=call, volume=volume
+            f'{reason}: {what} on CSI plugin "{about.plugin}" was given up',
+            code="CANCELLED",
+            call=about.call,
+            volume=about.volume,
         )
 
     # --- identity ------------------------------------------------------------------------------
 
     def plugin_info(self) -> PluginInfo:
-        resp = self._call("GetPluginInfo", self.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest())
+        resp = self._call(
+            CallContext("GetPluginInfo", self.plugin), self.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest()
+        )
         if not resp.name:
             raise CSIError("plugin returned empty name field", code="OK", call="GetPluginInfo")
         return PluginInfo(resp.name, resp.vendor_version, dict(resp.manifest))
 
     def plugin_capabilities(self) -> set[int]:
         resp = self._call(
-            "GetPluginCapabilities", self.identity.GetPluginCapabilities, csi_pb2.GetPluginCapabilitiesRequest()
+            CallContext("GetPluginCapabilities", self.plugin),
+            self.identity.GetPluginCapabilities,
+            csi_pb2.GetPluginCapabilitiesRequest(),
         )
         return {c.service.type for c in resp.capabilities if c.HasField("service")}
 
     def probe(self) -> bool:
-        resp = self._call("Probe", self.identity.Probe, csi_pb2.ProbeRequest())
+        resp = self._call(CallContext("Probe", self.plugin), self.identity.Probe, csi_pb2.ProbeRequest())
         # A missing `ready` means ready; only a present false means "still starting".
         return not resp.HasField("ready") or resp.ready.value
 
@@ -309,18 +292,22 @@ class CSIClient:
 
     def controller_capabilities(self) -> set[int]:
         resp = self._call(
-            "ControllerGetCapabilities",
+            CallContext("ControllerGetCapabilities", self.plugin),
             self.controller.ControllerGetCapabilities,
             csi_pb2.ControllerGetCapabilitiesRequest(),
         )
         return {c.rpc.type for c in resp.capabilities if c.HasField("rpc")}
 
     def node_capabilities(self) -> set[int]:
-        resp = self._call("NodeGetCapabilities", self.node.NodeGetCapabilities, csi_pb2.NodeGetCapabilitiesRequest())
+        resp = self._call(
+            CallContext("NodeGetCapabilities", self.plugin),
+            self.node.NodeGetCapabilities,
+            csi_pb2.NodeGetCapabilitiesRequest(),
+        )
         return {c.rpc.type for c in resp.capabilities if c.HasField("rpc")}
 
     def node_info(self) -> NodeInfo:
-        resp = self._call("NodeGetInfo", self.node.NodeGetInfo, csi_pb2.NodeGetInfoRequest())
+        resp = self._call(CallContext("NodeGetInfo", self.plugin), self.node.NodeGetInfo, csi_pb2.NodeGetInfoRequest())
         if not resp.node_id:
             raise CSIError("plugin failed to return nodeid", code="OK", call="NodeGetInfo")
         max_volumes = resp.max_volumes_per_node or 2**63 - 1
@@ -344,7 +331,9 @@ class CSIClient:
             secrets=dict(volume.secrets),
         )
         resp = self._call(
-            "ValidateVolumeCapabilities", self.controller.ValidateVolumeCapabilities, req, volume=volume.remote_id
+            CallContext("ValidateVolumeCapabilities", self.plugin, volume=volume.remote_id),
+            self.controller.ValidateVolumeCapabilities,
+            req,
         )
         problems = capability_mismatches(caps, resp)
         if problems:
@@ -372,11 +361,9 @@ class CSIClient:
             volume_context=volume.context,
         )
         resp = self._call(
-            "ControllerPublishVolume",
+            CallContext("ControllerPublishVolume", self.plugin, volume=volume.remote_id, node=node_id),
             self.controller.ControllerPublishVolume,
             req,
-            volume=volume.remote_id,
-            node=node_id,
         )
         return dict(resp.publish_context)
 
@@ -386,11 +373,9 @@ class CSIClient:
         req = csi_pb2.ControllerUnpublishVolumeRequest(volume_id=volume.remote_id, node_id=node_id)
         try:
             self._call(
-                "ControllerUnpublishVolume",
+                CallContext("ControllerUnpublishVolume", self.plugin, volume=volume.remote_id, node=node_id),
                 self.controller.ControllerUnpublishVolume,
                 req,
-                volume=volume.remote_id,
-                node=node_id,
             )
         except CSIError as err:
             if not err.ignorable:
@@ -442,7 +427,11 @@ class CSIClient:
             req.volume_content_source.volume.volume_id = clone_id
         if requisite or preferred:
             req.accessibility_requirements.CopyFrom(_topology_requirement(requisite, preferred))
-        resp = self._call(call, self.controller.CreateVolume, req, volume=name, source=snapshot_id or clone_id)
+        resp = self._call(
+            CallContext(call, self.plugin, volume=name, source=snapshot_id or clone_id),
+            self.controller.CreateVolume,
+            req,
+        )
         return _plugin_volume(resp.volume)
 
     def delete_volume(self, volume_id: str, secrets: Mapping[str, str] | None = None) -> None:
@@ -450,7 +439,7 @@ class CSIClient:
         if not volume_id:
             raise CSIError("DeleteVolume needs a volume ID", code="OK", call="DeleteVolume")
         req = csi_pb2.DeleteVolumeRequest(volume_id=volume_id, secrets=dict(secrets or {}))
-        self._call("DeleteVolume", self.controller.DeleteVolume, req, volume=volume_id)
+        self._call(CallContext("DeleteVolume", self.plugin, volume=volume_id), self.controller.DeleteVolume, req)
 
     def controller_expand(
         self,
@@ -469,7 +458,9 @@ class CSIClient:
         if capability is not None:
             req.volume_capability.CopyFrom(capability.to_proto())
         resp = self._call(
-            "ControllerExpandVolume", self.controller.ControllerExpandVolume, req, volume=volume.remote_id
+            CallContext("ControllerExpandVolume", self.plugin, volume=volume.remote_id),
+            self.controller.ControllerExpandVolume,
+            req,
         )
         return resp.capacity_bytes, resp.node_expansion_required
 
@@ -493,7 +484,9 @@ class CSIClient:
         )
         try:
             resp = self._call(
-                "NodeExpandVolume", self.node.NodeExpandVolume, req, volume=volume.remote_id, path=target_path
+                CallContext("NodeExpandVolume", self.plugin, volume=volume.remote_id, path=target_path),
+                self.node.NodeExpandVolume,
+                req,
             )
         except CSIError as err:
             if not err.ignorable:
@@ -506,7 +499,9 @@ class CSIClient:
         if not volume_id:
             raise CSIError("ControllerGetVolume needs a volume ID", code="OK", call="ControllerGetVolume")
         req = csi_pb2.ControllerGetVolumeRequest(volume_id=volume_id)
-        resp = self._call("ControllerGetVolume", self.controller.ControllerGetVolume, req, volume=volume_id)
+        resp = self._call(
+            CallContext("ControllerGetVolume", self.plugin, volume=volume_id), self.controller.ControllerGetVolume, req
+        )
         status = resp.status
         condition = status.volume_condition if status.HasField("volume_condition") else None
         return _with_status(_plugin_volume(resp.volume), status.published_node_ids, condition)
@@ -516,7 +511,9 @@ class CSIClient:
         if max_entries < 0:
             raise CSIError("ListVolumes max_entries must not be negative", code="OK", call="ListVolumes")
         req = csi_pb2.ListVolumesRequest(max_entries=max_entries, starting_token=starting_token)
-        resp = self._call("ListVolumes", self.controller.ListVolumes, req, token=starting_token)
+        resp = self._call(
+            CallContext("ListVolumes", self.plugin, token=starting_token), self.controller.ListVolumes, req
+        )
         entries = tuple(
             _with_status(
                 _plugin_volume(e.volume),
@@ -556,7 +553,11 @@ class CSIClient:
         req = csi_pb2.CreateSnapshotRequest(
             source_volume_id=volume_id, name=name, parameters=dict(parameters or {}), secrets=dict(secrets or {})
         )
-        resp = self._call("CreateSnapshot", self.controller.CreateSnapshot, req, volume=volume_id, snapshot=name)
+        resp = self._call(
+            CallContext("CreateSnapshot", self.plugin, volume=volume_id, snapshot=name),
+            self.controller.CreateSnapshot,
+            req,
+        )
         return _plugin_snapshot(resp.snapshot)
 
     def delete_snapshot(self, snapshot_id: str, secrets: Mapping[str, str] | None = None) -> None:
@@ -564,7 +565,9 @@ class CSIClient:
         if not snapshot_id:
             raise CSIError("DeleteSnapshot needs a snapshot ID", code="OK", call="DeleteSnapshot")
         req = csi_pb2.DeleteSnapshotRequest(snapshot_id=snapshot_id, secrets=dict(secrets or {}))
-        self._call("DeleteSnapshot", self.controller.DeleteSnapshot, req, snapshot=snapshot_id)
+        self._call(
+            CallContext("DeleteSnapshot", self.plugin, snapshot=snapshot_id), self.controller.DeleteSnapshot, req
+        )
 
     def list_snapshots(
         self,
@@ -586,12 +589,9 @@ class CSIClient:
             secrets=dict(secrets or {}),
         )
         resp = self._call(
-            "ListSnapshots",
+            CallContext("ListSnapshots", self.plugin, volume=volume_id, snapshot=snapshot_id, token=starting_token),
             self.controller.ListSnapshots,
             req,
-            volume=volume_id,
-            snapshot=snapshot_id,
-            token=starting_token,
         )
         return Page(tuple(_plugin_snapshot(e.snapshot) for e in resp.entries), resp.next_token)
 
@@ -612,12 +612,18 @@ class CSIClient:
             secrets=dict(volume.secrets),
             volume_context=volume.context,
         )
-        self._call("NodeStageVolume", self.node.NodeStageVolume, req, volume=volume.remote_id, path=staging_path)
+        self._call(
+            CallContext("NodeStageVolume", self.plugin, volume=volume.remote_id, path=staging_path),
+            self.node.NodeStageVolume,
+            req,
+        )
 
     def node_unstage(self, volume: Volume, staging_path: str) -> None:
         req = csi_pb2.NodeUnstageVolumeRequest(volume_id=volume.remote_id, staging_target_path=staging_path)
         try:
-            self._call("NodeUnstageVolume", self.node.NodeUnstageVolume, req, volume=volume.remote_id)
+            self._call(
+                CallContext("NodeUnstageVolume", self.plugin, volume=volume.remote_id), self.node.NodeUnstageVolume, req
+            )
         except CSIError as err:
             if not err.ignorable:
                 raise
@@ -648,12 +654,20 @@ class CSIClient:
             secrets=dict(volume.secrets),
             volume_context=volume.context,
         )
-        self._call("NodePublishVolume", self.node.NodePublishVolume, req, volume=volume.remote_id, path=target_path)
+        self._call(
+            CallContext("NodePublishVolume", self.plugin, volume=volume.remote_id, path=target_path),
+            self.node.NodePublishVolume,
+            req,
+        )
 
     def node_unpublish(self, volume: Volume, target_path: str) -> None:
         req = csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume.remote_id, target_path=target_path)
         try:
-            self._call("NodeUnpublishVolume", self.node.NodeUnpublishVolume, req, volume=volume.remote_id)
+            self._call(
+                CallContext("NodeUnpublishVolume", self.plugin, volume=volume.remote_id),
+                self.node.NodeUnpublishVolume,
+                req,
+            )
         except CSIError as err:
             if not err.ignorable:
                 raise

@@ -4,6 +4,7 @@ plugin's own words (first line, cleaned), as Nomad's client does."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import grpc
 
@@ -153,38 +154,53 @@ _CONTROLLER_CALLS = {
 }
 
 
-def unpack(
-    err: grpc.RpcError,
-    call: str,
-    *,
-    plugin: str,
-    volume: str = "",
-    node: str = "",
-    path: str = "",
-    snapshot: str = "",
-    source: str = "",
-    token: str = "",
-) -> CSIError:
+@dataclass(frozen=True)
+class CallContext:
+    """What one CSI call was about: the names its failure's sentence is made of."""
+
+    call: str
+    plugin: str
+    volume: str = ""  # the volume's name for CreateVolume, else its ID at the plugin
+    node: str = ""
+    path: str = ""
+    snapshot: str = ""
+    source: str = ""  # CreateVolume's content source: a snapshot or a volume to clone
+    token: str = ""  # a listing's starting token
+
+
+def unpack(err: grpc.RpcError, about: CallContext) -> CSIError:
+    """The operator's sentence for a failed call: a known (call, code) pair's own words, else
+    one naming the plugin and the call; the plugin's raw answer follows."""
     failed = rpc_call_of(err)
     code = failed.code() if failed is not None else grpc.StatusCode.UNKNOWN
     detail = clean_detail(failed.details() if failed is not None else str(err))
     raw = f"rpc error: code = {_camel(code)} desc = {detail}"
-    template = _MESSAGES.get((call, code))
+    template = _MESSAGES.get((about.call, code))
     if template is not None:
-        head = template.format(v=volume, n=node, p=path, s=snapshot, src=source, t=token, plugin=plugin)
+        head = template.format(
+            v=about.volume,
+            n=about.node,
+            p=about.path,
+            s=about.snapshot,
+            src=about.source,
+            t=about.token,
+            plugin=about.plugin,
+        )
     elif code == grpc.StatusCode.INTERNAL:
-        role = "controller" if call in _CONTROLLER_CALLS else "node"
+        role = "controller" if about.call in _CONTROLLER_CALLS else "node"
         head = f"{role} plugin returned an internal error, check the plugin allocation logs for more information"
     elif code == grpc.StatusCode.UNAVAILABLE:
-        head = f"CSI plugin {plugin!r} is not answering {call}; check that the plugin is running"
+        head = f"CSI plugin {about.plugin!r} is not answering {about.call}; check that the plugin is running"
     else:
-        subject = f' for volume "{volume}"' if volume else (f' for snapshot "{snapshot}"' if snapshot else "")
-        head = f"CSI plugin {plugin!r} failed {call}{subject}"
+        subject = f' for volume "{about.volume}"' if about.volume else ""
+        if not subject and about.snapshot:
+            subject = f' for snapshot "{about.snapshot}"'
+        head = f"CSI plugin {about.plugin!r} failed {about.call}{subject}"
     return CSIError(
         f"{head}: {raw}",
         code=code.name,
-        call=call,
-        volume=volume,
+        call=about.call,
+        volume=about.volume,
         plugin_message=detail,
-        ignorable=(call, code) in _IGNORABLE,
+        ignorable=(about.call, code) in _IGNORABLE,
     )

@@ -181,7 +181,7 @@ def test_csi_non_retryable_failure_is_not_retried_and_leaves_nothing(
 
 def test_csi_internal_error_sentence_keeps_code_and_cleans_detail() -> None:
     assert clean_detail("\x1b[31mboom\x1b[0m\n  at frame 1\n  at frame 2") == "boom"
-    from driversdk.csi.errors import unpack
+    from driversdk.csi.errors import CallContext, unpack
 
     class FakeCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         def code(self) -> grpc.StatusCode:
@@ -190,7 +190,7 @@ def test_csi_internal_error_sentence_keeps_code_and_cleans_detail() -> None:
         def details(self) -> str:
             return "mount failed\nstack..."
 
-    err = unpack(FakeCall(), "NodeStageVolume", plugin="hostpath", volume="v1")
+    err = unpack(FakeCall(), CallContext("NodeStageVolume", plugin="hostpath", volume="v1"))
     assert str(err) == (
         "node plugin returned an internal error, check the plugin allocation logs for more information: "
         "rpc error: code = Internal desc = mount failed"

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from driversdk.csi.client import CSIClient
-from driversdk.csi.errors import IGNORABLE, CSIError, unpack
+from driversdk.csi.errors import IGNORABLE, CallContext, CSIError, unpack
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume, VolumeCapability
 from driversdk.pb import csi_pb2
 
@@ -53,7 +53,7 @@ def test_teardown_not_found_from_the_plugin_is_done(
         client.node.NodeUnpublishVolume(
             csi_pb2.NodeUnpublishVolumeRequest(volume_id=volume.remote_id, target_path=target)
         )
-    err = unpack(raw.value, "NodeUnpublishVolume", plugin="hostpath", volume=volume.remote_id)
+    err = unpack(raw.value, CallContext("NodeUnpublishVolume", plugin="hostpath", volume=volume.remote_id))
     assert err.ignorable and err.code == "NOT_FOUND"
     assert err.message == (
         f'{IGNORABLE}: volume "{volume.remote_id}" could not be found: '

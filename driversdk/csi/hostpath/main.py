@@ -15,8 +15,9 @@ import grpc
 
 from driversdk.csi.hostpath.controller import Controller
 from driversdk.csi.hostpath.faults import Faults
+from driversdk.csi.hostpath.identity import Identity
 from driversdk.csi.hostpath.node import Node
-from driversdk.csi.hostpath.plugin import Advertised, HostPathState, Identity
+from driversdk.csi.hostpath.plugin import Advertised, HostPathState
 from driversdk.pb import csi_pb2_grpc
 
 log = logging.getLogger("driversdk.csi.hostpath")

@@ -23,13 +23,11 @@ from driversdk.csi.hostpath.plugin import (
     check_range,
     fail,
     fs_sizes,
-    guard,
-    invalid,
-    require,
     require_path,
     run_command,
     tree_bytes,
 )
+from driversdk.csi.hostpath.rpc import rpc
 from driversdk.csi.hostpath.store import NodeMount, State
 from driversdk.mountinfo import MountEntry, is_mount_point, read_mountinfo
 from driversdk.pb import csi_pb2, csi_pb2_grpc
@@ -77,252 +75,221 @@ class Node(csi_pb2_grpc.NodeServicer):
             fail(context, grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged or published at {volume_path}")
         return mounted
 
+    @rpc()
     def NodeGetCapabilities(
         self, request: csi_pb2.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetCapabilitiesResponse:
-        rpc = csi_pb2.NodeServiceCapability.RPC
-        resp = csi_pb2.NodeGetCapabilitiesResponse(
-            capabilities=[csi_pb2.NodeServiceCapability(rpc=rpc(type=t)) for t in self.state.advertised.node]
+        return csi_pb2.NodeGetCapabilitiesResponse(
+            capabilities=[csi_pb2.NodeServiceCapability(rpc=_NODE(type=t)) for t in self.state.advertised.node]
         )
-        return guard(self.state, "NodeGetCapabilities", context, lambda: resp)
 
+    @rpc()
     def NodeGetInfo(
         self, request: csi_pb2.NodeGetInfoRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetInfoResponse:
-        resp = csi_pb2.NodeGetInfoResponse(
+        return csi_pb2.NodeGetInfoResponse(
             node_id=self.state.node_id,
             max_volumes_per_node=MAX_VOLUMES_PER_NODE,
             accessible_topology=csi_pb2.Topology(segments={TOPOLOGY_KEY: self.state.node_id}),
         )
-        return guard(self.state, "NodeGetInfo", context, lambda: resp)
 
+    @rpc(required=("volume_id",), paths=("staging_target_path",), capability="volume_capability")
     def NodeStageVolume(
         self, request: csi_pb2.NodeStageVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeStageVolumeResponse:
-        def run() -> csi_pb2.NodeStageVolumeResponse:
-            require(context, volume_id=request.volume_id)
-            require_path(context, "staging_target_path", request.staging_target_path)
-            if not request.HasField("volume_capability"):
-                invalid(context, "volume_capability is required")
-            check_capability(context, request.volume_capability, "volume_capability")
-            target = request.staging_target_path
-            key = capability_key(request.volume_capability)
-            with self.state.store.transaction() as st:
-                self._missing_volume(request.volume_id, context)
-                mounted = _mounted(target)
-                record = st.staged.get(target)
-                if record is not None and not mounted:
-                    del st.staged[target]  # unmounted behind our back: stale
-                    record = None
-                if record is not None:
-                    if record.volume_id != request.volume_id:
-                        fail(
-                            context,
-                            grpc.StatusCode.ALREADY_EXISTS,
-                            f"staging path {target} already holds volume {record.volume_id}",
-                        )
-                    if record.capability != key:
-                        fail(
-                            context,
-                            grpc.StatusCode.ALREADY_EXISTS,
-                            f"volume {request.volume_id} is already staged at {target} with another capability",
-                        )
-                    return csi_pb2.NodeStageVolumeResponse()
-                if not os.path.isdir(target):
-                    fail(context, grpc.StatusCode.FAILED_PRECONDITION, f"staging path {target} does not exist")
-                if not mounted:
-                    run_command("mount", "--bind", self.state.volume_dir(request.volume_id), target)
-                st.staged[target] = NodeMount(volume_id=request.volume_id, capability=key)
-            return csi_pb2.NodeStageVolumeResponse()
+        target = request.staging_target_path
+        key = capability_key(request.volume_capability)
+        with self.state.store.transaction() as st:
+            self._missing_volume(request.volume_id, context)
+            mounted = _mounted(target)
+            record = st.staged.get(target)
+            if record is not None and not mounted:
+                del st.staged[target]  # unmounted behind our back: stale
+                record = None
+            if record is not None:
+                if record.volume_id != request.volume_id:
+                    fail(
+                        context,
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"staging path {target} already holds volume {record.volume_id}",
+                    )
+                if record.capability != key:
+                    fail(
+                        context,
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"volume {request.volume_id} is already staged at {target} with another capability",
+                    )
+                return csi_pb2.NodeStageVolumeResponse()
+            if not os.path.isdir(target):
+                fail(context, grpc.StatusCode.FAILED_PRECONDITION, f"staging path {target} does not exist")
+            if not mounted:
+                run_command("mount", "--bind", self.state.volume_dir(request.volume_id), target)
+            st.staged[target] = NodeMount(volume_id=request.volume_id, capability=key)
+        return csi_pb2.NodeStageVolumeResponse()
 
-        return guard(self.state, "NodeStageVolume", context, run)
-
+    @rpc(required=("volume_id",), paths=("staging_target_path",))
     def NodeUnstageVolume(
         self, request: csi_pb2.NodeUnstageVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeUnstageVolumeResponse:
-        def run() -> csi_pb2.NodeUnstageVolumeResponse:
-            require(context, volume_id=request.volume_id)
-            require_path(context, "staging_target_path", request.staging_target_path)
-            target = request.staging_target_path
-            with self.state.store.transaction() as st:
-                record = st.staged.get(target)
-                if record is not None and record.volume_id != request.volume_id:
-                    # Another volume is staged there: this one is not, which is what was asked.
-                    self._missing_volume(request.volume_id, context)
-                    return csi_pb2.NodeUnstageVolumeResponse()
-                if record is None and self.state.trust_records:
-                    self._missing_volume(request.volume_id, context)
-                    return csi_pb2.NodeUnstageVolumeResponse()  # no record: "nothing to do", left mounted
-                mounted = _mounted(target)
-                if mounted:
-                    run_command("umount", target)
-                st.staged.pop(target, None)
-                if record is None and not mounted:
-                    self._missing_volume(request.volume_id, context)
-            return csi_pb2.NodeUnstageVolumeResponse()
+        target = request.staging_target_path
+        with self.state.store.transaction() as st:
+            record = st.staged.get(target)
+            if record is not None and record.volume_id != request.volume_id:
+                # Another volume is staged there: this one is not, which is what was asked.
+                self._missing_volume(request.volume_id, context)
+                return csi_pb2.NodeUnstageVolumeResponse()
+            if record is None and self.state.trust_records:
+                self._missing_volume(request.volume_id, context)
+                return csi_pb2.NodeUnstageVolumeResponse()  # no record: "nothing to do", left mounted
+            mounted = _mounted(target)
+            if mounted:
+                run_command("umount", target)
+            st.staged.pop(target, None)
+            if record is None and not mounted:
+                self._missing_volume(request.volume_id, context)
+        return csi_pb2.NodeUnstageVolumeResponse()
 
-        return guard(self.state, "NodeUnstageVolume", context, run)
-
+    @rpc(required=("volume_id",), paths=("target_path",), capability="volume_capability")
     def NodePublishVolume(
         self, request: csi_pb2.NodePublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodePublishVolumeResponse:
-        def run() -> csi_pb2.NodePublishVolumeResponse:
-            require(context, volume_id=request.volume_id)
-            require_path(context, "target_path", request.target_path)
-            if not request.HasField("volume_capability"):
-                invalid(context, "volume_capability is required")
-            check_capability(context, request.volume_capability, "volume_capability")
-            require_path(context, "staging_target_path", request.staging_target_path, required=False)
-            if not request.staging_target_path:
+        require_path(context, "staging_target_path", request.staging_target_path, required=False)
+        if not request.staging_target_path:
+            fail(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)",
+            )
+        target, staging = request.target_path, request.staging_target_path
+        key = capability_key(request.volume_capability)
+        readonly = request.readonly or request.publish_context.get("readonly") == "true"
+        mode = request.volume_capability.access_mode.mode
+        with self.state.store.transaction() as st:
+            self._missing_volume(request.volume_id, context)
+            entries = read_mountinfo()
+            staged = st.staged.get(staging)
+            if staged is None and self.state.trust_records:
                 fail(
                     context,
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    "staging_target_path is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME)",
+                    f"volume {request.volume_id} must be staged at {staging} before publishing",
                 )
-            target, staging = request.target_path, request.staging_target_path
-            key = capability_key(request.volume_capability)
-            readonly = request.readonly or request.publish_context.get("readonly") == "true"
-            mode = request.volume_capability.access_mode.mode
-            with self.state.store.transaction() as st:
-                self._missing_volume(request.volume_id, context)
-                entries = read_mountinfo()
-                staged = st.staged.get(staging)
-                if staged is None and self.state.trust_records:
-                    fail(
-                        context,
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"volume {request.volume_id} must be staged at {staging} before publishing",
-                    )
-                if (staged is not None and staged.volume_id != request.volume_id) or not _mounted(staging, entries):
-                    fail(
-                        context,
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"volume {request.volume_id} is not staged at {staging}: call NodeStageVolume first",
-                    )
-                for path in [p for p in st.published if not _mounted(p, entries)]:
-                    del st.published[path]  # unmounted behind our back: stale
-                mounted = _mounted(target, entries)
-                record = st.published.get(target)
-                if record is not None:
-                    if (record.volume_id, record.capability, record.readonly) != (request.volume_id, key, readonly):
-                        fail(
-                            context,
-                            grpc.StatusCode.ALREADY_EXISTS,
-                            f"target path {target} already holds volume {record.volume_id} with another capability "
-                            "or readonly flag",
-                        )
-                    return csi_pb2.NodePublishVolumeResponse()
-                others = sorted(p for p, m in st.published.items() if m.volume_id == request.volume_id)
-                modes = [mode] + [capability_of(st.published[p].capability).access_mode.mode for p in others]
-                if others and any(m not in MULTI_NODE_MODES for m in modes):
-                    fail(
-                        context,
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"volume {request.volume_id} is already published at {others[0]} on this node and access "
-                        f"mode {_MODE_NAME(mode)} allows one target",
-                    )
-                if not os.path.isdir(os.path.dirname(target)):
-                    fail(context, grpc.StatusCode.FAILED_PRECONDITION, f"parent of target path {target} does not exist")
-                os.makedirs(target, exist_ok=True)  # the spec makes creating the target the plugin's job
-                if not mounted:
-                    run_command("mount", "--bind", staging, target)
-                    if readonly:
-                        run_command("mount", "-o", "remount,bind,ro", target)
-                st.published[target] = NodeMount(
-                    volume_id=request.volume_id, capability=key, readonly=readonly, staging_path=staging
+            if (staged is not None and staged.volume_id != request.volume_id) or not _mounted(staging, entries):
+                fail(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"volume {request.volume_id} is not staged at {staging}: call NodeStageVolume first",
                 )
-            return csi_pb2.NodePublishVolumeResponse()
+            for path in [p for p in st.published if not _mounted(p, entries)]:
+                del st.published[path]  # unmounted behind our back: stale
+            mounted = _mounted(target, entries)
+            record = st.published.get(target)
+            if record is not None:
+                if (record.volume_id, record.capability, record.readonly) != (request.volume_id, key, readonly):
+                    fail(
+                        context,
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"target path {target} already holds volume {record.volume_id} with another capability "
+                        "or readonly flag",
+                    )
+                return csi_pb2.NodePublishVolumeResponse()
+            others = sorted(p for p, m in st.published.items() if m.volume_id == request.volume_id)
+            modes = [mode] + [capability_of(st.published[p].capability).access_mode.mode for p in others]
+            if others and any(m not in MULTI_NODE_MODES for m in modes):
+                fail(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"volume {request.volume_id} is already published at {others[0]} on this node and access "
+                    f"mode {_MODE_NAME(mode)} allows one target",
+                )
+            if not os.path.isdir(os.path.dirname(target)):
+                fail(context, grpc.StatusCode.FAILED_PRECONDITION, f"parent of target path {target} does not exist")
+            os.makedirs(target, exist_ok=True)  # the spec makes creating the target the plugin's job
+            if not mounted:
+                run_command("mount", "--bind", staging, target)
+                if readonly:
+                    run_command("mount", "-o", "remount,bind,ro", target)
+            st.published[target] = NodeMount(
+                volume_id=request.volume_id, capability=key, readonly=readonly, staging_path=staging
+            )
+        return csi_pb2.NodePublishVolumeResponse()
 
-        return guard(self.state, "NodePublishVolume", context, run)
-
+    @rpc(required=("volume_id",), paths=("target_path",))
     def NodeUnpublishVolume(
         self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeUnpublishVolumeResponse:
-        def run() -> csi_pb2.NodeUnpublishVolumeResponse:
-            require(context, volume_id=request.volume_id)
-            require_path(context, "target_path", request.target_path)
-            target = request.target_path
-            with self.state.store.transaction() as st:
-                record = st.published.get(target)
-                if record is not None and record.volume_id != request.volume_id:
-                    self._missing_volume(request.volume_id, context)
-                    return csi_pb2.NodeUnpublishVolumeResponse()
-                if record is None and self.state.trust_records:
-                    self._missing_volume(request.volume_id, context)
-                    return csi_pb2.NodeUnpublishVolumeResponse()  # no record: "nothing to do", left mounted
-                mounted = _mounted(target)
-                if mounted:
-                    run_command("umount", target)
-                if os.path.isdir(target) and not os.path.islink(target) and not os.listdir(target):
-                    os.rmdir(target)  # the plugin created it, so it removes it
-                st.published.pop(target, None)
-                if record is None and not mounted:
-                    self._missing_volume(request.volume_id, context)
-            return csi_pb2.NodeUnpublishVolumeResponse()
+        target = request.target_path
+        with self.state.store.transaction() as st:
+            record = st.published.get(target)
+            if record is not None and record.volume_id != request.volume_id:
+                self._missing_volume(request.volume_id, context)
+                return csi_pb2.NodeUnpublishVolumeResponse()
+            if record is None and self.state.trust_records:
+                self._missing_volume(request.volume_id, context)
+                return csi_pb2.NodeUnpublishVolumeResponse()  # no record: "nothing to do", left mounted
+            mounted = _mounted(target)
+            if mounted:
+                run_command("umount", target)
+            if os.path.isdir(target) and not os.path.islink(target) and not os.listdir(target):
+                os.rmdir(target)  # the plugin created it, so it removes it
+            st.published.pop(target, None)
+            if record is None and not mounted:
+                self._missing_volume(request.volume_id, context)
+        return csi_pb2.NodeUnpublishVolumeResponse()
 
-        return guard(self.state, "NodeUnpublishVolume", context, run)
-
+    @rpc(required=("volume_id", "volume_path"))
     def NodeGetVolumeStats(
         self, request: csi_pb2.NodeGetVolumeStatsRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeGetVolumeStatsResponse:
-        def run() -> csi_pb2.NodeGetVolumeStatsResponse:
-            require(context, volume_id=request.volume_id, volume_path=request.volume_path)
-            with self.state.store.transaction() as st:
-                mounted = self._found_at(
-                    st, request.volume_id, request.volume_path, request.staging_target_path, context
-                )
-                volume = st.volumes.get(request.volume_id)
-                capacity = volume.capacity if volume is not None else 0
-            source = self.state.volume_dir(request.volume_id)
-            fs_total, fs_free = fs_sizes(source)
-            used = tree_bytes(source)
-            total = capacity or fs_total
-            st_inodes = os.statvfs(source)
-            usage = [
-                csi_pb2.VolumeUsage(
-                    unit=csi_pb2.VolumeUsage.BYTES, total=total, used=used, available=max(0, min(total - used, fs_free))
-                ),
-                csi_pb2.VolumeUsage(
-                    unit=csi_pb2.VolumeUsage.INODES,
-                    total=st_inodes.f_files,
-                    used=st_inodes.f_files - st_inodes.f_ffree,
-                    available=st_inodes.f_favail,
-                ),
-            ]
-            if _NODE.VOLUME_CONDITION not in self.state.advertised.node:
-                return csi_pb2.NodeGetVolumeStatsResponse(usage=usage)
-            if mounted:
-                condition = csi_pb2.VolumeCondition(abnormal=False, message="volume is mounted")
-            else:
-                condition = csi_pb2.VolumeCondition(
-                    abnormal=True, message=f"{request.volume_path} is no longer a mount of volume {request.volume_id}"
-                )
-            return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=condition)
+        with self.state.store.transaction() as st:
+            mounted = self._found_at(st, request.volume_id, request.volume_path, request.staging_target_path, context)
+            volume = st.volumes.get(request.volume_id)
+            capacity = volume.capacity if volume is not None else 0
+        source = self.state.volume_dir(request.volume_id)
+        fs_total, fs_free = fs_sizes(source)
+        used = tree_bytes(source)
+        total = capacity or fs_total
+        st_inodes = os.statvfs(source)
+        usage = [
+            csi_pb2.VolumeUsage(
+                unit=csi_pb2.VolumeUsage.BYTES, total=total, used=used, available=max(0, min(total - used, fs_free))
+            ),
+            csi_pb2.VolumeUsage(
+                unit=csi_pb2.VolumeUsage.INODES,
+                total=st_inodes.f_files,
+                used=st_inodes.f_files - st_inodes.f_ffree,
+                available=st_inodes.f_favail,
+            ),
+        ]
+        if _NODE.VOLUME_CONDITION not in self.state.advertised.node:
+            return csi_pb2.NodeGetVolumeStatsResponse(usage=usage)
+        if mounted:
+            condition = csi_pb2.VolumeCondition(abnormal=False, message="volume is mounted")
+        else:
+            condition = csi_pb2.VolumeCondition(
+                abnormal=True, message=f"{request.volume_path} is no longer a mount of volume {request.volume_id}"
+            )
+        return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=condition)
 
-        return guard(self.state, "NodeGetVolumeStats", context, run)
-
+    @rpc(required=("volume_id", "volume_path"))
     def NodeExpandVolume(
         self, request: csi_pb2.NodeExpandVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeExpandVolumeResponse:
-        def run() -> csi_pb2.NodeExpandVolumeResponse:
-            require(context, volume_id=request.volume_id, volume_path=request.volume_path)
-            if request.HasField("capacity_range"):
-                check_range(context, request.capacity_range)
-            if request.HasField("volume_capability"):
-                check_capability(context, request.volume_capability, "volume_capability")
-            with self.state.store.transaction() as st:
-                self._found_at(st, request.volume_id, request.volume_path, request.staging_target_path, context)
-                volume = st.volumes.get(request.volume_id)
-                capacity = volume.capacity if volume is not None else 0
-            wanted = request.capacity_range.required_bytes
-            if wanted > capacity:
-                fail(
-                    context,
-                    grpc.StatusCode.OUT_OF_RANGE,
-                    f"volume {request.volume_id} has {capacity} bytes; expand it with ControllerExpandVolume "
-                    f"before asking the node for {wanted}",
-                )
-            # A bind mount of a directory has no file system of its own to grow.
-            return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=capacity)
-
-        return guard(self.state, "NodeExpandVolume", context, run)
+        if request.HasField("capacity_range"):
+            check_range(context, request.capacity_range)
+        if request.HasField("volume_capability"):
+            check_capability(context, request.volume_capability, "volume_capability")
+        with self.state.store.transaction() as st:
+            self._found_at(st, request.volume_id, request.volume_path, request.staging_target_path, context)
+            volume = st.volumes.get(request.volume_id)
+            capacity = volume.capacity if volume is not None else 0
+        wanted = request.capacity_range.required_bytes
+        if wanted > capacity:
+            fail(
+                context,
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"volume {request.volume_id} has {capacity} bytes; expand it with ControllerExpandVolume "
+                f"before asking the node for {wanted}",
+            )
+        # A bind mount of a directory has no file system of its own to grow.
+        return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=capacity)

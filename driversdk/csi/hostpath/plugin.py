@@ -1,11 +1,12 @@
-"""The hostpath plugin's shared state and rules, and its identity service.
+"""The hostpath plugin's shared state and rules.
 
 Honest to the spec (v1.x): it advertises what it implements — ``CONTROLLER_CAPABILITIES`` and
 ``NODE_CAPABILITIES``, the spec's alpha ones only with ``--alpha`` (see ``Advertised``), and an
 RPC whose capability is not advertised answers UNIMPLEMENTED — checks every
 required argument before any lookup (INVALID_ARGUMENT), answers each documented error code, and
-every call is idempotent. The controller service lives in ``controller.py``, the node service in
-``node.py``, the bookkeeping in ``store.py``.
+every call is idempotent. Each RPC's shared preamble is ``rpc.py``; the identity service lives in
+``identity.py``, the controller service in ``controller.py``, the node service in ``node.py``, the
+bookkeeping in ``store.py``.
 """
 
 from __future__ import annotations
@@ -15,24 +16,21 @@ import hashlib
 import os
 import re
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 import grpc
-from google.protobuf import wrappers_pb2
 from google.protobuf.descriptor import EnumDescriptor
 
-from driversdk.csi.hostpath.faults import HANG, Faults, hang
+from driversdk.csi.hostpath.faults import Faults
 from driversdk.csi.hostpath.store import Store
-from driversdk.pb import csi_pb2, csi_pb2_grpc
+from driversdk.pb import csi_pb2
 
 NAME = "hostpath.csi.driversdk.io"
 VERSION = "0.1.0"
 TOPOLOGY_KEY = "topology.hostpath.csi/node"
 MAX_VOLUMES_PER_NODE = 64
-T = TypeVar("T")
 # A volume or snapshot id is a directory name: never "." or "..", so it starts with a letter or digit.
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # The spec's banned characters in names: control characters other than common whitespace.
@@ -222,28 +220,6 @@ class HostPathState:
         return [csi_pb2.Topology(segments={TOPOLOGY_KEY: node}) for node in sorted(self.nodes)]
 
 
-def guard(state: HostPathState, rpc: str, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
-    """UNIMPLEMENTED for an RPC whose capability is not advertised, then apply injected faults,
-    then run the call; an OSError becomes INTERNAL with its text."""
-    if not state.advertised.serves(rpc):
-        gate = GATED_RPCS[rpc]
-        enum = _CTRL.Type if gate[0] == "controller" else _NODE.Type
-        context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            f"{rpc} is not served: this plugin does not advertise the {gate[0]} capability {enum.Name(gate[1])}",  # type: ignore[arg-type]
-        )
-    delay = state.faults.before(rpc, context)
-    if delay == HANG:
-        hang(rpc, context)
-    elif delay:
-        time.sleep(delay)
-    try:
-        return fn()
-    except OSError as err:
-        context.abort(grpc.StatusCode.INTERNAL, f"{rpc}: {err}")
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 def fail(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
     context.abort(code, message)
     raise AssertionError("unreachable")  # pragma: no cover - abort raises
@@ -260,13 +236,6 @@ def run_command(*args: str) -> None:
 
 
 # --- argument checks: all of them run before any lookup -----------------------------------------
-
-
-def require(context: grpc.ServicerContext, **fields: object) -> None:
-    """INVALID_ARGUMENT naming the first required field that is empty or unset."""
-    for name, value in fields.items():
-        if not value:
-            invalid(context, f"{name} is required")
 
 
 def require_path(context: grpc.ServicerContext, field: str, path: str, *, required: bool = True) -> None:
@@ -378,29 +347,3 @@ def tree_bytes(path: str) -> int:
                 continue
             total += st.st_size
     return total
-
-
-class Identity(csi_pb2_grpc.IdentityServicer):
-    def __init__(self, state: HostPathState) -> None:
-        self.state = state
-
-    def GetPluginInfo(
-        self, request: csi_pb2.GetPluginInfoRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.GetPluginInfoResponse:
-        def run() -> csi_pb2.GetPluginInfoResponse:
-            # The manifest reports per-RPC call counts, which fault tests read back.
-            manifest = {f"calls.{k}": str(v) for k, v in self.state.faults.calls.items()}
-            return csi_pb2.GetPluginInfoResponse(name=NAME, vendor_version=VERSION, manifest=manifest)
-
-        return guard(self.state, "GetPluginInfo", context, run)
-
-    def GetPluginCapabilities(
-        self, request: csi_pb2.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
-    ) -> csi_pb2.GetPluginCapabilitiesResponse:
-        resp = csi_pb2.GetPluginCapabilitiesResponse(capabilities=self.state.advertised.plugin)
-        return guard(self.state, "GetPluginCapabilities", context, lambda: resp)
-
-    def Probe(self, request: csi_pb2.ProbeRequest, context: grpc.ServicerContext) -> csi_pb2.ProbeResponse:
-        return guard(
-            self.state, "Probe", context, lambda: csi_pb2.ProbeResponse(ready=wrappers_pb2.BoolValue(value=True))
-        )
