@@ -18,11 +18,12 @@ from decimal import Decimal
 from typing import Any
 
 from driversdk.durations import parse_duration
+from driversdk.errors import ConfigError
 from driversdk.runner import jobjson, jobschema
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.hcllimits import MAX_JOB_FILE_BYTES
 from driversdk.runner.hclload import HCLFileError, labelled
-from driversdk.runner.problems import ValidationFailed
+from driversdk.runner.problems import Problem, ValidationFailed
 
 # The name problems of a job sent as text carry (jobspec2 parses the API's text under this name).
 API_FILE = "input.hcl"
@@ -62,6 +63,15 @@ _ONE_IN = {"service": frozenset({"identity"})}
 
 _PAIR = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_NS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+
+
+class DurationError(ConfigError):
+    """A duration the schema leaves to the job parser (kill_timeout …) that is none; ``line`` when known."""
+
+    def __init__(self, message: str, line: int = 0) -> None:
+        super().__init__(message)
+        self.line = line
+        self.where: dict[str, str] = {}  # the group and task it is in, filled in on the way out
 
 
 def api_name(block: str, key: str) -> str:
@@ -125,7 +135,7 @@ def _object(body: dict[str, Any], spec: jobschema.Block, block: str, path: str) 
         if block == "task" and key == "scaling" and isinstance(child, jobschema.Block):
             out[name] = _task_scaling(value, child, here)
         elif isinstance(child, jobschema.Attr):
-            out[name] = nanoseconds(value, here) if child.kind is jobschema.Kind.DURATION else value
+            out[name] = _duration(body, key, here) if child.kind is jobschema.Kind.DURATION else value
         elif isinstance(child, jobschema.Block) and child.open:
             out[name] = _merged(value)
         elif isinstance(child, jobschema.Block):
@@ -137,6 +147,13 @@ def _object(body: dict[str, Any], spec: jobschema.Block, block: str, path: str) 
     return out
 
 
+def _duration(body: dict[str, Any], key: str, what: str) -> int:
+    try:
+        return nanoseconds(body[key], re.sub(r"^(group\.)?(task\.)?", "", what))  # the group and task are named
+    except ConfigError as err:
+        raise DurationError(str(err), getattr(body, "lines", {}).get(key, 0)) from None
+
+
 def _nested(block: str, key: str, value: Any, spec: jobschema.Block, path: str) -> Any:
     """A block's value: one object, a list of them (repeatable or labelled), or a map by label."""
     if not spec.labels:
@@ -145,9 +162,15 @@ def _nested(block: str, key: str, value: Any, spec: jobschema.Block, path: str) 
             return objects
         return objects[0] if objects else {}
     label_field = api_name(key, jobjson._LABELS.get(key, "name"))
-    if key in _MAPS:
-        return {label: {label_field: label, **_object(b, spec, key, path)} for label, b in labelled(value)}
-    return [{label_field: label, **_object(b, spec, key, path)} for label, b in labelled(value)]
+    out = []
+    for label, body in labelled(value):
+        try:
+            out.append({label_field: label, **_object(body, spec, key, path)})
+        except DurationError as err:
+            if key in ("group", "task"):
+                err.where.setdefault(key, label)
+            raise
+    return {o[label_field]: o for o in out} if key in _MAPS else out
 
 
 def _task_scaling(value: Any, spec: jobschema.Block, path: str) -> list[dict[str, Any]]:
@@ -252,4 +275,7 @@ def parse_to_api(text: str, inputs: Inputs | None = None, file: str = API_FILE) 
     if len(jobs) != 1:
         raise HCLFileError(f"{file}: a job needs exactly one job block, found {len(jobs)}", file)
     name, body = jobs[0]
-    return api_job(body, name)
+    try:
+        return api_job(body, name)
+    except DurationError as err:
+        raise ValidationFailed([Problem.at(err.line, file, str(err), job=name, **err.where)]) from None

@@ -362,6 +362,19 @@ def test_a_schema_problem_names_its_line_and_the_fix() -> None:
     assert "'kill_timout'" in str(problem) and 'did you mean "kill_timeout"' in str(problem)
 
 
+def test_a_duration_the_schema_leaves_to_the_parser_is_refused_at_its_line() -> None:
+    # kill_timeout is checked by the job parser, not the schema: the API answer needs it in ns.
+    text = 'job "slow" {\n  group "g" {\n    task "t" {\n      driver = "exec"\n      kill_timeout = "5x"\n'
+    text += "    }\n  }\n}\n"
+    with pytest.raises(ValidationFailed) as caught:
+        parse_to_api(text)
+    (problem,) = caught.value.problems
+    assert problem.line == 5
+    assert str(problem).startswith(
+        'input.hcl:5, job "slow", group "g", task "t": kill_timeout \'5x\' is not a duration'
+    )
+
+
 def test_a_job_sent_as_text_reads_no_file_of_the_host(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("hunter2")
