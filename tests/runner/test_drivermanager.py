@@ -111,7 +111,7 @@ def test_run_json_prints_one_event_object_per_line(tmp_path: Path) -> None:
     client, _ = _client(tmp_path)
     job = tmp_path / "quick.hcl"
     job.write_text(
-        'job "quick" {\n  group "g" {\n    task "t" {\n      driver = "exec"\n      config {\n'
+        'job "quick" {\n  type = "batch"\n  group "g" {\n    task "t" {\n      driver = "exec"\n      config {\n'
         '        command = "/bin/true"\n      }\n    }\n  }\n}\n'
     )
     done = subprocess.run(

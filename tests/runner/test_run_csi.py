@@ -26,6 +26,7 @@ from driversdk.csi.state import StateStore
 from driversdk.mountinfo import read_mountinfo
 from driversdk.runner.volumes import VolumeStore
 from tests.hostcheck import labelled_containers, processes
+from tests.runner.test_run_faults import NO_RESTARTS
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -134,11 +135,12 @@ def make_env(engine: docker.DockerClient, work: Path) -> Env:
     return Env(work, engine)
 
 
-def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "") -> str:
+def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "", restart: str = "") -> str:
     args = '["-m", "driversdk.csi.hostpath"]' if not command else f'["-c", "{command}"]'
     binary = os.path.realpath(sys.executable) if not command else "/bin/sh"
     return f"""
   group "storage" {{
+    {restart}
     volume "backing" {{
       type   = "host"
       source = "csi-backing"
@@ -428,7 +430,9 @@ def test_bridge_network_is_shared_by_the_group_and_removed_after(env: Env, drive
 
 def test_plugin_task_that_exits_ends_the_wait_with_a_sentence(env: Env) -> None:
     env.register()
-    job = write_job(env, "crash", plugin_group(command="echo no such plugin >&2; exit 3"), app_group("true"))
+    job = write_job(
+        env, "crash", plugin_group(command="echo no such plugin >&2; exit 3", restart=NO_RESTARTS), app_group("true")
+    )
     done = env.cli("run", str(job), "--client", str(env.client))
     assert done.returncode == 1
     assert '==> task "plugin" finished with exit code 3' in done.stdout
