@@ -203,7 +203,7 @@ def _job_record(agent: Agent, job_id: str) -> Any:
 @route(r"/v1/job/(?P<id>[^/]+)", "GET")
 def read_job(agent: Agent, request: Request, match: re.Match[str]) -> Response:
     _blocking(agent, request)
-    return Response(body=shapes.job(_job_record(agent, match["id"])))
+    return Response(body=shapes.job(agent, _job_record(agent, match["id"])))
 
 
 @route(r"/v1/job/(?P<id>[^/]+)", "PUT", "POST")

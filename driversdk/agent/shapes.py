@@ -29,7 +29,21 @@ def rfc3339(seconds: float | None) -> str | None:
 # --- jobs ---------------------------------------------------------------------------------------
 
 
-def job(record: JobRecord) -> dict[str, Any]:
+def job_status(agent: Agent, record: JobRecord) -> str:
+    """Nomad's job status: ``dead`` once every allocation is over, even while the agent is still
+    releasing what they held."""
+    if record.status.value != "running" or agent.node is None:
+        return record.status.value
+    allocs = agent.node.state.allocs(record.id)
+    if allocs and all(client_status(a, agent.node.state.tasks(a.alloc_id)) in _TERMINAL for a, _ in allocs):
+        return "dead"
+    return record.status.value
+
+
+_TERMINAL = ("complete", "failed", "lost")
+
+
+def job(agent: Agent, record: JobRecord) -> dict[str, Any]:
     out = dict(record.spec)
     out.update(
         ID=record.id,
@@ -38,7 +52,7 @@ def job(record: JobRecord) -> dict[str, Any]:
         Type=record.type,
         Priority=out.get("Priority") or 50,
         Stop=record.stop,
-        Status=record.status.value,
+        Status=job_status(agent, record),
         StatusDescription="",
         Version=record.version,
         SubmitTime=record.submit_time,
@@ -63,7 +77,7 @@ def job_stub(agent: Agent, record: JobRecord) -> dict[str, Any]:
         "Periodic": bool(spec.get("Periodic")),
         "ParameterizedJob": bool(spec.get("ParameterizedJob")),
         "Stop": record.stop,
-        "Status": record.status.value,
+        "Status": job_status(agent, record),
         "StatusDescription": "",
         "JobSummary": summary(agent, record),
         "CreateIndex": record.create_index,
@@ -202,7 +216,7 @@ def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, An
 def allocation(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:
     out = alloc_stub(agent, alloc, updated)
     record = agent.jobs.get(alloc.job) if agent.jobs is not None else None
-    out["Job"] = job(record) if record is not None else None
+    out["Job"] = job(agent, record) if record is not None else None
     out["AllocModifyIndex"] = out["ModifyIndex"]
     out["AllocatedResources"] = {"Shared": {"Ports": agent.ports_of(alloc.alloc_id), "Networks": None}, "Tasks": {}}
     out["AllocDir"] = alloc.alloc_dir

@@ -1,0 +1,113 @@
+"""A real ``driversdk agent`` process for tests: started as an operator starts it, talked to over
+its socket with the CLI's own client, and stopped so that nothing of it is left (its jobs stopped
+and purged first: a stopped agent leaves tasks running on purpose)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from driversdk.cli.apiclient import AgentClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class AgentProcess:
+    data_dir: Path
+    config: Path | None = None
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.data_dir / "agent.sock"
+
+    @property
+    def address(self) -> str:
+        return f"unix://{self.socket}"
+
+    def client(self, token: str = "") -> AgentClient:
+        return AgentClient(self.address, token)
+
+    def start(self, timeout: float = 60.0) -> AgentProcess:
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-agent.log"
+        args = [sys.executable, "-m", "driversdk.cli", "agent", "-data-dir", str(self.data_dir), *self.extra_args]
+        if self.config is not None:
+            args += ["-config", str(self.config)]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the process writes to it for its life
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **self.env})  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the agent exited with {self.proc.returncode}: {self.log()}")
+            if self.socket.exists():
+                try:
+                    self.client().get("/v1/agent/self")
+                    return self
+                except Exception:  # noqa: BLE001 - not listening yet
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"the agent did not answer within {timeout}s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def wait_allocs(self, job: str, *statuses: str, timeout: float = 90.0) -> list[dict[str, Any]]:
+        """The job's allocations once each has one of ``statuses`` (ClientStatus)."""
+        deadline = time.monotonic() + timeout
+        index = 0
+        allocs: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            allocs, index = self.client().request("GET", f"/v1/job/{job}/allocations",
+                                                  {"index": index, "wait": "2s"})  # fmt: skip
+            if allocs and all(a["ClientStatus"] in statuses for a in allocs):
+                return allocs
+        raise AssertionError(f"allocations of {job} never reached {statuses}: {allocs}\n{self.log()}")
+
+    def stop_jobs(self) -> None:
+        """Stop and purge every job, and wait until their allocations are over."""
+        client = self.client()
+        jobs = client.get("/v1/jobs") or []
+        for job in jobs:
+            client.request("DELETE", f"/v1/job/{job['ID']}", {"purge": "true"})
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and client.get("/v1/jobs"):
+            time.sleep(0.1)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        """SIGTERM, as an operator stops it: the tasks stay (see stop_jobs), the plugins go."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc is not None else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def close(self) -> None:
+        """Stop every job, then the agent: nothing of the test is left."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.stop_jobs()
+            finally:
+                self.stop()
