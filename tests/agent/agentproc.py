@@ -57,7 +57,7 @@ class AgentProcess:
                 try:
                     self.client().get("/v1/agent/self")
                     return self
-                except Exception:  # noqa: BLE001 - not listening yet
+                except Exception:
                     pass
             time.sleep(0.05)
         raise RuntimeError(f"the agent did not answer within {timeout}s: {self.log()}")
