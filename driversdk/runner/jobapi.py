@@ -13,6 +13,7 @@ Only what the job sets is written: a field Go would write as ``null`` or its zer
 
 from __future__ import annotations
 
+import copy
 import re
 from decimal import Decimal
 from typing import Any
@@ -23,6 +24,7 @@ from driversdk.runner import jobjson, jobschema
 from driversdk.runner.hcl import Inputs
 from driversdk.runner.hcllimits import MAX_JOB_FILE_BYTES
 from driversdk.runner.hclload import HCLFileError, labelled
+from driversdk.runner.jobspec import evaluate_text
 from driversdk.runner.problems import Problem, ValidationFailed
 
 # The name problems of a job sent as text carry (jobspec2 parses the API's text under this name).
@@ -46,9 +48,7 @@ _SPELLED = {
         "ReschedulePolicy", "LogConfig", "VolumeMounts", "SourcePath", "DestPath", "EmbeddedTmpl", "LeftDelim",
         "RightDelim", "Envvars", "ErrMissingKey", "GetterSource", "GetterOptions", "GetterHeaders", "GetterMode",
         "GetterInsecure", "RelativeDest", "MountOptions", "PortLabel", "TaskName", "SpreadTarget", "TimeZone",
-        "Specs", "Links", "Constraints", "Affinities", "Spreads", "Tasks", "Networks", "Volumes", "Services",
-        "Checks", "Templates", "Artifacts", "Identities", "Actions", "Devices", "Regions", "Paths", "Listeners",
-        "Audience", "ScalingPolicies",
+        "ScalingPolicies",
     )
 }  # fmt: skip
 # The same lower-cased name spelled otherwise in one block (a template's Uid, a proxy's UID).
@@ -240,7 +240,7 @@ def api_job(body: dict[str, Any], name: str) -> dict[str, Any]:
 def _normalize_task(task: dict[str, Any], vault: dict[str, Any] | None) -> None:
     """What jobspec2 fills in on a task: the group's or job's vault, a vault's and template's defaults."""
     if "Vault" not in task and vault is not None:
-        task["Vault"] = dict(vault)
+        task["Vault"] = copy.deepcopy(vault)  # each task its own, as a client may change one
     if "Vault" in task:
         task["Vault"].setdefault("Env", True)
         task["Vault"].setdefault("ChangeMode", "restart")
@@ -260,8 +260,6 @@ def parse_to_api(text: str, inputs: Inputs | None = None, file: str = API_FILE) 
     """A job's HCL text (no file: its file functions read nothing unless ``inputs.files`` says)
     as the job object ``/v1/jobs/parse`` answers. A syntax error raises HCLFileError; problems
     of evaluation and of the schema raise ValidationFailed, each at its line."""
-    from driversdk.runner.jobspec import evaluate_text  # jobspec imports this module's neighbours
-
     if len(text.encode("utf-8", "surrogatepass")) > MAX_JOB_FILE_BYTES:
         raise HCLFileError(
             f"{file}: the job is over {MAX_JOB_FILE_BYTES} bytes, the most driversdk reads of a job; "
