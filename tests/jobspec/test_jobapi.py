@@ -392,3 +392,23 @@ def test_a_job_over_the_size_limit_is_refused_before_it_is_parsed() -> None:
     text = 'job "big" {}\n' + "#" * MAX_JOB_FILE_BYTES
     with pytest.raises(HCLFileError, match=f"over {MAX_JOB_FILE_BYTES} bytes"):
         parse_to_api(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('job "j" {\n  group "g" { network = 5 }\n}', "network must be a block"),
+        ('job "j" {\n  group "g" {\n    network { port = 5 }\n  }\n}', "network.port must be a block"),
+        ('job "j" {\n  group "g" { volume = { a = 1 } }\n}', "volume must be a block"),
+        ('job "j" {\n  group "g" {\n    task "t" { env = ["a"] }\n  }\n}', "env must be a block"),
+        ('job "j" {\n  group "g" {\n    task "t" { kill_timeout = true }\n  }\n}', "kill_timeout must be a duration"),
+        ('job "j" {\n  group "g" {\n    restart { delay = "-5s" }\n  }\n}', "is negative"),
+        ('job "j" {\n  constraint { distinct_hosts = "yes" }\n}', "must be true or false"),
+    ],
+)
+def test_a_block_of_the_wrong_shape_is_a_problem_not_a_crash(text: str, said: str) -> None:
+    # Shapes the walk into the API's names would trip over are refused by the schema first.
+    with pytest.raises(ValidationFailed) as caught:
+        parse_to_api(text)
+    assert said in str(caught.value)
+    assert all(p.line > 0 for p in caught.value.problems)
