@@ -21,14 +21,24 @@ pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# What a job whose task is meant to fail says, so the run ends at its first failure.
+NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
+
+
 def _files(
-    track: Tracker, *, enabled: bool, script: str = "echo hello from $NOMAD_TASK_NAME; pwd; echo oops >&2"
+    track: Tracker,
+    *,
+    enabled: bool,
+    script: str = "echo hello from $NOMAD_TASK_NAME; pwd; echo oops >&2",
+    restart: str = "",
 ) -> tuple[Path, Path, Path]:
     data = track.base / "data"
     job = track.base / "job.hcl"
     job.write_text(
         f"""job "raw" {{
+  type = "batch"
   group "g" {{
+    {restart}
     task "work" {{
       driver = "raw_exec"
       kill_timeout = "1s"
@@ -120,7 +130,7 @@ def _wait_for(what: str, check: Callable[[], object], timeout: float = 60.0) -> 
 
 
 def test_raw_exec_plugin_killed_mid_run_is_relaunched_and_the_task_recovered(track: Tracker, no_leaks: None) -> None:
-    job, client, data = _files(track, enabled=True, script="echo up; sleep 4; exit 7")
+    job, client, data = _files(track, enabled=True, script="echo up; sleep 4; exit 7", restart=NO_RESTARTS)
     proc = subprocess.Popen(
         [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
         stdout=subprocess.PIPE,

@@ -62,7 +62,13 @@ def write_job(work: Path, data: Path, driver: str, script: str) -> tuple[Path, P
     job = work / "job.hcl"
     job.write_text(
         f"""job "fulldisk" {{
+  type = "batch"
   group "g" {{
+    # The task runs once: the run ends with its first exit (or with the disk's sentence).
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
     task "work" {{
       driver = "{driver}"
       kill_timeout = "1s"

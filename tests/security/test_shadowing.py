@@ -95,7 +95,7 @@ def _run(cwd: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Complet
 def _files(tmp_path: Path, driver: str) -> tuple[Path, Path]:
     job = tmp_path / f"{driver}.hcl"
     job.write_text(
-        f'job "shadow" {{\n  group "g" {{\n    task "t" {{\n      driver = "{driver}"\n'
+        f'job "shadow" {{\n  type = "batch"\n  group "g" {{\n    task "t" {{\n      driver = "{driver}"\n'
         '      kill_timeout = "1s"\n      config {\n        command = "/bin/sh"\n'
         '        args = ["-c", "echo real-driver-ran"]\n      }\n    }\n  }\n}\n'
     )
