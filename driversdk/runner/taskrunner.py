@@ -190,7 +190,7 @@ class TaskRunner:
                 driver = isinstance(err, PluginCallError)
                 failure = EventType.DRIVER_FAILURE if driver else EventType.SETUP_FAILURE
                 quiet = self.tracker is None or self.alloc.stop_requested() or self._stopping.is_set()
-                # Without a restart policy the run's error line reports it: kept for status only.
+                # While the run stops, its error line reports it: kept for status only.
                 self.event(str(err), type=failure, show=not quiet,
                            details={("driver_error" if driver else "setup_error"): str(err)})  # fmt: skip
                 if self.tracker is None or quiet:
