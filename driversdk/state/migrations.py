@@ -135,8 +135,10 @@ def _v8_agent_jobs(db: sqlite3.Connection) -> None:
         "stop INTEGER NOT NULL DEFAULT 0, submit_time INTEGER NOT NULL, version INTEGER NOT NULL, "
         "create_index INTEGER NOT NULL, modify_index INTEGER NOT NULL)"
     )
-    db.execute("CREATE TABLE agent_acl (accessor TEXT PRIMARY KEY, secret_sha256 TEXT NOT NULL, name TEXT NOT NULL, "
-               "type TEXT NOT NULL, create_time INTEGER NOT NULL)")
+    db.execute(
+        "CREATE TABLE agent_acl (accessor TEXT PRIMARY KEY, secret_sha256 TEXT NOT NULL, name TEXT NOT NULL, "
+        "type TEXT NOT NULL, create_time INTEGER NOT NULL)"
+    )
 
 
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
