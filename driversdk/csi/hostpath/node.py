@@ -55,6 +55,29 @@ class Node(csi_pb2_grpc.NodeServicer):
             mount = None
         return mount, _mounted(path)
 
+    def _undo(
+        self, records: dict[str, NodeMount], volume_id: str, path: str, context: grpc.ServicerContext, *, created: bool
+    ) -> None:
+        """Unmount ``volume_id`` from ``path`` (a staging or target path) and forget its record;
+        ``created``: the plugin made the directory, so it removes it when empty. NOT_FOUND only
+        when nothing of the volume was there and the volume does not exist either."""
+        record = records.get(path)
+        if record is not None and record.volume_id != volume_id:
+            # Another volume is there: this one is not, which is what was asked.
+            self._missing_volume(volume_id, context)
+            return
+        if record is None and self.state.trust_records:
+            self._missing_volume(volume_id, context)
+            return  # no record: "nothing to do", left mounted
+        mounted = _mounted(path)
+        if mounted:
+            run_command("umount", path)
+        if created and os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+            os.rmdir(path)
+        records.pop(path, None)
+        if record is None and not mounted:
+            self._missing_volume(volume_id, context)
+
     def _found_at(
         self, st: State, volume_id: str, volume_path: str, staging_path: str, context: grpc.ServicerContext
     ) -> bool:
@@ -131,22 +154,8 @@ class Node(csi_pb2_grpc.NodeServicer):
     def NodeUnstageVolume(
         self, request: csi_pb2.NodeUnstageVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeUnstageVolumeResponse:
-        target = request.staging_target_path
         with self.state.store.transaction() as st:
-            record = st.staged.get(target)
-            if record is not None and record.volume_id != request.volume_id:
-                # Another volume is staged there: this one is not, which is what was asked.
-                self._missing_volume(request.volume_id, context)
-                return csi_pb2.NodeUnstageVolumeResponse()
-            if record is None and self.state.trust_records:
-                self._missing_volume(request.volume_id, context)
-                return csi_pb2.NodeUnstageVolumeResponse()  # no record: "nothing to do", left mounted
-            mounted = _mounted(target)
-            if mounted:
-                run_command("umount", target)
-            st.staged.pop(target, None)
-            if record is None and not mounted:
-                self._missing_volume(request.volume_id, context)
+            self._undo(st.staged, request.volume_id, request.staging_target_path, context, created=False)
         return csi_pb2.NodeUnstageVolumeResponse()
 
     @rpc(required=("volume_id",), paths=("target_path",), capability="volume_capability")
@@ -218,23 +227,8 @@ class Node(csi_pb2_grpc.NodeServicer):
     def NodeUnpublishVolume(
         self, request: csi_pb2.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
     ) -> csi_pb2.NodeUnpublishVolumeResponse:
-        target = request.target_path
         with self.state.store.transaction() as st:
-            record = st.published.get(target)
-            if record is not None and record.volume_id != request.volume_id:
-                self._missing_volume(request.volume_id, context)
-                return csi_pb2.NodeUnpublishVolumeResponse()
-            if record is None and self.state.trust_records:
-                self._missing_volume(request.volume_id, context)
-                return csi_pb2.NodeUnpublishVolumeResponse()  # no record: "nothing to do", left mounted
-            mounted = _mounted(target)
-            if mounted:
-                run_command("umount", target)
-            if os.path.isdir(target) and not os.path.islink(target) and not os.listdir(target):
-                os.rmdir(target)  # the plugin created it, so it removes it
-            st.published.pop(target, None)
-            if record is None and not mounted:
-                self._missing_volume(request.volume_id, context)
+            self._undo(st.published, request.volume_id, request.target_path, context, created=True)
         return csi_pb2.NodeUnpublishVolumeResponse()
 
     @rpc(required=("volume_id", "volume_path"))
