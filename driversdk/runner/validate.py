@@ -517,13 +517,15 @@ def validate_job(
     inputs: Inputs | None = None,
     while_starting: Callable[[], None] | None = None,
     known: Mapping[str, DriverFacts] | None = None,
+    scheduled: bool = False,
 ) -> Report:
     """Check the job; with ``keep_plugins`` the driver plugins launched for it are handed back
     there (configured, not yet initialised) instead of being shut down. ``while_starting`` is
     called once the job's plugins have been started, before the first is waited for: work of the
     caller's that then takes the time they take to boot. ``known``: facts of drivers whose
-    plugins the caller already runs (the agent's): no plugin is launched for those."""
-    report = _validate(path, client, keep_plugins, inputs, while_starting, known or {})
+    plugins the caller already runs (the agent's): no plugin is launched for those. ``scheduled``:
+    the caller launches periodic jobs on their schedule (the agent), so a periodic block is no refusal."""
+    report = _validate(path, client, keep_plugins, inputs, while_starting, known or {}, scheduled)
     report.problems = _once(report.problems)
     if report.parsed is not None and any(not p.line and p.file == report.parsed.file for p in report.problems):
         index = _line_index(report.evaluated if report.evaluated is not None else _evaluated(path, inputs))
@@ -621,6 +623,7 @@ def _validate(
     inputs: Inputs | None,
     while_starting: Callable[[], None] | None = None,
     known: Mapping[str, DriverFacts] | None = None,
+    scheduled: bool = False,
 ) -> Report:
     parsed, problems = parse_job(path, inputs)
     job = dry_interpolated(parsed)
@@ -668,7 +671,7 @@ def _validate(
                 pending.abandon()
             else:
                 pending.kill()
-    _placement(path, inputs, job, client, cache, report)
+    _placement(path, inputs, job, client, cache, report, scheduled)
     # Said last, when every problem is known: no `ok` for a host volume a problem is about.
     report.checked[:0] = _host_volume_lines(job, client, report.troubled_host_volumes)
     if keep_plugins is not None:
@@ -764,7 +767,7 @@ def _check_tasks(
 
 def _placement(
     path: str, inputs: Inputs | None, job: Job, client: ClientConfig, cache: dict[str, DriverFacts | Problem],
-    report: Report,
+    report: Report, scheduled: bool = False,
 ) -> None:  # fmt: skip
     """Constraints this node does not meet are problems (`run` does not place such a group);
     an unmet affinity is noted once."""
@@ -776,6 +779,8 @@ def _placement(
     node = nodeattrs.node(client, drivers)
     for group in job.groups:
         for c, why in constraints.refusals(placement, node, group.name):
+            if scheduled and c.operator == constraints.PERIODIC:
+                continue  # launched on its schedule by the caller
             report.problems.append(Problem(job.file, constraints.sentence(c, why), **c.where, field="constraint"))
         for a in placement.affinities.get(group.name, []):
             missed = constraints.unmet(a, node, placement)
