@@ -49,12 +49,17 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         server.server_close()
 
 
-def job(track: Tracker, artifacts: str, script: str = "true") -> tuple[Path, Path]:
+# What a job whose task is meant to fail says, so the run ends at its first failure.
+NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
+
+
+def job(track: Tracker, artifacts: str, script: str = "true", restart: str = "") -> tuple[Path, Path]:
     path = track.base / "job.hcl"
     path.write_text(
         f"""job "fetch" {{
   type = "batch"
   group "g" {{
+    {restart}
     task "app" {{
       driver = "raw_exec"
       config {{
@@ -202,6 +207,7 @@ def test_artifacts_a_wrong_checksum_fails_the_task_and_leaves_nothing(track: Tra
           checksum = "md5:{"0" * 32}"
         }}
       }}""",
+        restart=NO_RESTARTS,
     )
     message = failed(run(path, client))
     assert "checksums did not match" in message and hashlib.md5(b"hello\n").hexdigest() in message
@@ -210,7 +216,9 @@ def test_artifacts_a_wrong_checksum_fails_the_task_and_leaves_nothing(track: Tra
 
 def test_artifacts_a_404_fails_the_task_with_the_event(track: Tracker, served: tuple[str, Path]) -> None:
     base, _ = served
-    path, client = job(track, f'      artifact {{\n        source = "{base}/missing.tgz"\n      }}')
+    path, client = job(
+        track, f'      artifact {{\n        source = "{base}/missing.tgz"\n      }}', restart=NO_RESTARTS
+    )
     message = failed(run(path, client))
     assert "bad response code: 404" in message
     nothing_fetched(track)
@@ -235,7 +243,9 @@ def test_artifacts_a_hostile_tar_is_refused_and_writes_nothing_outside(
     }[hostile]
     names = {info.name: b"x\n" for info in outside if info.type == tarfile.REGTYPE}
     (www / "evil.tar.gz").write_bytes(tar_bytes([member("ok.txt"), *outside], {"ok.txt": b"ok\n", **names}))
-    path, client = job(track, f'      artifact {{\n        source = "{base}/evil.tar.gz"\n      }}')
+    path, client = job(
+        track, f'      artifact {{\n        source = "{base}/evil.tar.gz"\n      }}', restart=NO_RESTARTS
+    )
     message = failed(run(path, client))
     assert "refusing the artifact" in message or "decompression_file_count_limit" in message
     nothing_fetched(track)
@@ -247,7 +257,7 @@ def test_artifacts_a_hostile_tar_is_refused_and_writes_nothing_outside(
 def test_artifacts_a_local_file_outside_the_alloc_is_refused(track: Tracker) -> None:
     secret = track.base / "secret.txt"
     secret.write_text("host secret\n")
-    path, client = job(track, f'      artifact {{\n        source = "file://{secret}"\n      }}')
+    path, client = job(track, f'      artifact {{\n        source = "file://{secret}"\n      }}', restart=NO_RESTARTS)
     message = failed(run(path, client))
     assert "inside the allocation dir" in message
     nothing_fetched(track)
