@@ -326,6 +326,38 @@ def logs(agent: Agent, request: Request, match: re.Match[str]) -> Response:
                     content_type="text/plain" if plain else "application/json")  # fmt: skip
 
 
+def _alloc_fs(agent: Agent, request: Request, match: re.Match[str], read: Callable[[str, str], Any]) -> Any:
+    from driversdk.agent.allocfs import AllocFSError
+
+    alloc, _ = _alloc(agent, match["id"])
+    try:
+        return read(alloc.alloc_dir, request.query.get("path", "/"))
+    except AllocFSError as err:
+        raise APIError(err.status, str(err)) from None
+
+
+@route(r"/v1/client/fs/ls/(?P<id>[^/]+)", "GET")
+def fs_list(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    from driversdk.agent import allocfs
+
+    return Response(body=_alloc_fs(agent, request, match, allocfs.list_dir))
+
+
+@route(r"/v1/client/fs/stat/(?P<id>[^/]+)", "GET")
+def fs_stat(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    from driversdk.agent import allocfs
+
+    return Response(body=_alloc_fs(agent, request, match, allocfs.stat_file))
+
+
+@route(r"/v1/client/fs/cat/(?P<id>[^/]+)", "GET")
+def fs_cat(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    from driversdk.agent import allocfs
+
+    data = _alloc_fs(agent, request, match, allocfs.read_file)
+    return Response(body=data, content_type="text/plain; charset=utf-8")
+
+
 def _framer(file: str) -> Callable[[bytes, int], bytes]:
     """Nomad's StreamFrame, one JSON object per chunk with its data in base64."""
     position = [0]
