@@ -14,6 +14,10 @@ from dataclasses import asdict
 from enum import Enum
 from typing import Any, NoReturn
 
+from driversdk.cli import acl as acl_verbs
+from driversdk.cli import alloc as alloc_verbs
+from driversdk.cli import job as job_verbs
+from driversdk.cli import node as node_verbs
 from driversdk.errors import DriverSDKError
 
 
@@ -893,6 +897,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the HTTP API on a loopback TCP address without ACLs (any local user may then use it)",
     )
     agent.set_defaults(func=cmd_agent)
+    # Nomad's everyday verbs, each the agent's client through its HTTP API.
+    for verbs in (job_verbs, alloc_verbs, node_verbs, acl_verbs):
+        verbs.add_parsers(sub, where)
     status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
@@ -981,6 +988,13 @@ _TAKES: dict[Any, tuple[str, ...]] = {
     cmd_volume_snapshot_create: DATA_DIR_OPTIONS,
     cmd_volume_snapshot_delete: DATA_DIR_OPTIONS,
     cmd_volume_snapshot_list: DATA_DIR_OPTIONS,
+    # The agent's verbs: the data dir names the local agent's socket (and a stop while it is down).
+    job_verbs.cmd_job_status: DATA_DIR_OPTIONS,
+    job_verbs.cmd_job_stop: DATA_DIR_OPTIONS,
+    alloc_verbs.cmd_alloc_status: DATA_DIR_OPTIONS,
+    alloc_verbs.cmd_alloc_logs: DATA_DIR_OPTIONS,
+    node_verbs.cmd_node_status: DATA_DIR_OPTIONS,
+    acl_verbs.cmd_acl_bootstrap: DATA_DIR_OPTIONS,
 }
 
 
@@ -998,7 +1012,7 @@ def _merge_where(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 def _command(args: argparse.Namespace) -> str:
-    keys = ("plugin_cmd", "volume_cmd", "snapshot_cmd", "system_cmd")
+    keys = ("plugin_cmd", "volume_cmd", "snapshot_cmd", "system_cmd", "job_cmd", "alloc_cmd", "node_cmd", "acl_cmd")
     words = [args.cmd] + [getattr(args, k) for k in keys if getattr(args, k, None)]
     return "driversdk " + " ".join(words)
 
