@@ -5,14 +5,20 @@ above it: ``<!-- run: in=tmp|repo [exit=0,1] -->`` runs the block here through t
 scripts (``in=tmp``: one fresh directory per file, shared by its blocks in order, so a block may use
 the files an earlier one wrote; ``in=repo``: the checkout), or ``<!-- not-run: why -->`` says why
 the test cannot run it. A block without either fails the test, so no command can drift unnoticed.
+``background=TEXT`` runs a block that does not end by itself (``driversdk agent``) in the background
+of the file's later blocks, which start once its output shows ``TEXT``; after the file's last block
+it gets SIGTERM and must exit with a code in ``exit``. Every block sees a ``TMPDIR`` of the test's
+own, so a ``-dev`` agent's data dir is the test's too.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,35 +90,76 @@ def test_every_command_block_is_run_or_says_why_not() -> None:
     assert any(b.marker("run") is not None for b in shell_blocks())
 
 
-def run_options(spec: str) -> tuple[str, set[int]]:
+def run_options(spec: str) -> tuple[str, set[int], str | None]:
     opts = dict(part.split("=", 1) for part in spec.split())
-    assert set(opts) <= {"in", "exit"} and opts.get("in") in {"tmp", "repo"}, f"bad run marker: {spec!r}"
-    return opts["in"], {int(code) for code in opts.get("exit", "0").split(",")}
+    assert set(opts) <= {"in", "exit", "background"} and opts.get("in") in {"tmp", "repo"}, f"bad run marker: {spec!r}"
+    return opts["in"], {int(code) for code in opts.get("exit", "0").split(",")}, opts.get("background")
+
+
+@dataclass
+class Background:
+    block: Block
+    proc: subprocess.Popen[bytes]
+    output: Path
+    codes: set[int]
+
+    def text(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def wait_for(self, ready: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while ready not in self.text():
+            assert self.proc.poll() is None, f"{self.block.where} exited {self.proc.returncode}:\n{self.text()}"
+            assert time.monotonic() < deadline, f"{self.block.where} never printed {ready!r}:\n{self.text()}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            code = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"{self.block.where} did not exit within 60 s of SIGTERM:\n{self.text()}") from None
+        assert code in self.codes, f"{self.block.where} exited {code} after SIGTERM:\n{self.text()}"
+        assert "Traceback" not in self.text(), f"{self.block.where}:\n{self.text()}"
 
 
 @pytest.mark.parametrize("doc", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_documented_commands_run(doc: Path, tmp_path: Path) -> None:
     bindir = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
+           "TMPDIR": str(tmp_path / "tmp")}  # fmt: skip
+    env = {k: v for k, v in env.items() if not k.startswith("NOMAD_")}
     (tmp_path / "home").mkdir()
+    (tmp_path / "tmp").mkdir()
     workdir = tmp_path / "work"
     workdir.mkdir()
-    for block in blocks(doc):
-        spec = block.marker("run")
-        if block.lang not in SHELL_LANGS or spec is None:
-            continue
-        where, codes = run_options(spec)
-        done = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", block.body],
-            capture_output=True,
-            text=True,
-            cwd=workdir if where == "tmp" else ROOT,
-            env=env,
-            timeout=60,
-        )
-        out = done.stdout + done.stderr
-        assert done.returncode in codes, f"{block.where} exited {done.returncode}:\n{block.body}\n{out}"
-        assert "Traceback" not in out, f"{block.where}:\n{out}"
+    background: list[Background] = []
+    try:
+        for block in blocks(doc):
+            spec = block.marker("run")
+            if block.lang not in SHELL_LANGS or spec is None:
+                continue
+            where, codes, ready = run_options(spec)
+            cwd = workdir if where == "tmp" else ROOT
+            argv = ["bash", "-e", "-o", "pipefail", "-c", block.body]
+            if ready is not None:
+                output = tmp_path / f"background-{block.line}.out"
+                with open(output, "wb") as out_file:
+                    proc = subprocess.Popen(argv, stdout=out_file, stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                            start_new_session=True)  # fmt: skip
+                background.append(Background(block, proc, output, codes))
+                background[-1].wait_for(ready)
+                continue
+            done = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
+            out = done.stdout + done.stderr
+            assert done.returncode in codes, f"{block.where} exited {done.returncode}:\n{block.body}\n{out}"
+            assert "Traceback" not in out, f"{block.where}:\n{out}"
+    finally:
+        for started in reversed(background):
+            started.stop()
     if doc == README:
         data = workdir / "data"
         leftovers = list((data / "allocs").iterdir()) if (data / "allocs").exists() else []
