@@ -1,0 +1,137 @@
+"""The agent's listeners and ACLs, played as an attacker plays them: over TCP a missing or wrong
+token gets 403 "Permission denied" and changes nothing; the bootstrap token is accepted as
+``X-Nomad-Token`` and as ``Authorization: Bearer``; the unix socket needs no token (its mode is
+its ACL); a TCP listener without ACLs is refused at start unless it is loopback and the operator
+says so."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent.agentproc import ROOT, AgentProcess
+from tests.agent.test_python_nomad import free_port
+
+BUSYBOX = "driversdk-test/busybox:local"
+JOB = {
+    "Job": {
+        "ID": "acl-job",
+        "Name": "acl-job",
+        "Type": "service",
+        "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [{
+            "Name": "t", "Driver": "docker",
+            "Config": {"image": BUSYBOX, "command": "sh", "args": ["-c", "exec sleep 300"]},
+            "Resources": {"CPU": 100, "MemoryMB": 64},
+        }]}],
+    }
+}  # fmt: skip
+
+
+def call(port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers=headers or {})
+        response = conn.getresponse()
+        raw = response.read()
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw.decode()
+
+
+def write_config(agent_dir: Path, port: int, *, acl: bool, host: str = "127.0.0.1") -> Path:
+    config = agent_dir / "agent.hcl"
+    text = f'data_dir = "{agent_dir / "data"}"\nbind_addr = "{host}"\nports {{\n  http = {port}\n}}\n'
+    if acl:
+        text += "acl {\n  enabled = true\n}\n"
+    config.write_text(text)
+    return config
+
+
+@pytest.fixture
+def acl_agent(agent_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
+    port = free_port()
+    process = AgentProcess(agent_dir / "data", config=write_config(agent_dir, port, acl=True)).start()
+    try:
+        yield process, port
+    finally:
+        process.close()
+
+
+def test_missing_and_wrong_tokens_get_403_and_change_nothing(acl_agent: tuple[AgentProcess, int]) -> None:
+    process, port = acl_agent
+    # Before the bootstrap there is no token at all: still refused.
+    assert call(port, "GET", "/v1/jobs") == (403, "Permission denied")
+    status, token = call(port, "POST", "/v1/acl/bootstrap")
+    assert status == 200 and token["Type"] == "management"
+    secret = token["SecretID"]
+    assert call(port, "POST", "/v1/acl/bootstrap") == (400, "ACL bootstrap already done")
+    wrong = {"X-Nomad-Token": "00000000-0000-0000-0000-000000000000"}
+    for headers in ({}, wrong, {"X-Nomad-Token": ""}, {"Authorization": "Bearer nope"},
+                    {"X-Nomad-Token": secret[:-1]}, {"Authorization": secret}):  # fmt: skip
+        assert call(port, "PUT", "/v1/jobs", JOB, headers) == (403, "Permission denied")
+        assert call(port, "POST", "/v1/jobs/parse", {"JobHCL": 'job "x" {}'}, headers) == (403, "Permission denied")
+        assert call(port, "GET", "/v1/agent/self", None, headers) == (403, "Permission denied")
+    assert call(port, "GET", "/v1/jobs", None, {"X-Nomad-Token": secret}) == (200, [])
+    assert process.client().get("/v1/jobs") == []  # the socket agrees: nothing was registered
+    status, _ = call(port, "PUT", "/v1/jobs", JOB, {"X-Nomad-Token": secret})
+    assert status == 200
+    process.wait_allocs("acl-job", "running")
+    # Neither a stop nor a purge without the token reaches the job.
+    for headers in ({}, wrong):
+        assert call(port, "DELETE", "/v1/job/acl-job?purge=true", None, headers) == (403, "Permission denied")
+    status, job = call(port, "GET", "/v1/job/acl-job", None, {"Authorization": f"Bearer {secret}"})
+    assert status == 200 and job["Stop"] is False
+    assert [a["ClientStatus"] for a in process.client().get("/v1/job/acl-job/allocations")] == ["running"]
+
+
+def test_unix_socket_needs_no_token_and_is_owner_only(acl_agent: tuple[AgentProcess, int]) -> None:
+    process, port = acl_agent
+    info = os.lstat(process.socket)
+    assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
+    assert process.client().get("/v1/jobs") == []
+    assert process.client().get("/v1/agent/self")["config"]["ACL"]["Enabled"] is True
+    assert call(port, "GET", "/v1/jobs")[0] == 403
+
+
+def _start(agent_dir: Path, config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "driversdk.cli", "agent", "-config", str(config), *extra]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_tcp_without_acl_off_loopback_is_refused(agent_dir: Path, host: str) -> None:
+    port = free_port()
+    done = _start(agent_dir, write_config(agent_dir, port, acl=False, host=host), "-allow-unauthenticated-loopback")
+    assert done.returncode == 1, done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert "without ACLs" in line and "acl { enabled = true }" in line and "Traceback" not in done.stderr
+    assert not (agent_dir / "data" / "agent.sock").exists()
+    assert not (agent_dir / "data" / "state.db").exists()
+
+
+def test_tcp_without_acl_on_loopback_needs_the_flag(agent_dir: Path) -> None:
+    port = free_port()
+    config = write_config(agent_dir, port, acl=False)
+    done = _start(agent_dir, config)
+    assert done.returncode == 1, done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert "-allow-unauthenticated-loopback" in line and "Traceback" not in done.stderr
+    process = AgentProcess(agent_dir / "data", config=config, extra_args=["-allow-unauthenticated-loopback"]).start()
+    try:
+        assert call(port, "GET", "/v1/jobs") == (200, [])
+        assert call(port, "POST", "/v1/acl/bootstrap") == (400, "ACL support disabled")
+    finally:
+        process.close()
