@@ -63,7 +63,9 @@ def jobs(draw: st.DrawFn) -> str:
     groups = []
     for _ in range(draw(st.integers(min_value=1, max_value=2))):
         tasks = "".join(draw(st.lists(task_blocks(), min_size=1, max_size=2)))
-        groups.append(f'  group "{draw(name)}" {{\n    count = {draw(st.integers(1, 2))}\n{tasks}  }}\n')
+        # Tasks exit with any code; each runs once (the default policy would retry a failure 15s apart).
+        restart = '    restart {\n      attempts = 0\n      mode = "fail"\n    }\n'
+        groups.append(f'  group "{draw(name)}" {{\n    count = {draw(st.integers(1, 2))}\n{restart}{tasks}  }}\n')
     return f'job "{draw(name)}" {{\n  type = "batch"\n{"".join(groups)}}}\n'
 
 
