@@ -14,12 +14,12 @@ shut down (containers and task supervisors outlive them) and the next agent reco
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +28,8 @@ from driversdk.agent.datadirlock import DataDirLock
 from driversdk.agent.jobrunner import JobRunner
 from driversdk.agent.jobstore import JobRecord, JobStatus, JobStore
 from driversdk.agent.settings import AgentSettings
-from driversdk.errors import ConfigError, DriverSDKError
+from driversdk.errors import ConfigError, DriverSDKError, StateWriteError
 from driversdk.paths import check_name
-from driversdk.pinning import private_dir
 from driversdk.runner.events import RunEvent
 from driversdk.runner.problems import Problem
 
@@ -39,6 +38,10 @@ if TYPE_CHECKING:
     from driversdk.runner.drivermanager import DriverManager
     from driversdk.runner.taskenv import Node
     from driversdk.runner.validate import DriverFacts
+
+
+# How long shutdown() waits for each state store's current write before it gives up on taking it.
+SHUTDOWN_LOCK_WAIT = 30.0
 
 
 class JobInvalid(ConfigError):
@@ -75,6 +78,7 @@ class Agent:
         self.facts: dict[str, DriverFacts] = {}
         self.health: dict[str, DriverHealth] = {}
         self.runners: dict[str, JobRunner] = {}
+        self._registering: dict[str, threading.Lock] = {}
         self.started_at = time.time()
         self._lock = threading.RLock()
         # Bumped on every change a client may wait for (Nomad's index, for blocking queries).
@@ -115,14 +119,13 @@ class Agent:
         """Take the data dir, open the stores, launch (or reattach) the plugins, fingerprint them and
         recover the recorded jobs. Raises DataDirBusy when another agent has the data dir."""
         from driversdk.runner.allocgc import GCPolicy, PeriodicGC
-        from driversdk.runner.allocrunner import NodeServices
         from driversdk.runner.drivermanager import DriverManager
         from driversdk.statedb import prepare_data_dir
 
         prepare_data_dir(self.settings.data_dir)
         self.lock.acquire()
         try:
-            self.node = NodeServices.open(self.client.data_dir)
+            self.node = _open_node(self.client.data_dir, self._state_write_failed)
             self.jobs = JobStore(self.client.data_dir)
             self.tokens = TokenStore(self.client.data_dir) if self.settings.acl_enabled else None
             self.drivers = self.node.drivers = DriverManager(self.client, self.node.state, self.emit)
@@ -172,7 +175,12 @@ class Agent:
         return health
 
     def _recover(self) -> None:
-        """Run again what was running, and stop what was stopped while the agent was down."""
+        """Run again what was running, and stop what was stopped while the agent was down.
+
+        A job whose record says ``running`` had every allocation of its version started: its
+        running allocations are recovered (RecoverTask) and the ones that ended are not started
+        again; when none is left the job is dead. A ``pending`` job was being started (or
+        updated) when the agent went: what it recorded is recovered, the rest started."""
         assert self.jobs is not None
         for record in self.jobs.all():
             if record.status is JobStatus.DEAD:
@@ -183,7 +191,14 @@ class Agent:
                 self.log("error", f"client: job {record.id!r} could not be recovered: {err}")
                 continue
             self.log("info", f"client: recovering job {record.id!r}" + (" to stop it" if record.stop else ""))
-            self._start_runner(job, only_to_stop=record.stop)
+            self._start_runner(job, only_to_stop=record.stop, started=record.status is JobStatus.RUNNING)
+
+    def _state_write_failed(self, err: StateWriteError) -> None:
+        """A write of state.db failed in an allocation's thread. The task it was about fails with
+        that sentence (its task runner says so), and the agent goes on: one job that cannot be
+        recorded is no reason to stop every other (``driversdk run`` ends instead, see
+        NodeServices.state_failed). Registrations meanwhile are refused with the same sentence."""
+        self.log("error", f"client: {err}")
 
     def shutdown(self) -> None:
         """Leave the tasks running (the next agent recovers them) and everything recorded: every
@@ -196,8 +211,13 @@ class Agent:
         locks = [self.node.state._lock, self.node.volumes._lock, self.node.csi_state._lock]
         if self.jobs is not None:
             locks.append(self.jobs._lock)
-        for lock in locks:
-            lock.acquire(timeout=10)
+        # The locks are never given back: the process ends holding them. A store that cannot be
+        # taken (a write stuck on the disk) leaves the plugins running rather than risk a task
+        # runner recording their end as its task's (lost, failed); the next agent reattaches them.
+        if not all(lock.acquire(timeout=SHUTDOWN_LOCK_WAIT) for lock in locks):
+            self.log("warn", "agent: a state store stayed busy; the plugins are left running for the next agent")
+            self.lock.release()
+            return
         if self.drivers is not None:
             with self.drivers._lock:
                 self.drivers._closing = True
@@ -244,25 +264,34 @@ class Agent:
 
     # --- jobs ------------------------------------------------------------------------------------
 
-    def _job_file(self, job_id: str, spec: dict[str, Any]) -> str:
-        """The job's API JSON as a private file for validation, named by a digest of its id: an id
-        is the caller's text and never becomes a path component."""
-        folder = private_dir(os.path.join(self.client.data_dir, "jobs"))
-        path = os.path.join(folder, hashlib.sha256(job_id.encode()).hexdigest()[:32] + ".json")
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"Job": spec}, fh)
-        os.replace(tmp, path)
-        return path
-
     def _checked(self, job_id: str, spec: dict[str, Any]) -> Any:
-        """The job model of an API job, checked as ``driversdk validate`` checks a job file."""
+        """The job model of an API job, checked as ``driversdk validate`` checks a job file.
+
+        The validation copy of the job lives in a private temporary directory, not in the data
+        dir: the only write a registration makes to the data dir is its one state.db transaction,
+        so a full data dir refuses it with that sentence and leaves nothing behind."""
+        import shutil
+        import tempfile
+
         from driversdk.runner.hcl import Inputs
         from driversdk.runner.validate import validate_job
 
-        path = self._job_file(job_id, spec)
-        report = validate_job(path, self.client, inputs=Inputs(), known=self.facts)
+        try:
+            folder = tempfile.mkdtemp(prefix="driversdk-job-")
+        except OSError as err:
+            raise JobInvalid(job_id, [Problem("", f"the job could not be copied for validation: {err.strerror}; "
+                                                  f"free space in {tempfile.gettempdir()}")]) from None  # fmt: skip
+        try:
+            path = os.path.join(folder, "job.json")
+            try:
+                with open(path, "w", encoding="utf-8") as fh:
+                    json.dump({"Job": spec}, fh)
+            except OSError as err:
+                raise JobInvalid(job_id, [Problem("", f"the job could not be copied for validation: {err.strerror}; "
+                                                      f"free space in {folder}")]) from None  # fmt: skip
+            report = validate_job(path, self.client, inputs=Inputs(), known=self.facts)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         if not report.valid or report.parsed is None:
             # The file is the agent's copy of the request: what the caller sent has no file name.
             problems = [dataclasses.replace(p, file="", message=p.message.replace(path, "the job"))
@@ -295,24 +324,44 @@ class Agent:
         spec.setdefault("Name", job_id)
         job = self._checked(job_id, spec)
         with self._lock:
-            record, changed = self.jobs.put(job_id, spec)
-            running = self.runners.get(job_id)
-            if running is not None and not running.ended.is_set() and not changed:
-                return record
-        if running is not None:
-            running.stop()
-        self._start_runner(job)
+            one_at_a_time = self._registering.setdefault(job_id, threading.Lock())
+        # Two registrations of one job at once: the second waits until the first has replaced
+        # the allocations, and then finds its runner (an unchanged job keeps it).
+        with one_at_a_time:
+            with self._lock:
+                record, changed = self.jobs.put(job_id, spec)
+                running = self.runners.get(job_id)
+                if running is not None and not running.ended.is_set() and not changed:
+                    return record
+            if record.status is JobStatus.DEAD:
+                # Run again unchanged: pending until its allocations started, so an agent
+                # restarted meanwhile recovers them (a dead job is not recovered).
+                self.jobs.set_status(job_id, JobStatus.PENDING)
+            if running is not None:
+                running.stop()
+            self._start_runner(job)
         self.bump()
         return record
 
-    def _start_runner(self, job: Any, only_to_stop: bool = False) -> None:
+    def _start_runner(self, job: Any, only_to_stop: bool = False, started: bool = False) -> None:
+        """Run the job's allocations; the job is ``running`` once every one of them was started
+        (or recovered), which is what tells a restarted agent not to start ended ones again."""
         assert self.node is not None and self.drivers is not None and self.jobs is not None
         runner = JobRunner(job, self.client, self.node, self.drivers, self.emit, self._runner_ended,
-                           only_to_stop=only_to_stop)  # fmt: skip
+                           only_to_stop=only_to_stop, started=started, on_running=self._runner_running)  # fmt: skip
         with self._lock:
             self.runners[job.name] = runner
-        self.jobs.set_status(job.name, JobStatus.RUNNING)
         runner.start()
+
+    def _runner_running(self, runner: JobRunner) -> None:
+        assert self.jobs is not None
+        with self._lock:
+            if self.runners.get(runner.job.name) is runner:
+                try:
+                    self.jobs.set_status(runner.job.name, JobStatus.RUNNING)
+                except DriverSDKError as err:
+                    self.log("error", f"client: {err}")
+        self.bump()
 
     def _runner_ended(self, runner: JobRunner) -> None:
         assert self.jobs is not None
@@ -349,6 +398,21 @@ class Agent:
 
         threading.Thread(target=finish, name=f"stop-{job_id}", daemon=True).start()
         return record
+
+
+def _open_node(data_dir: str, report: Callable[[StateWriteError], None]) -> NodeServices:
+    """The node's stores, whose failed state write is reported to the agent instead of stopping
+    every allocation of the node (see Agent._state_write_failed)."""
+    from driversdk.runner.allocrunner import NodeServices
+
+    @dataclass
+    class AgentNode(NodeServices):
+        def state_failed(self, err: StateWriteError) -> None:
+            if self.state_failure is None:
+                self.state_failure = err
+            report(err)
+
+    return AgentNode.open(data_dir)
 
 
 def _health_description(plugin: Any) -> str:

@@ -36,6 +36,11 @@ class JobRunner:
     on_end: Callable[[JobRunner], None]
     # Recovered only to be stopped: the job was stopped while the agent was down.
     only_to_stop: bool = False
+    # Recovered after every allocation of this version had been started: an allocation with no
+    # running record ended (or was never to run again) and is not started a second time.
+    started: bool = False
+    # Called once every allocation was started or recovered (the job is then ``running``).
+    on_running: Callable[[JobRunner], None] | None = None
     allocs: list[AllocRunner] = field(default_factory=list)
     failure: str = ""
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -59,7 +64,7 @@ class JobRunner:
 
         try:
             plan = run._plan([self.job], self.node)
-            if self.only_to_stop:
+            if self.only_to_stop or self.started:
                 plan = [item for item in plan if item[3] is not None]
             for batch in run._batches(plan):
                 if self.stopping.is_set() and not self.only_to_stop:
@@ -70,10 +75,14 @@ class JobRunner:
                 finally:
                     self._bounds.append(len(self.allocs))
             if not self.only_to_stop:
+                if self.on_running is not None and not self.stopping.is_set():
+                    self.on_running(self)
                 self._follow()
         except StateWriteError as err:
+            # This job's allocations could not be recorded: it fails with that sentence and is
+            # torn down; the node (the agent's other jobs) goes on.
             self.failure = str(err)
-            self.node.state_failed(err)
+            self.emit(error_event(f"job {self.job.name!r} stopped: {err}", job=self.job.name))
         except DriverSDKError as err:
             if not self.stopping.is_set():
                 self.failure = str(err)
@@ -86,8 +95,6 @@ class JobRunner:
         finally:
             try:
                 run._tear_down(self.allocs, self._bounds)
-            except StateWriteError as err:
-                self.node.state_failed(err)
             except DriverSDKError as err:
                 self.emit(RunEvent("error", f"stopping job {self.job.name!r}: {err}", job=self.job.name))
             finally:

@@ -90,7 +90,9 @@ class JobStore:
                             )
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    # SQLite rolls back by itself a transaction a full disk ended (SQLITE_FULL).
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
                     raise
         except StateWriteError as err:
             raise err.about(f'job "{job_id}"') from None
