@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import logging.handlers
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -86,15 +88,43 @@ class SafeStreamHandler(logging.StreamHandler[TextIO]):
             self.handleError(record)
 
 
+# Set by a host that wants the plugin's lines kept in a file as well: the host reading stderr may
+# be killed and the plugin reattached by its successor, and lines written to the dead pipe in
+# between would be lost (Nomad's executor keeps a log file of its own for the same reason).
+ENV_LOG_FILE = "DRIVERSDK_PLUGIN_LOG_FILE"
+LOG_FILE_BYTES = 10 * 1024 * 1024
+LOG_FILE_BACKUPS = 2
+
+
+def _file_handler(path: str) -> logging.Handler | None:
+    try:
+        # Created owner-only and never through a symlink; the rotating handler then appends to it.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        return logging.handlers.RotatingFileHandler(path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS)
+    except OSError:
+        return None  # stderr still has every line; the failure is said there once logging is set up
+
+
 def configure_plugin_logging(name: str, level: int = logging.DEBUG, stream: TextIO | None = None) -> None:
-    """Send every log record of this process to stderr as one hclog JSON line."""
+    """Send every log record of this process to stderr as one hclog JSON line, and to the file the
+    host names in ``DRIVERSDK_PLUGIN_LOG_FILE`` if it names one."""
+    formatter = HclogFormatter(name)
     handler = SafeStreamHandler(stream or sys.stderr)
-    handler.setFormatter(HclogFormatter(name))
+    handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
+    # Taken out of the environment: the tasks and helpers this plugin starts are not its log's writers.
+    path = os.environ.pop(ENV_LOG_FILE, None)
+    to_file = _file_handler(path) if path else None
+    if to_file is not None:
+        to_file.setFormatter(formatter)
+        root.addHandler(to_file)
     root.addHandler(handler)
     root.setLevel(level)
+    if path and to_file is None:
+        logging.getLogger("driversdk.plugin").warning("cannot open the plugin log file; logging to stderr only",
+                                                      extra={"path": path})  # fmt: skip
     # A logging failure must never print a traceback to a pipe the host may have closed.
     logging.raiseExceptions = False
 

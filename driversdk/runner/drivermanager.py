@@ -12,6 +12,7 @@ Task events come on one stream per plugin and are handed to the allocation they 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from driversdk.client import DriverClient, launch, reattach
 from driversdk.errors import DriverSDKError
 from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
 from driversdk.plugin.host import ReattachConfig, pid_alive, remove_dead_plugin_socket
+from driversdk.plugin.log import ENV_LOG_FILE
 from driversdk.plugin.verify import ReattachRefused
 from driversdk.runner.bundled import reinstall_hint
 from driversdk.runner.clientconfig import ClientConfig
@@ -130,7 +132,7 @@ class DriverManager:
             command = self.client.driver_command(driver)
             if command is None:
                 raise NoDriverPlugin(f'no plugin is configured for driver "{driver}"' + reinstall_hint(driver))
-            plugin = launch(command, name=driver)
+            plugin = launch(command, name=driver, env=self._plugin_env(driver))
         try:
             plugin.set_config(self.client.plugin_config(driver), AGENT_CONFIG)
             plugin.init()
@@ -140,6 +142,17 @@ class DriverManager:
             plugin.kill()
             raise
         return plugin
+
+    def _plugin_env(self, driver: str) -> dict[str, str]:
+        """The plugin also logs to <data_dir>/logs/plugin-<driver>.log: a plugin outlives a killed
+        host and is reattached by the next one, and its lines in between reach no reader's pipe."""
+        logs = os.path.join(self.client.data_dir, "logs")
+        try:
+            os.makedirs(logs, mode=0o700, exist_ok=True)
+        except OSError:
+            return dict(os.environ)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", driver).lstrip(".")
+        return {**os.environ, ENV_LOG_FILE: os.path.join(logs, f"plugin-{name}.log")}
 
     def _reattach(self, driver: str) -> DriverClient | None:
         """The plugin a killed run of this data dir left running, or one of the per-allocation
