@@ -77,7 +77,7 @@ def test_schedule_refusals() -> None:
     assert Schedule.of("x", {"Periodic": {"Specs": ["* * * * *"], "Enabled": False}}) is None
     with pytest.raises(PeriodicError, match="time_zone 'Mars/Base' is not a time zone"):
         Schedule.of("x", {"Periodic": {"Specs": ["* * * * *"], "TimeZone": "Mars/Base"}})
-    with pytest.raises(PeriodicError, match="periodic.crons: cron"):
+    with pytest.raises(PeriodicError, match=r"periodic\.crons: cron"):
         Schedule.of("x", {"Periodic": {"Specs": ["nope"]}})
     with pytest.raises(PeriodicError, match="needs crons"):
         Schedule.of("x", {"Periodic": {"Specs": []}})
