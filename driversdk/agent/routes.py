@@ -462,3 +462,7 @@ def acl_bootstrap(agent: Agent, request: Request, _: re.Match[str]) -> Response:
         raise APIError(400, "ACL bootstrap already done") from None
     agent.log("info", "http: ACL bootstrap: management token created")
     return Response(body=token.to_api(agent.index))
+
+
+# The CSI endpoints live in their own module; importing it registers their routes.
+from driversdk.agent import csiroutes  # noqa: E402, F401
