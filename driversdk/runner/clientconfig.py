@@ -25,6 +25,10 @@ from driversdk.runner.hclload import HCLFileError, read_text
 from driversdk.runner.nomadopts import PLUGIN_OPTIONS
 from driversdk.runner.problems import Problem, ValidationFailed
 
+# The bundled drivers with a ``state_dir`` option, and where under the data dir theirs is by default
+# (not ``plugins/``: that is where Nomad's plugin_dir defaults to, whose entries are plugin binaries).
+STATE_DIR_DRIVERS = ("exec", "raw_exec")
+DRIVER_STATE_DIR = "driver-state"
 # Nomad's client defaults (structs.DefaultMinDynamicPort / DefaultMaxDynamicPort).
 DEFAULT_MIN_DYNAMIC_PORT = 20000
 DEFAULT_MAX_DYNAMIC_PORT = 32000
@@ -100,8 +104,17 @@ class ClientConfig:
         return bundled is not None and self.driver_command(driver) == bundled.command()
 
     def plugin_config(self, driver: str) -> dict[str, Any]:
+        """The ``config {}`` the plugin is given: the operator's, and for a bundled driver that keeps
+        state of its own, ``state_dir`` under the data dir when the operator did not set one (SetConfig's
+        agent config carries no data dir, so the host says it in the plugin config)."""
         block = self.plugins.get(driver)
-        return dict(block.config) if block else {}
+        config = dict(block.config) if block else {}
+        if driver in STATE_DIR_DRIVERS and not config.get("state_dir") and self.runs_bundled(driver):
+            config["state_dir"] = self.driver_state_dir(driver)
+        return config
+
+    def driver_state_dir(self, driver: str) -> str:
+        return os.path.join(os.path.abspath(self.data_dir), DRIVER_STATE_DIR, driver)
 
 
 _PLUGIN_KEYS = {"command", "args", "config"}
