@@ -66,6 +66,14 @@ class Host:
     def pids(self, needle: str) -> list[int]:
         return [int(line.split(":", 1)[0]) for line in processes(needle)]
 
+    def exec_pid(self) -> int:
+        """The exec task's process (runc starts it a moment after StartTask answers)."""
+        deadline = time.monotonic() + 30
+        while not (found := self.pids(f"sleep {SLEEP_EXEC}")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [pid] = found
+        return pid
+
     def claims(self, volume: str = "vol") -> list[str]:
         store = VolumeStore(str(self.data / "state.db"))
         try:
@@ -242,7 +250,7 @@ def test_kill9_recovers_docker_exec_and_csi_tasks_without_duplicates(host: Host)
         allocs = {job: first.wait_allocs(job, "running") for job in ("web", "ex", "storage")}
         containers = host.running_containers()
         assert len(containers) == 2, containers  # web's task and storage's app
-        [exec_pid] = host.pids(f"sleep {SLEEP_EXEC}")
+        exec_pid = host.exec_pid()
         mounts = _csi_mounts(host)
         assert len(mounts) == 1, host.mounts()
         claims = host.claims()
@@ -331,7 +339,7 @@ def test_sigterm_leaves_the_tasks_and_takes_the_plugins(host: Host) -> None:
         plugins = _plugins(first.proc.pid)
         assert len(plugins) >= 2, "the agent runs its plugins (docker, exec, ...)"
         containers = host.running_containers()
-        [exec_pid] = host.pids(f"sleep {SLEEP_EXEC}")
+        exec_pid = host.exec_pid()
         assert first.stop() == 0
         assert _alive(plugins) == set(), "no plugin of the agent is left"
         assert host.running_containers() == containers and host.pids(f"sleep {SLEEP_EXEC}") == [exec_pid]
@@ -487,4 +495,74 @@ def test_recovered_job_whose_allocations_ended_is_dead_and_not_run_again(host: H
         time.sleep(1)  # a second run (the thing refused here) would have been recorded by now
         assert [a["ID"] for a in client.get("/v1/job/once/allocations")] == [alloc["ID"]]
         assert host.containers() == []
+    assert host.leftovers() == []
+
+
+PAIR = f"""
+job "pair" {{
+  type = "service"
+  group "g" {{
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
+    task "bad" {{
+      driver       = "docker"
+      kill_timeout = "1s"
+      config {{
+        image   = "{IMAGE}"
+        command = "/bin/sh"
+        args    = ["-c", "sleep 1; exit 3"]
+      }}
+    }}
+    task "good" {{
+      driver       = "docker"
+      kill_timeout = "1s"
+      config {{
+        image   = "{IMAGE}"
+        command = "/bin/sh"
+        args    = ["-c", "exec sleep 3176"]
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def test_a_task_whose_end_cannot_be_recorded_fails_its_job_and_not_the_agent(host: Host) -> None:
+    """A full data dir when a task exits: its end cannot be written, that job fails with the
+    sentence, and the agent goes on (the other job runs on, a later job runs once space is back)."""
+    agent = host.agent()
+    with _tmpfs(host.data, "24m"), running(host, agent):
+        agent.start()
+        client = agent.client()
+        _register(client, DOCKER_SERVICE)
+        _register(client, DOCKER_SERVICE.replace('job "web"', 'job "other"').replace("3172", "3175"))
+        [web] = agent.wait_allocs("web", "running")
+        agent.wait_allocs("other", "running")
+        by_cmd = {" ".join(c["Config"]["Cmd"]): c["Id"] for c in host.containers()}
+        [web_container] = [cid for cmd, cid in by_cmd.items() if "3172" in cmd]
+        [other_container] = [cid for cmd, cid in by_cmd.items() if "3175" in cmd]
+        filler = _fill(host.data)
+        try:
+            host.engine.api.kill(other_container)
+            deadline = time.monotonic() + 60
+            while 'cannot record the exit of task "t" of job "other"' not in agent.log():
+                assert time.monotonic() < deadline, agent.log()
+                time.sleep(0.2)
+            time.sleep(1)  # what a node-wide stop would do has begun by now
+            assert host.running_containers() == [web_container], "the other job runs on"
+        finally:
+            filler.unlink()
+        assert client.get(f"/v1/allocation/{web['ID']}")["ClientStatus"] == "running"
+        # The agent goes on as before (nothing node-wide was set off): a later job runs, and a
+        # task of it that fails stops its sibling, as Nomad's alloc runner does.
+        _register(client, PAIR)
+        [pair] = agent.wait_allocs("pair", "failed", timeout=60)
+        states = client.get(f"/v1/allocation/{pair['ID']}")["TaskStates"]
+        assert states["bad"]["Failed"] is True and states["good"]["State"] == "dead", states
+        assert "Sibling Task Failed" in [e["Type"] for e in states["good"]["Events"]], states["good"]["Events"]
+        assert host.running_containers() == [web_container]
+        agent.stop_jobs()
+        agent.stop()
     assert host.leftovers() == []
