@@ -157,23 +157,59 @@ def register_job(agent: Agent, request: Request, _: re.Match[str]) -> Response:
     return _register(agent, _job_body(request))
 
 
+# What a file function says in a job sent over the API: the agent must not read its own host's
+# files on behalf of a job that came from elsewhere (Nomad's API refuses them too).
+API_FILES_OFF = (
+    "file functions read no files in a job sent to the agent (it cannot read the files of the machine the job came "
+    "from); put the content in the job file itself, or run the job with `driversdk run` while no agent is running, "
+    "which reads files beside the job file"
+)
+
+
 @route(r"/v1/jobs/parse", "PUT", "POST")
 def parse_job(agent: Agent, request: Request, _: re.Match[str]) -> Response:
+    """Nomad's parse: ``JobHCL`` and ``Variables`` (one var file's text), ``hclv1``. driversdk's
+    CLI adds what ``-var``, ``-var-file`` and ``NOMAD_VAR_*`` give it, evaluated as ``validate``
+    evaluates them (environment, then var files in order, then -var; the last wins):
+    ``VarEnv`` ({"NOMAD_VAR_name": value}), ``VarFiles`` ([{"Name": path, "Text": content}], read
+    by the CLI: a name ending in .json is JSON) and ``VarFlags`` (["name=value", …]); ``JobFile``
+    names the job in problems instead of ``input.hcl``. Nomad's clients send none of them."""
     from driversdk.runner import jobapi
+    from driversdk.runner.hcl import FilePolicy
+    from driversdk.runner.jobjson import JobInputs
 
     body = request.json()
-    text = body.get("JobHCL") if isinstance(body, dict) else None
+    if not isinstance(body, dict):
+        raise APIError(400, "Job spec is empty")
+    text = body.get("JobHCL")
     if not isinstance(text, str) or not text.strip():
         raise APIError(400, "Job spec is empty")
     variables = body.get("Variables") or ""
     if not isinstance(variables, str):
         raise APIError(400, "Variables must be the text of a variables file")
-    from driversdk.runner.hcl import Inputs
-
-    # No file functions: the job's text came over the API and reads nothing of this host.
-    inputs = Inputs(var_texts=[("variables.hcl", variables)] if variables.strip() else ())
+    var_texts = [("variables.hcl", variables)] if variables.strip() else []
+    for item in body.get("VarFiles") or []:
+        if not (isinstance(item, dict) and isinstance(item.get("Name"), str) and isinstance(item.get("Text"), str)):
+            raise APIError(400, 'VarFiles must be a list of {"Name": file name, "Text": its content}')
+        var_texts.append((item["Name"], item["Text"]))
+    flags = body.get("VarFlags") or []
+    if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
+        raise APIError(400, 'VarFlags must be a list of "NAME=VALUE" strings')
+    env = body.get("VarEnv") or {}
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise APIError(400, 'VarEnv must be an object of {"NOMAD_VAR_name": "value"}')
+    name = body.get("JobFile") or jobapi.API_FILE
+    if not isinstance(name, str) or len(name) > 4096:
+        raise APIError(400, "JobFile must be the job file's name")
+    inputs = JobInputs(
+        vars=flags,
+        var_texts=var_texts,
+        env={k: v for k, v in env.items() if k.startswith("NOMAD_VAR_")},
+        files=FilePolicy(None, API_FILES_OFF),
+        hcl1=body.get("hclv1") is True or body.get("HCLv1") is True,
+    )
     try:
-        return Response(body=jobapi.parse_to_api(text, inputs))
+        return Response(body=jobapi.parse_to_api(text, inputs, file=name))
     except DriverSDKError as err:
         raise APIError(400, str(err)) from None
 

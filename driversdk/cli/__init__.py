@@ -241,8 +241,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run jobs' tasks here through their driver plugins; Ctrl-C stops them cleanly. Exit 0 when
-    every task succeeded, 1 when one failed, 2 when the run was refused before anything started."""
+    """Run jobs' tasks: submitted to the agent when one is running (followed; Ctrl-C detaches),
+    else here through their driver plugins (Ctrl-C stops them cleanly). Exit 0 when every task
+    succeeded, 1 when one failed, 2 when the run was refused before anything started."""
+    # Before any runner import: with an agent, this process loads no HCL, grpc or plugin client.
+    from driversdk.cli import runagent
+
+    found = runagent.find_agent(args)
+    if found is not None:
+        code = runagent.run_via_agent(found[0], found[1], args)
+        if code is not None:
+            return code
+    if args.detach:
+        print("error: -detach needs a running agent to leave the job with; start one with `driversdk agent -dev` "
+              "(or set NOMAD_ADDR), or run without -detach", file=sys.stderr)  # fmt: skip
+        return 2
     from driversdk.runner.clientconfig import load_client
     from driversdk.runner.events import error_event, printer
     from driversdk.runner.jobjson import JobInputs
@@ -877,6 +890,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-var-file", "--var-file", action="append", metavar="FILE", help="variable values (HCL, or JSON if .json)"
     )
+    run.add_argument("-detach", "--detach", action="store_true", help="with an agent: submit and return at once")
+    run.add_argument(
+        "-address",
+        "--address",
+        dest="api_address",
+        metavar="ADDR",
+        help="the agent (default: NOMAD_ADDR, else the local socket; with none, the job runs in this process)",
+    )
+    run.add_argument("-token", "--token", dest="api_token", metavar="TOKEN", help="ACL token (default: NOMAD_TOKEN)")
     run.set_defaults(func=cmd_run)
 
     agent = sub.add_parser(

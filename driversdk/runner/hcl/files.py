@@ -35,11 +35,20 @@ from driversdk.runner.hcl.values import ConvertError, to_string
 from driversdk.runner.hcllimits import MAX_READ_FILE_BYTES, Budget
 
 
+FILES_OFF = (
+    "file functions are turned off for this job (it was not read from a file on this machine); "
+    "put the value in the job file itself"
+)
+
+
 @dataclass(frozen=True)
 class FilePolicy:
     """Where a job file's file functions may read: below ``root``, or nowhere (None)."""
 
     root: Path | None = None
+    # The sentence a refused file function says when there is no root (who turned them off, and
+    # what to do instead); empty for the general one.
+    refusal: str = ""
 
     @classmethod
     def none(cls) -> FilePolicy:
@@ -70,10 +79,7 @@ class FileReader:
 
     def _root(self) -> Path:
         if self.policy.root is None:
-            raise self.error(
-                "file functions are turned off for this job (it was not read from a file on this machine); "
-                "put the value in the job file itself"
-            )
+            raise self.error(self.policy.refusal or FILES_OFF)
         return self.policy.root
 
     def _parts(self, arg: Any) -> tuple[str, list[str]]:

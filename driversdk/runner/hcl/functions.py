@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from driversdk.errors import DriverSDKError
-from driversdk.runner.hcl.files import FileReader
+from driversdk.runner.hcl.files import FILES_OFF, FileReader
 from driversdk.runner.hcl.values import (
     ConvertError,
     convert,
@@ -654,12 +654,11 @@ def _files(reader: FileReader | None) -> dict[str, Func]:
     """The file functions; without a reader (no filesystem for this job) each is refused, as
     Nomad's are for a job sent to its API. basename and dirname only cut strings: kept."""
 
+    sentence = (reader.policy.refusal if reader is not None else "") or FILES_OFF
+
     def refused(name: str) -> Func:
         def run(*_: Any) -> Any:
-            raise FunctionError(
-                "file functions are turned off for this job (it was not read from a file on this machine); "
-                "put the value in the job file itself"
-            )
+            raise FunctionError(sentence)
 
         return run
 
