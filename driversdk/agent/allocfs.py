@@ -123,6 +123,12 @@ def read_file(alloc_dir: str, path: str) -> bytes:
     try:
         if not walked.name:
             raise AllocFSError(400, f"file {path!r} is a directory")
+        # Looked at before it is opened: opening a device or a FIFO a task made could act on it.
+        kind = os.stat(walked.name, dir_fd=walked.parent, follow_symlinks=False).st_mode
+        if stat.S_ISDIR(kind):
+            raise AllocFSError(400, f"file {path!r} is a directory")
+        if not stat.S_ISREG(kind):
+            raise AllocFSError(400, f"file {path!r} is not a regular file")
         fd = os.open(walked.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=walked.parent)
     except OSError as err:
         raise _os_error(err, path) from None

@@ -75,7 +75,15 @@ class _Handler(BaseHTTPRequestHandler):
         from driversdk.agent.routes import handle
 
         parts = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            # Answered, not raised: an exception here would print a traceback into the agent's log.
+            self.close_connection = True
+            self._send(Response(400, "Content-Length must be a number of bytes"))
+            return
         if length > MAX_BODY:
             self._send(Response(413, f"Request body is larger than {MAX_BODY} bytes"))
             return

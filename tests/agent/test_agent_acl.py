@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -135,3 +136,18 @@ def test_tcp_without_acl_on_loopback_needs_the_flag(agent_dir: Path) -> None:
         assert call(port, "POST", "/v1/acl/bootstrap") == (400, "ACL support disabled")
     finally:
         process.close()
+
+
+def test_a_malformed_request_is_answered_not_logged_as_a_traceback(acl_agent: tuple[AgentProcess, int]) -> None:
+    process, port = acl_agent
+    for length in ("abc", "-5"):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(f"PUT /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}".encode())
+            data = b""
+            while chunk := conn.recv(65536):  # the agent closes the connection after answering
+                data += chunk
+            answer = data.decode(errors="replace")
+        assert answer.startswith("HTTP/1.1 400 "), answer
+        assert answer.endswith("Content-Length must be a number of bytes"), answer
+    assert "Traceback" not in process.log()
+    assert process.client().get("/v1/jobs") == []
