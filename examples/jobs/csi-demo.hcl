@@ -1,11 +1,21 @@
 # The CSI demo: the reference hostpath CSI plugin runs as an exec task (csi_plugin), and a docker
 # task mounts a volume it publishes, with host-to-task propagation.
 #
-#   driversdk volume register examples/volumes/demo-volume.hcl --client client.hcl
-#   driversdk run examples/jobs/csi-demo.hcl --client client.hcl
+#   driversdk volume register examples/volumes/demo-volume.hcl --client examples/jobs/client.hcl
+#   driversdk run examples/jobs/csi-demo.hcl --client examples/jobs/client.hcl \
+#     -var csi_plugin_command="$(command -v driversdk-csi-hostpath)"
 #
-# examples/demo.py writes a matching client.hcl (a host volume for the plugin's backing store, and
-# the exec plugin allowed sys_admin with the Python installation in its chroot) and runs all of it.
+# The plugin is the `driversdk-csi-hostpath` executable an install of driversdk provides; the exec
+# task must see it and the Python installation it runs with, so the client's exec plugin lists that
+# installation (a venv's directory, or the Python prefix) in chroot_env. Outside /tmp: every exec
+# task gets a /tmp of its own. examples/demo.py writes such a client config and runs all of it.
+
+variable "csi_plugin_command" {
+  type        = string
+  description = "the reference CSI plugin's executable: a path, or a name on the task's PATH (/usr/local/bin, /usr/bin, /bin)"
+  default     = "driversdk-csi-hostpath"
+}
+
 job "csi-demo" {
   type = "batch"
 
@@ -19,8 +29,7 @@ job "csi-demo" {
       driver = "exec"
       user   = "root" # it mounts; the client's exec plugin allows root (denied_host_uids = "")
       config {
-        command = "/usr/bin/python3"
-        args    = ["-m", "driversdk.csi.hostpath"]
+        command = var.csi_plugin_command
         cap_add = ["sys_admin"]
       }
       env {
