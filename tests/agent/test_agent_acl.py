@@ -98,6 +98,7 @@ def test_missing_and_wrong_tokens_get_403_and_change_nothing(acl_agent: tuple[Ag
     assert [a["ClientStatus"] for a in process.client().get("/v1/job/acl-job/allocations")] == ["running"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"), reason="runs a probe as nobody")
 def test_unix_socket_needs_no_token_and_is_owner_only(acl_agent: tuple[AgentProcess, int]) -> None:
     process, port = acl_agent
     info = os.lstat(process.socket)
@@ -105,6 +106,13 @@ def test_unix_socket_needs_no_token_and_is_owner_only(acl_agent: tuple[AgentProc
     assert process.client().get("/v1/jobs") == []
     assert process.client().get("/v1/agent/self")["config"]["ACL"]["Enabled"] is True
     assert call(port, "GET", "/v1/jobs")[0] == 403
+    # Another local user cannot reach the socket at all (the socket is 0600, its data dir 0700).
+    probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
+             "except PermissionError:\n    sys.exit(3)\nsys.exit(0)\n")  # fmt: skip
+    # The system Python: the test's own may live where that user cannot read (/root).
+    other = subprocess.run(["/usr/bin/python3", "-I", "-c", probe, str(process.socket)], user=65534, group=65534,
+                           extra_groups=[], timeout=60, cwd="/")  # fmt: skip
+    assert other.returncode == 3
 
 
 def _start(agent_dir: Path, config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
