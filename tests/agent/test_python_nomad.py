@@ -37,7 +37,10 @@ def acl_agent(agent_dir: Path) -> tuple[AgentProcess, int]:
 
 
 @pytest.fixture
-def tcp_agent(agent_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
+def tcp_agent(agent_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AgentProcess, int]]:
+    # python-nomad prefers these to its arguments: the tests configure it only through arguments.
+    for name in ("NOMAD_ADDR", "NOMAD_TOKEN", "NOMAD_NAMESPACE", "NOMAD_REGION"):
+        monkeypatch.delenv(name, raising=False)
     process, port = acl_agent(agent_dir)
     try:
         yield process, port
