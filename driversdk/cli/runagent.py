@@ -310,7 +310,8 @@ def run_via_agent(client: AgentClient, named: bool, args: argparse.Namespace) ->
         if args.json:
             print(error_event(str(err)).json(), flush=True)
         else:
-            print(f"error: {err}", file=sys.stderr, flush=True)
+            for line in str(err).splitlines() or [""]:  # a problem a line, as `validate` lists them
+                print(f"error: {line}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
     follower = Follower(client, jobs, lambda e: print(e.json() if args.json else e.text(), flush=True))
     if args.detach:

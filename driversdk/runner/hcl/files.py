@@ -34,7 +34,6 @@ from typing import Any
 from driversdk.runner.hcl.values import ConvertError, to_string
 from driversdk.runner.hcllimits import MAX_READ_FILE_BYTES, Budget
 
-
 FILES_OFF = (
     "file functions are turned off for this job (it was not read from a file on this machine); "
     "put the value in the job file itself"
