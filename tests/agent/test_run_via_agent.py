@@ -291,7 +291,7 @@ def test_the_import_check_sees_what_a_bare_run_loads(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'task "t" finished with exit code 0' in done.stdout
     heavy = _heavy(_imported(done.stderr))
-    assert {"grpc", "lark", "driversdk.client", "driversdk.runner.hcl"} <= heavy
+    assert {"grpc", "driversdk.client", "driversdk.runner.hcl"} <= heavy
 
 
 def test_detach_without_an_agent_is_refused(tmp_path: Path) -> None:
