@@ -23,7 +23,8 @@ plugin "docker" {
 
 # csi-demo.hcl's plugin task mounts: it runs as root with sys_admin, and sees the install of
 # driversdk that provides its console script. Nomad's default chroot_env (below) holds a pip
-# install into the system Python (/usr); for a venv, add its directory, e.g. "/opt/venv".
+# install into the system Python (/usr); for a venv, add its directory, e.g. "/opt/venv", and run
+# the job with -var csi_plugin_command=/opt/venv/bin/driversdk-csi-hostpath.
 plugin "exec" {
   config {
     allow_caps       = ["audit_write", "chown", "dac_override", "fowner", "fsetid", "kill", "mknod",
