@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,25 @@ def _events(client: AgentClient, alloc_id: str) -> dict[str, list[str]]:
     return {task: [e["Type"] for e in state["Events"]] for task, state in alloc["TaskStates"].items()}
 
 
+def _recovered(client: AgentClient, alloc_id: str, timeout: float = 60) -> None:
+    """Until every task of the allocation has its "recovered" event (the allocation's records say
+    running from before the restart, before the new agent has taken each task back)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = _events(client, alloc_id)
+        if all("recovered" in types for types in events.values()):
+            return
+        assert time.monotonic() < deadline, f"not recovered: {events}"
+        time.sleep(0.1)
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
 def _csi_mounts(host: Host) -> list[str]:
     return [m for m in host.mounts() if "per-alloc" in m]
 
@@ -267,8 +286,7 @@ def test_kill9_recovers_docker_exec_and_csi_tasks_without_duplicates(host: Host)
         }, "the same allocations, recovered"
         for job in ("web", "ex", "storage"):
             for alloc in again[job]:
-                for task, types in _events(client, alloc["ID"]).items():
-                    assert "recovered" in types, (job, task, types)
+                _recovered(client, alloc["ID"])
         time.sleep(2)  # anything duplicated (a second start) would be running by now
         assert host.running_containers() == containers, "the same containers, none added"
         assert host.pids(f"sleep {SLEEP_EXEC}") == [exec_pid], "the same exec process, none added"
@@ -346,7 +364,7 @@ def test_sigterm_leaves_the_tasks_and_takes_the_plugins(host: Host) -> None:
         second.start()
         for job in ("web", "ex"):
             [alloc] = second.wait_allocs(job, "running")
-            assert "recovered" in _events(second.client(), alloc["ID"])["t"]
+            _recovered(second.client(), alloc["ID"])
             # The plugins' end was not recorded as the task's: nothing says it was lost or failed.
             state = second.client().get(f"/v1/allocation/{alloc['ID']}")["TaskStates"]["t"]
             assert state["Failed"] is False and state["State"] == "running", state
@@ -494,7 +512,7 @@ def test_recovered_job_whose_allocations_ended_is_dead_and_not_run_again(host: H
         assert client.get("/v1/job/once")["Status"] == "dead", second.log()
         time.sleep(1)  # a second run (the thing refused here) would have been recorded by now
         assert [a["ID"] for a in client.get("/v1/job/once/allocations")] == [alloc["ID"]]
-        assert host.containers() == []
+        _until(lambda: host.containers() == [], "the ended task's container is removed")
     assert host.leftovers() == []
 
 
@@ -565,4 +583,28 @@ def test_a_task_whose_end_cannot_be_recorded_fails_its_job_and_not_the_agent(hos
         assert host.running_containers() == [web_container]
         agent.stop_jobs()
         agent.stop()
+    assert host.leftovers() == []
+
+
+def test_task_that_ends_while_the_agent_is_down_ends_its_job_on_return(host: Host) -> None:
+    """A batch task that finishes while no agent follows it: the next agent recovers it, records
+    its exit (complete), marks the job dead and starts nothing again."""
+    first, second = host.agent(), host.agent()
+    with running(host, first, second):
+        first.start()
+        _register(first.client(), DOCKER_BATCH.replace('"echo ran"', '"sleep 2; echo ran"'))
+        [alloc] = first.wait_allocs("once", "running")
+        [container] = host.running_containers()
+        first.kill9()
+        assert host.engine.api.wait(container, timeout=60)["StatusCode"] == 0
+        second.start()
+        [ended] = second.wait_allocs("once", "complete", "failed")
+        assert ended["ID"] == alloc["ID"] and ended["ClientStatus"] == "complete", ended
+        client = second.client()
+        deadline = time.monotonic() + 60
+        while client.get("/v1/job/once")["Status"] != "dead" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.get("/v1/job/once")["Status"] == "dead"
+        assert [a["ID"] for a in client.get("/v1/job/once/allocations")] == [alloc["ID"]]
+        _until(lambda: host.containers() == [], "the ended task's container is removed")
     assert host.leftovers() == []
