@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from drivers.exec import reconcile
 from drivers.exec import rootfs as task_root
 from drivers.exec.bundle import Bundle, build_spec, check_mount_destinations, resolv_conf
-from drivers.exec.config import DEFAULT_TASK_USER, PluginConfig, TaskExecConfig, plugin_spec, task_spec
+from drivers.exec.config import (
+    DEFAULT_STATE_DIR,
+    DEFAULT_TASK_USER,
+    PluginConfig,
+    TaskExecConfig,
+    plugin_spec,
+    task_spec,
+)
 from drivers.exec.fingerprint import fingerprint as read_fingerprint
 from drivers.exec.network import NetworkManager
 from drivers.exec.owner import TaskRecord
@@ -125,7 +132,12 @@ class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
 
     @property
     def networks(self) -> NetworkManager:
-        return NetworkManager(self.config.state_dir, self.config.bridge_name, self.config.bridge_subnet)
+        return NetworkManager(
+            self.config.state_dir,
+            self.config.bridge_name,
+            self.config.bridge_subnet,
+            earlier_state_dirs=(DEFAULT_STATE_DIR,),
+        )
 
     def fingerprint(self) -> Fingerprint:
         fp = read_fingerprint(self.runc, detected_before=self._detected)

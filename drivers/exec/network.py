@@ -170,8 +170,14 @@ class AllocNetwork:
 
 
 class NetworkManager:
-    def __init__(self, state_dir: str, bridge: str, subnet: str) -> None:
+    def __init__(self, state_dir: str, bridge: str, subnet: str, *, earlier_state_dirs: tuple[str, ...] = ()) -> None:
         self.dir = os.path.join(state_dir, "networks")
+        # Records of networks made while the state dir was elsewhere (the plugin's own default,
+        # before the runner named one under the data dir): their addresses stay taken and the
+        # bridge stays up while they exist, and destroying one removes its record there.
+        self.earlier = tuple(
+            d for d in dict.fromkeys(os.path.join(e, "networks") for e in earlier_state_dirs) if d != self.dir
+        )
         self.bridge = bridge
         self.subnet = ipaddress.IPv4Network(subnet)
         hosts = list(self.subnet.hosts())
@@ -189,15 +195,21 @@ class NetworkManager:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _record_path(self, alloc_id: str) -> str:
+        """Where the allocation's record is: the current dir's, or an earlier dir's that holds it."""
+        for directory in (self.dir, *self.earlier):
+            path = os.path.join(directory, f"{alloc_id}.json")
+            if os.path.exists(path):
+                return path
         return os.path.join(self.dir, f"{alloc_id}.json")
 
     def records(self) -> list[AllocNetwork]:
         out = []
-        if os.path.isdir(self.dir):
-            for name in sorted(os.listdir(self.dir)):
-                if name.endswith(".json"):
-                    with open(os.path.join(self.dir, name)) as fh:
-                        out.append(AllocNetwork.from_json(fh.read()))
+        for directory in (self.dir, *self.earlier):
+            if os.path.isdir(directory):
+                for name in sorted(os.listdir(directory)):
+                    if name.endswith(".json"):
+                        with open(os.path.join(directory, name)) as fh:
+                            out.append(AllocNetwork.from_json(fh.read()))
         return out
 
     def find(self, alloc_id: str) -> AllocNetwork | None:
@@ -213,6 +225,8 @@ class NetworkManager:
             if existing is not None and existing.phase == "creating":
                 # Under the lock, "creating" can only be a CreateNetwork whose plugin died: rebuild.
                 self._teardown(existing)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self._record_path(alloc_id))  # an earlier dir's, too: rebuilt, it is recorded here
             elif existing is not None and os.path.exists(netns_path(existing.netns)):
                 return existing.spec, False
             used = {r.address for r in self.records() if r.alloc_id != alloc_id}
@@ -257,7 +271,7 @@ class NetworkManager:
             return net.spec, True
 
     def _write(self, net: AllocNetwork) -> None:
-        path = self._record_path(net.alloc_id)
+        path = os.path.join(self.dir, f"{net.alloc_id}.json")  # new records only in the current dir
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as fh:
             fh.write(net.to_json())

@@ -16,12 +16,14 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import docker
 import pytest
 
 from drivers.raw_exec.store import RawState
+from driversdk.model import NetworkIsolationSpec
 from driversdk.runner.bundled import bundled_driver
 from driversdk.runner.clientconfig import load_client
 from driversdk.testing import AllocDir, DriverHarness
@@ -245,3 +247,43 @@ def test_a_task_started_with_the_old_default_state_dir_is_recovered_after_the_ch
     finally:
         harness.close()
         alloc.remove()
+
+
+def _link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+
+
+def test_exec_group_networks_made_with_the_old_default_count_after_the_change(tmp_path: Path) -> None:
+    """A group network an exec plugin made with its own default state dir (/var/lib/driversdk-exec)
+    holds its address and the bridge after the change: a plugin with the state dir under the data
+    dir gives the next allocation another address, keeps the bridge while the old network uses it,
+    and destroys the old network (its record included)."""
+    bridge = f"dsxs{uuid.uuid4().hex[:8]}"
+    net = {"bridge_name": bridge, "bridge_subnet": "10.231.91.0/29"}
+    bundled = bundled_driver("exec")
+    assert bundled is not None
+    old_alloc, new_alloc = str(uuid.uuid4()), str(uuid.uuid4())
+    old = DriverHarness(bundled.command(), plugin_config=net)  # no state_dir: the plugin's own default
+    new: DriverHarness | None = None
+    try:
+        old_spec, _ = old.client.create_network(old_alloc, "old")
+        record = Path("/var/lib/driversdk-exec/networks") / f"{old_alloc}.json"
+        assert record.exists()
+        old.close()
+        config = load_client(str(_client(tmp_path, "dsx-statedirs-net"))).plugin_config("exec")
+        new = DriverHarness(bundled.command(), plugin_config={**config, **net})
+        new_spec, _ = new.client.create_network(new_alloc, "new")
+        assert new_spec.labels["address"] != old_spec.labels["address"], "two allocations were given one address"
+        new.client.destroy_network(new_alloc, new_spec)
+        assert _link_exists(bridge), "the bridge went while the old allocation's network still uses it"
+        new.client.destroy_network(old_alloc, old_spec)
+        assert not record.exists() and not _link_exists(bridge)
+    finally:
+        if new is not None:
+            for alloc, spec in ((new_alloc, None), (old_alloc, old_spec if "old_spec" in locals() else None)):
+                with contextlib.suppress(Exception):
+                    new.client.destroy_network(alloc, spec or NetworkIsolationSpec())
+            new.close()
+        old.close()
+        with contextlib.suppress(FileNotFoundError):
+            (Path("/var/lib/driversdk-exec/networks") / f"{old_alloc}.json").unlink()
