@@ -143,12 +143,15 @@ def submit(client: AgentClient, args: argparse.Namespace, paths: Sequence[str]) 
 
 
 def _allocations(client: AgentClient, job_id: str) -> list[dict[str, Any]]:
+    """The allocations a job id has before this run: its own, or, for a job id the agent does not
+    know (never run, or purged), those a purged job of that id left (the agent lists them under
+    the new job as well until they are collected)."""
     try:
         allocs: list[dict[str, Any]] = client.request("GET", job_path(job_id) + "/allocations")[0] or []
     except APIRequestError as err:
         if err.status != 404:
             raise
-        return []
+        return [a for a in client.get("/v1/allocations") or [] if a.get("JobID") == job_id]
     return allocs
 
 

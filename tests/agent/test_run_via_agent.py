@@ -302,3 +302,22 @@ def test_detach_without_an_agent_is_refused(tmp_path: Path) -> None:
     done = run(None, "-detach", "--client", str(client), str(path), TMPDIR=str(tmp_path))
     assert done.returncode == 2 and "-detach needs a running agent" in done.stderr, done.stderr
     assert not (data / "state.db").exists()
+
+
+def _allocs_named(stdout: str) -> set[str]:
+    return set(re.findall(r"alloc ([0-9a-f]{8})\]$", stdout, re.M))
+
+
+def test_a_rerun_follows_only_its_own_allocations(agent: AgentProcess, tmp_path: Path) -> None:
+    path = job_file(tmp_path / "r.hcl", "again", "echo once more")
+    first = run(agent, str(path))
+    assert first.returncode == 0, first.stderr
+    [one] = _allocs_named(first.stdout)
+    second = run(agent, str(path))  # registered again: the first run's allocation is not this run's
+    assert second.returncode == 0, second.stderr
+    [two] = _allocs_named(second.stdout)
+    agent.client().request("DELETE", "/v1/job/again", {"purge": "true"})
+    third = run(agent, str(path))  # purged, then a new job of the same id
+    assert third.returncode == 0, third.stderr
+    [three] = _allocs_named(third.stdout)
+    assert len({one, two, three}) == 3
