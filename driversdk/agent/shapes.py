@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from driversdk.agent.jobstore import JobRecord
+from driversdk.runner.events import RunEventType
 from driversdk.runner.runstate import AllocRecord, TaskRecord
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def rfc3339(seconds: float | None) -> str | None:
 def job_status(agent: Agent, record: JobRecord) -> str:
     """Nomad's job status: ``dead`` once every allocation is over, even while the agent is still
     releasing what they held."""
-    if record.status.value != "running" or agent.node is None:
+    if record.status.value == "dead" or agent.node is None:
         return record.status.value
     allocs = agent.node.state.allocs(record.id)
     if allocs and all(client_status(a, agent.node.state.tasks(a.alloc_id)) in _TERMINAL for a, _ in allocs):
@@ -132,7 +133,11 @@ def task_state(agent: Agent, record: TaskRecord) -> dict[str, Any]:
     assert agent.node is not None
     state, failed = _TASK_STATES.get(record.state, ("pending", False))
     events = agent.node.state.task_events(record.alloc_id, record.task)
-    api_events = [_event(e) for e in events]
+    # "finished" is the run's own closing line (the exit after the restart policy); Nomad's
+    # Terminated and Killed events already say it.
+    api_events = [_event(e) for e in events if e.get("type") != RunEventType.FINISHED]
+    if failed and api_events and api_events[-1]["Type"] == "Restarting":
+        state, failed = "pending", False  # waiting out its restart delay, as Nomad shows it
     started = [e["Time"] for e in api_events if e["Type"] == "Started"]
     restarted = [e["Time"] for e in api_events if e["Type"] == "Restarting"]
     return {
@@ -184,12 +189,28 @@ def _alloc_name(alloc: AllocRecord) -> str:
     return f"{alloc.job}.{alloc.group}[{alloc.index}]"
 
 
+def _killed(agent: Agent, task: TaskRecord) -> bool:
+    """Whether the task was stopped by the client (a Killing event) rather than ending by itself."""
+    assert agent.node is not None
+    return any(e.get("type") == "Killing" for e in agent.node.state.task_events(task.alloc_id, task.task))
+
+
+def _first_event_time(agent: Agent, task: TaskRecord) -> float:
+    assert agent.node is not None
+    events = agent.node.state.task_events(task.alloc_id, task.task)
+    times = [float(e.get("time") or 0) for e in events[:1]]
+    return times[0] if times and times[0] else task.updated
+
+
 def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:
     assert agent.node is not None
     tasks = agent.node.state.tasks(alloc.alloc_id)
     record = agent.jobs.get(alloc.job) if agent.jobs is not None else None
     node = agent.node_info()
-    desired = "stop" if (record is None or record.stop or alloc.state != "running") else "run"
+    # Stopped on request (the job stopped, or replaced by an update) is desired "stop"; an
+    # allocation whose tasks ended by themselves stays desired "run", as in Nomad.
+    replaced = alloc.state != "running" and any(_killed(agent, t) for t in tasks)
+    desired = "stop" if (record is None or record.stop or replaced) else "run"
     return {
         "ID": alloc.alloc_id,
         "EvalID": "",
@@ -208,7 +229,7 @@ def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, An
         "TaskStates": {t.task: task_state(agent, t) for t in tasks},
         "CreateIndex": 0,
         "ModifyIndex": agent.index,
-        "CreateTime": int(min((t.updated for t in tasks), default=updated) * 1e9),
+        "CreateTime": int(min([updated, *(_first_event_time(agent, t) for t in tasks)]) * 1e9),
         "ModifyTime": int(updated * 1e9),
     }
 
