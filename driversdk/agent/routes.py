@@ -358,7 +358,7 @@ def logs(agent: Agent, request: Request, match: re.Match[str]) -> Response:
         now = [r for r in state.tasks(alloc.alloc_id) if r.task == task]
         return bool(now) and now[0].state in ("running", "starting", "restarting")
 
-    return Response(stream=_follow(logs_dir, running, frame, origin == "end"),
+    return Response(stream=_follow(logs_dir, running, frame, origin == "end", offset),
                     content_type="text/plain" if plain else "application/json")  # fmt: skip
 
 
@@ -407,25 +407,56 @@ def _framer(file: str) -> Callable[[bytes, int], bytes]:
 
 
 def _follow(logs_dir: Any, running: Callable[[], bool], frame: Callable[[bytes, int], bytes],
-            from_end: bool) -> Iterator[bytes]:  # fmt: skip
+            from_end: bool, offset: int = 0) -> Iterator[bytes]:  # fmt: skip
+    """The log as it grows: from ``offset`` bytes in (``origin=start``) or the last ``offset``
+    bytes (``origin=end``), then every byte written until the task ends or the client goes."""
     from driversdk import logtail
 
     chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=256)
     stop = threading.Event()
     follower = logtail.Follower(logs_dir)
+    first = b""
+    skip = 0 if from_end else offset
     if from_end:
-        follower.drain(lambda _: None)
+        kept = bytearray()
+
+        def keep_tail(data: bytes) -> None:
+            kept.extend(data)
+            del kept[: max(0, len(kept) - offset)]
+
+        follower.drain(keep_tail)
+        first = bytes(kept)
+
+    def put(data: bytes) -> None:
+        nonlocal skip
+        if skip:
+            cut = min(skip, len(data))
+            data, skip = data[cut:], skip - cut
+        while data and not stop.is_set():
+            try:
+                chunks.put(data, timeout=1.0)
+                return
+            except queue.Full:
+                continue  # a slow reader; given up on once it has gone (stop)
 
     def pump() -> None:
         try:
-            logtail.follow(follower, chunks.put, lambda: running() and not stop.is_set())
+            logtail.follow(follower, put, lambda: running() and not stop.is_set())
         finally:
             follower.close()
             logs_dir.close()
-            chunks.put(None)
+            while True:
+                try:
+                    chunks.put(None, timeout=1.0)
+                    break
+                except queue.Full:
+                    if stop.is_set():
+                        break  # nobody reads any more
 
     threading.Thread(target=pump, daemon=True, name="logs-follow").start()
     try:
+        if first:
+            yield frame(first, 0)
         while (chunk := chunks.get()) is not None:
             yield frame(chunk, 0)
     finally:

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -113,3 +114,19 @@ def test_second_agent_on_the_data_dir_is_refused(agent: AgentProcess) -> None:
     assert f"another driversdk agent (pid {agent.proc.pid}) already uses the data dir" in second.stderr  # type: ignore[union-attr]
     assert "Traceback" not in second.stderr
     assert agent.client().get("/v1/agent/self")["config"]["DataDir"] == str(agent.data_dir)
+
+
+def test_followed_logs_start_at_the_offset_asked_for(agent: AgentProcess) -> None:
+    client = agent.client()
+    client.request("PUT", "/v1/jobs", body={"Job": _job("tail", "batch", "echo one; echo two; sleep 3; echo three")})
+    [alloc] = agent.wait_allocs("tail", "running", "complete")
+    path = f"/v1/client/fs/logs/{alloc['ID']}"
+    for _ in range(100):
+        if b"two" in b"".join(client.stream(path, task="t", type="stdout", plain="true")):
+            break
+        time.sleep(0.05)
+    from_end = b"".join(client.stream(path, task="t", type="stdout", plain="true", follow="true", origin="end",
+                                      offset="4"))  # fmt: skip
+    assert from_end == b"two\nthree\n"
+    from_start = b"".join(client.stream(path, task="t", type="stdout", plain="true", follow="true", offset="4"))
+    assert from_start == b"two\nthree\n"
