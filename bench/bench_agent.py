@@ -262,10 +262,15 @@ def bench_commands(work: Path, runs: int, via: str) -> None:
         timed(submit(), agent_env)
         timed(docker_ps)
         timed(status_cmd, agent_env)
-        raw, ours_run, ps, status, floor = [], [], [], [], []
+        api_cmd = [sys.executable, str(follow_py), agent.address, str(job), "bench-api"]
+        if via == "cli":
+            timed(api_cmd, agent_env)
+        raw, ours_run, ps, status, floor, api = [], [], [], [], [], []
         for _ in range(runs):
             raw.append(timed(docker_run))
             ours_run.append(timed(submit(), agent_env))
+            if via == "cli":  # the least a client process does for the same, beside it
+                api.append(timed(api_cmd, agent_env))
             ps.append(timed(docker_ps))
             status.append(timed(status_cmd, agent_env))
             floor.append(timed([sys.executable, "-c", "pass"]))
@@ -284,6 +289,8 @@ def bench_commands(work: Path, runs: int, via: str) -> None:
     print(f"     {run_label:<38}{median_ms(ours_run)}  (to a running agent -dev)")
     print(f"     ratio                                 {run_ratio:8.2f}     goal <= {GOAL_RUN_RATIO:.2f}  "
           f"{verdict(run_ratio, GOAL_RUN_RATIO)}")  # fmt: skip
+    if api:
+        print(f"     {'API client: parse, register, follow':<38}{median_ms(api)}  (a stdlib client process, for scale)")
     if via != "cli":
         print("     (driversdk run does not submit to an agent in this checkout yet: measured through the API with")
         print("      the CLI's stdlib client in a fresh process, as `run` will do it)")
