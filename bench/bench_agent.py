@@ -265,7 +265,7 @@ def bench_commands(work: Path, runs: int, via: str) -> None:
         api_cmd = [sys.executable, str(follow_py), agent.address, str(job), "bench-api"]
         if via == "cli":
             timed(api_cmd, agent_env)
-        raw, ours_run, ps, status, floor, api = [], [], [], [], [], []
+        raw, ours_run, ps, status, floor, bare_floor, api = [], [], [], [], [], [], []
         for _ in range(runs):
             raw.append(timed(docker_run))
             ours_run.append(timed(submit(), agent_env))
@@ -274,6 +274,7 @@ def bench_commands(work: Path, runs: int, via: str) -> None:
             ps.append(timed(docker_ps))
             status.append(timed(status_cmd, agent_env))
             floor.append(timed([sys.executable, "-c", "pass"]))
+            bare_floor.append(timed([sys.executable, "-I", "-S", "-c", "pass"]))
         jobs = agent.client().get("/v1/jobs") or []
         if not jobs or any(j["Status"] != "dead" for j in jobs):
             raise SystemExit(f"the agent did not run the submitted jobs to their end: {jobs}")
@@ -303,6 +304,7 @@ def bench_commands(work: Path, runs: int, via: str) -> None:
     print(f"     ratio                                 {status_ratio:8.2f}     goal <= {GOAL_STATUS_RATIO:.2f}  "
           f"{verdict(status_ratio, GOAL_STATUS_RATIO)}")  # fmt: skip
     print(f"     python -c pass                        {median_ms(floor)}  (floor: the CLI's interpreter starting)")
+    print(f"     python -I -S -c pass                  {median_ms(bare_floor)}  (floor: without site-packages)")
     if not job_verb_landed():
         print("     (no `driversdk job status` in this checkout yet: a stdlib client process does its GET /v1/jobs)")
 
