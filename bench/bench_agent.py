@@ -29,6 +29,7 @@ Run as root (needs hack/docker-up.sh, hack/build-test-images.sh, runc):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -453,6 +454,18 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
     print("    collectors and the exec driver's task supervisors; the tasks themselves not counted)")
 
 
+def remove_cgroup_parents() -> None:
+    """The exec driver makes the bench's cgroup_parent in each hierarchy and, as a parent shared
+    by tasks, leaves it: once every task is gone it is empty, and removed here (bottom-up; a
+    cgroup that still holds a process cannot be removed and is left)."""
+    for top in Path("/sys/fs/cgroup").glob(f"*/dsx-bench-agent-{os.getpid()}"):
+        for sub in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="interleaved rounds of parts 1-3")
@@ -473,6 +486,7 @@ def main() -> None:
             bench_scale(work, args.count, args.samples)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        remove_cgroup_parents()
 
 
 if __name__ == "__main__":
