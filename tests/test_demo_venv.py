@@ -25,6 +25,7 @@ import pytest
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.mountinfo import read_mountinfo
 from tests.hostcheck import labelled_containers, processes
+from tests.runner.test_driver_state_dirs import runc_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 
@@ -74,6 +75,18 @@ def _tree(path: Path) -> set[str]:
     return {str(p) for p in path.rglob("*")} | {str(path)} if path.is_dir() else set()
 
 
+def local_image_tags(engine: docker.DockerClient) -> set[str]:
+    """Tags of images with no registry host: what a build or import makes here. (Tests of other
+    files running meanwhile push to and pull from a local registry, whose tags name its host.)"""
+    tags = {t for image in engine.images.list(all=True) for t in image.tags}
+    return {t for t in tags if not _registry_host(t)}
+
+
+def _registry_host(tag: str) -> bool:
+    first, slash, _ = tag.partition("/")
+    return bool(slash) and (first == "localhost" or "." in first or ":" in first)
+
+
 def host_state() -> dict[str, set[str]]:
     """What of the demo's kind is on the host: dirs outside any data dir, demo temp dirs, runc
     state, mounts, containers of a demo, images, processes of a demo."""
@@ -89,14 +102,14 @@ def host_state() -> dict[str, set[str]]:
     return {
         "dirs outside a data dir": dirs,
         "demo temp dirs": {str(p) for p in Path("/tmp").glob("driversdk-demo-*")},
-        "runc state": _tree(Path("/run/runc")),
+        "runc state": set(runc_containers("/tmp/driversdk-demo-")),
         "mounts": {e.mount_point for e in read_mountinfo() if "driversdk-demo-" in e.mount_point},
         "containers": {
             str(c["Name"])
             for c in labelled_containers(engine, LABEL_TASK_ID)
             if any("driversdk-demo-" in b for b in c["HostConfig"].get("Binds") or [])
         },
-        "images": {i.id for i in engine.images.list(all=True)},
+        "images": local_image_tags(engine),
         "processes": set(processes("driversdk-demo-")),
     }
 
