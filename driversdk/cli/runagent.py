@@ -182,6 +182,52 @@ def event_of(api: dict[str, Any], alloc: dict[str, Any], task: str) -> RunEvent:
     )
 
 
+def _sorted_events(state: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted(state.get("Events") or [], key=lambda e: e.get("Time") or 0)
+
+
+def task_settled(state: dict[str, Any]) -> bool:
+    """A dead task whose closing events are all in (a task ended by itself is dead once its
+    Terminated event and the restart policy's verdict are recorded; a start that failed is
+    marked dead before its Driver Failure and Not Restarting events)."""
+    if state.get("State") != "dead":
+        return False
+    types = [e.get("Type") for e in state.get("Events") or []]
+    if "Not Restarting" in types or "Killed" in types or str(RunEventType.NOT_STARTED) in types:
+        return True
+    return "Terminated" in types and not state.get("Failed")
+
+
+def finish_of(state: dict[str, Any], alloc: dict[str, Any], task: str) -> RunEvent | None:
+    """The in-process run's closing "finished with …" line of a dead task that ran (the agent
+    does not keep it as one of Nomad's events: its last Terminated event says the same)."""
+    events = _sorted_events(state)
+    terminated = [e for e in events if e.get("Type") == "Terminated"]
+    if not terminated:
+        return None
+    last = event_of(terminated[-1], alloc, task)
+    exit_code, signal = last.exit_code if last.exit_code is not None else 0, last.signal or 0
+    how = f"signal {signal}" if signal else f"exit code {exit_code}"
+    failed = bool(state.get("Failed"))
+    if not failed and any(e.get("Type") in ("Killing", "Killed") for e in events):
+        how += " (stopped, not failed)"
+    elif last.details.get("oom_killed") == "true":
+        how += " (killed: out of memory)"
+    return RunEvent(
+        "task",
+        f"finished with {how}",
+        job=last.job,
+        group=last.group,
+        alloc_id=last.alloc_id,
+        task=task,
+        time=max(float(e.get("Time") or 0) for e in events) / 1e9,
+        type=RunEventType.FINISHED,
+        exit_code=exit_code,
+        signal=signal,
+        fails_task=failed,
+    )
+
+
 def failure_of(alloc: dict[str, Any]) -> RunEvent:
     """Why a failed allocation failed, as the error line that ends the run."""
     where = {"job": str(alloc.get("JobID") or ""), "group": str(alloc.get("TaskGroup") or ""),
@@ -189,16 +235,13 @@ def failure_of(alloc: dict[str, Any]) -> RunEvent:
     for task, state in sorted((alloc.get("TaskStates") or {}).items()):
         if not state.get("Failed"):
             continue
-        events = sorted(state.get("Events") or [], key=lambda e: e.get("Time") or 0)
-        for pick in (
-            lambda e: e.get("Type") in _FAILURE_TYPES,
-            lambda e: e.get("Type") == str(RunEventType.FINISHED),
-            lambda e: bool(e.get("FailsTask")),
-        ):
-            found = [e for e in events if pick(e)]
-            if found:
-                return error_event(str(found[-1].get("Message") or "failed"), task=task, **where)
-        return error_event("failed", task=task, **where)
+        events = _sorted_events(state)
+        found = [e for e in events if e.get("Type") in _FAILURE_TYPES]
+        finish = finish_of(state, alloc, task)
+        if not found and finish is not None:
+            return error_event(finish.message, task=task, **where)
+        found = found or [e for e in events if e.get("FailsTask")]
+        return error_event(str(found[-1].get("Message") or "failed") if found else "failed", task=task, **where)
     return error_event(
         f"the allocation failed before its tasks started; `driversdk alloc status {where['alloc_id'][:8]}` "
         "and the agent's log say why",
@@ -214,6 +257,7 @@ class Follower:
     jobs: list[Submitted]
     out: Callable[[RunEvent], None]
     seen: set[tuple[str, str, int, str, str]] = field(default_factory=set)
+    finished: set[tuple[str, str]] = field(default_factory=set)  # (alloc, task) whose end was printed
     allocs: dict[str, dict[str, Any]] = field(default_factory=dict)
     purged: set[str] = field(default_factory=set)
 
@@ -252,6 +296,11 @@ class Follower:
                         if key not in self.seen:
                             self.seen.add(key)
                             fresh.append(event_of(api, stub, task))
+                    if (stub["ID"], task) not in self.finished and task_settled(state):
+                        self.finished.add((stub["ID"], task))
+                        finish = finish_of(state, stub, task)
+                        if finish is not None:
+                            fresh.append(finish)
         for event in sorted(fresh, key=lambda e: e.time):
             self.out(event)
         return index
@@ -273,14 +322,8 @@ class Follower:
         return True
 
     def settled(self) -> bool:
-        """Every task has said its last word: the task state is written just before its
-        "finished" (or "not started") event, so an allocation is terminal a moment before it."""
-        last = (str(RunEventType.FINISHED), str(RunEventType.NOT_STARTED))
-        for alloc in self.allocs.values():
-            for state in (alloc.get("TaskStates") or {}).values():
-                if not any(e.get("Type") in last for e in state.get("Events") or []):
-                    return False
-        return True
+        """Every task has said its last word (see :func:`task_settled`)."""
+        return all(task_settled(state) for a in self.allocs.values() for state in (a.get("TaskStates") or {}).values())
 
     def failed(self) -> list[dict[str, Any]]:
         return [a for a in self.allocs.values() if a.get("ClientStatus") in ("failed", "lost")]
@@ -327,8 +370,8 @@ def run_via_agent(client: AgentClient, named: bool, args: argparse.Namespace) ->
             index = follower.poll(index, WAIT)
             if follower.over():
                 break
-        # A task that never started (its driver refused it) has no "finished" event: wait for the
-        # last events only while they keep coming.
+        # A start that failed is marked dead before its last events are recorded: wait for them,
+        # only while they keep coming.
         while not follower.settled():
             before = len(follower.seen)
             index = follower.poll(index, SETTLE_WAIT)
