@@ -37,12 +37,20 @@ class _PluginLines(logging.Handler):
         self.agent.log(record.levelname.lower(), f"client.driver_mgr.{name}: {record.getMessage()}")
 
 
+class _PluginLogFile(logging.handlers.RotatingFileHandler):
+    """plugins.log; a line that cannot be written (a full disk) is dropped and counted, never
+    a traceback on the agent's stderr."""
+
+    dropped = 0
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.dropped += 1
+
+
 def _plugin_logging(agent: Agent) -> None:
     logs = os.path.join(agent.client.data_dir, "logs")
     os.makedirs(logs, mode=0o700, exist_ok=True)
-    to_file = logging.handlers.RotatingFileHandler(
-        os.path.join(logs, "plugins.log"), maxBytes=PLUGIN_LOG_BYTES, backupCount=PLUGIN_LOG_FILES
-    )
+    to_file = _PluginLogFile(os.path.join(logs, "plugins.log"), maxBytes=PLUGIN_LOG_BYTES, backupCount=PLUGIN_LOG_FILES)
     to_file.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
     logger = logging.getLogger("driversdk.plugin")
     logger.setLevel(logging.DEBUG)

@@ -33,8 +33,8 @@ def rfc3339(seconds: float | None) -> str | None:
 def job_status(agent: Agent, record: JobRecord) -> str:
     """Nomad's job status: ``dead`` once every allocation is over, even while the agent is still
     releasing what they held."""
-    if record.status.value == "dead" or agent.node is None:
-        return record.status.value
+    if record.status.value != "running" or agent.node is None:
+        return record.status.value  # pending: being started (or replaced by an update) right now
     allocs = agent.node.state.allocs(record.id)
     if allocs and all(client_status(a, agent.node.state.tasks(a.alloc_id)) in _TERMINAL for a, _ in allocs):
         return "dead"

@@ -96,11 +96,19 @@ LOG_FILE_BYTES = 10 * 1024 * 1024
 LOG_FILE_BACKUPS = 2
 
 
+class _QuietFileHandler(logging.handlers.RotatingFileHandler):
+    """The log file: a line that cannot be written (a full disk) is dropped, not printed as a
+    traceback onto stderr, which still carries every line."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 def _file_handler(path: str) -> logging.Handler | None:
     try:
         # Created owner-only and never through a symlink; the rotating handler then appends to it.
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-        return logging.handlers.RotatingFileHandler(path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS)
+        return _QuietFileHandler(path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS)
     except OSError:
         return None  # stderr still has every line; the failure is said there once logging is set up
 
