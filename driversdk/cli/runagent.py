@@ -134,24 +134,46 @@ def submit(client: AgentClient, args: argparse.Namespace, paths: Sequence[str]) 
     done = []
     for job in jobs:
         job_id = str(job.get("ID") or "")
-        earlier = frozenset(a["ID"] for a in _allocations(client, job_id)) if job_id else frozenset()
-        client.request("PUT", "/v1/jobs", body={"Job": job})
+        before = _job(client, job_id) if job_id else None
+        earlier = (
+            frozenset(a["ID"] for a in _allocations(client, job_id, before is not None)) if job_id else frozenset()
+        )
+        answer = client.request("PUT", "/v1/jobs", body={"Job": job})[0] or {}
+        if (
+            before is not None
+            and before.get("Status") != "dead"
+            and not before.get("Stop")
+            and answer.get("JobModifyIndex") == before.get("JobModifyIndex")
+        ):
+            earlier = frozenset()  # unchanged and still running, so the agent keeps it: its allocations are ours
         groups = [g for g in job.get("TaskGroups") or [] if isinstance(g, dict)]
         count = sum(g["Count"] if isinstance(g.get("Count"), int) else 1 for g in groups)
         done.append(Submitted(job_id, str(job.get("Type") or "service"), count, earlier))
     return done
 
 
-def _allocations(client: AgentClient, job_id: str) -> list[dict[str, Any]]:
+def _job(client: AgentClient, job_id: str) -> dict[str, Any] | None:
+    try:
+        job: dict[str, Any] = client.get(job_path(job_id))
+    except APIRequestError as err:
+        if err.status != 404:
+            raise
+        return None
+    return job
+
+
+def _allocations(client: AgentClient, job_id: str, known: bool) -> list[dict[str, Any]]:
     """The allocations a job id has before this run: its own, or, for a job id the agent does not
     know (never run, or purged), those a purged job of that id left (the agent lists them under
     the new job as well until they are collected)."""
+    if not known:
+        return [a for a in client.get("/v1/allocations") or [] if a.get("JobID") == job_id]
     try:
         allocs: list[dict[str, Any]] = client.request("GET", job_path(job_id) + "/allocations")[0] or []
     except APIRequestError as err:
         if err.status != 404:
             raise
-        return [a for a in client.get("/v1/allocations") or [] if a.get("JobID") == job_id]
+        return []
     return allocs
 
 
@@ -260,6 +282,7 @@ class Follower:
     finished: set[tuple[str, str]] = field(default_factory=set)  # (alloc, task) whose end was printed
     allocs: dict[str, dict[str, Any]] = field(default_factory=dict)
     purged: set[str] = field(default_factory=set)
+    placed_none: set[str] = field(default_factory=set)  # jobs the agent ended without an allocation
 
     def poll(self, index: int, wait: str) -> int:
         """One round: the first job's allocations by a blocking query (the agent's index covers
@@ -315,11 +338,27 @@ class Follower:
             if job.id in self.purged:
                 continue
             allocs = self.of(job)
+            if not allocs and self._ended_empty(job):
+                continue
             if not allocs or any(a.get("ClientStatus") not in TERMINAL for a in allocs):
                 return False
             if len(allocs) < job.count and not any(a.get("ClientStatus") != "complete" for a in allocs):
                 return False
         return True
+
+    def _ended_empty(self, job: Submitted) -> bool:
+        """The job is over with no allocation of this run (its runner failed before placing one).
+        Asked only of a job with no earlier allocations: the agent calls a job dead while every
+        allocation it lists is over, and the earlier ones are over before this run places any."""
+        if job.id in self.placed_none:
+            return True
+        if job.earlier:
+            return False
+        found = _job(self.client, job.id)
+        if found is None or found.get("Status") == "dead":
+            self.placed_none.add(job.id)
+            return True
+        return False
 
     def settled(self) -> bool:
         """Every task has said its last word (see :func:`task_settled`)."""
@@ -382,14 +421,20 @@ def run_via_agent(client: AgentClient, named: bool, args: argparse.Namespace) ->
             stop = _stop_command(args, job.id)
             _say(args, f'detached: job "{job.id}" keeps running in the agent; stop it with `{stop}`', job=job.id)
         return EXIT_OK
-    failed = follower.failed()
-    for alloc in failed:
-        event = failure_of(alloc)
+    ends = [failure_of(alloc) for alloc in follower.failed()]
+    ends += [
+        error_event(
+            f'job "{job}" ended without an allocation; `driversdk job status {job}` and the agent\'s log say why',
+            job=job,
+        )
+        for job in sorted(follower.placed_none - follower.purged)
+    ]
+    for event in ends:
         if args.json:
             print(event.json(), flush=True)
         else:
             print(event.text(), file=sys.stderr, flush=True)
-    return EXIT_FAILED if failed else EXIT_OK
+    return EXIT_FAILED if ends else EXIT_OK
 
 
 def _detached(args: argparse.Namespace, follower: Follower) -> int:

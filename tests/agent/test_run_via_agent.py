@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -238,22 +240,39 @@ def test_detach_returns_with_the_ids_and_the_job_runs_on(agent: AgentProcess, tm
 
 def test_ctrl_c_on_a_followed_run_detaches_and_says_how_to_stop(agent: AgentProcess, tmp_path: Path) -> None:
     path = job_file(tmp_path / "s.hcl", "svc", "echo up; exec sleep 300", job_type="service")
-    proc = subprocess.Popen([sys.executable, "-m", "driversdk.cli", "run", str(path)], cwd=ROOT, env=_env(agent),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "started (docker)" in line:
-            break
+    proc = _follow(agent, path)
+    seen = _read_until(proc, "started (docker)")
     proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, (lines, rest, err)
+    out, err = proc.communicate(timeout=60)
+    rest = out.decode()
+    assert proc.returncode == 0, (seen, rest, err)
     assert "detached" in rest and "`driversdk job stop svc`" in rest, rest
     # Still running in the agent, never stopped.
     [alloc] = agent.wait_allocs("svc", "running")
     events = alloc["TaskStates"]["t"]["Events"]
     assert not [e for e in events if e["Type"] in ("Killing", "Killed")], events
+
+
+def _follow(agent: AgentProcess, path: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "driversdk.cli", "run", str(path)], cwd=ROOT, env=_env(agent),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def _read_until(proc: subprocess.Popen[bytes], text: str, timeout: float = 90) -> str:
+    """The run's output up to a line holding ``text`` (a bound so that a run that never prints it
+    fails instead of hanging the suite)."""
+    assert proc.stdout is not None
+    fd, data, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while text.encode() not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            proc.kill()
+            raise AssertionError(f"the run never printed {text!r}: {data!r}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise AssertionError(f"the run ended before printing {text!r}: {data!r}")
+        data += chunk
+    return data.decode()
 
 
 def _imported(stderr: str) -> set[str]:
@@ -321,3 +340,19 @@ def test_a_rerun_follows_only_its_own_allocations(agent: AgentProcess, tmp_path:
     assert third.returncode == 0, third.stderr
     [three] = _allocs_named(third.stdout)
     assert len({one, two, three}) == 3
+
+
+def test_running_an_unchanged_running_job_follows_its_allocation(agent: AgentProcess, tmp_path: Path) -> None:
+    """The agent keeps a running job that is registered again unchanged: the run follows the
+    allocation it has (as `nomad job run` of an unchanged job shows it), not one that never comes."""
+    path = job_file(tmp_path / "u.hcl", "same", "echo up; exec sleep 300", job_type="service")
+    assert run(agent, "-detach", str(path)).returncode == 0
+    [alloc] = agent.wait_allocs("same", "running")
+    proc = _follow(agent, path)
+    seen = _read_until(proc, "started (docker)")
+    [line] = [x for x in seen.splitlines() if "started (docker)" in x]
+    assert line.endswith(f"alloc {alloc['ID'][:8]}]"), line
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "driversdk job stop same" in out.decode(), (out, err)
+    assert [a["ID"] for a in agent.wait_allocs("same", "running")] == [alloc["ID"]]
