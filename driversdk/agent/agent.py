@@ -27,6 +27,7 @@ from driversdk.agent.acl import TokenStore
 from driversdk.agent.datadirlock import DataDirLock
 from driversdk.agent.jobrunner import JobRunner
 from driversdk.agent.jobstore import JobRecord, JobStatus, JobStore
+from driversdk.agent.periodic import PeriodicDispatcher, PeriodicError, Schedule
 from driversdk.agent.settings import AgentSettings
 from driversdk.errors import ConfigError, DriverSDKError, StateWriteError
 from driversdk.paths import check_name
@@ -85,6 +86,7 @@ class Agent:
         self._changed = threading.Condition()
         self.index = 1
         self._gc: Any = None
+        self.periodic: PeriodicDispatcher | None = None
 
     # --- log and change index --------------------------------------------------------------------
 
@@ -133,6 +135,7 @@ class Agent:
             self._gc = PeriodicGC(self.client.data_dir, self.node.state, GCPolicy.of(self.client),
                                   lambda text: self.log("info", f"client.gc: {text}"))  # fmt: skip
             self._gc.start(room_for=0)
+            self.periodic = PeriodicDispatcher(self._launch_child, self._child_running, self.log)
             self._recover()
         except BaseException:
             self.lock.release()
@@ -186,6 +189,12 @@ class Agent:
             if record.status is JobStatus.DEAD:
                 continue
             try:
+                schedule = Schedule.of(record.id, record.spec)
+                if schedule is not None:
+                    if not record.stop:
+                        assert self.periodic is not None
+                        self.periodic.track(schedule)  # launches missed while down are not made up for
+                    continue
                 job = self._checked(record.id, record.spec)
             except DriverSDKError as err:
                 self.log("error", f"client: job {record.id!r} could not be recovered: {err}")
@@ -206,6 +215,8 @@ class Agent:
         shut down and the process ends."""
         assert self.node is not None
         self.log("info", "agent: shutting down; tasks keep running and are recovered by the next agent")
+        if self.periodic is not None:
+            self.periodic.close()
         if self._gc is not None:
             self._gc.stop()
         locks = [self.node.state._lock, self.node.volumes._lock, self.node.csi_state._lock]
@@ -227,6 +238,8 @@ class Agent:
 
     def close(self) -> None:
         """Shut the plugins down and close the stores (after every job was stopped)."""
+        if self.periodic is not None:
+            self.periodic.close()
         if self._gc is not None:
             self._gc.stop()
         try:
@@ -289,7 +302,7 @@ class Agent:
             except OSError as err:
                 raise JobInvalid(job_id, [Problem("", f"the job could not be copied for validation: {err.strerror}; "
                                                       f"free space in {folder}")]) from None  # fmt: skip
-            report = validate_job(path, self.client, inputs=Inputs(), known=self.facts)
+            report = validate_job(path, self.client, inputs=Inputs(), known=self.facts, scheduled=True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         if not report.valid or report.parsed is None:
@@ -323,6 +336,12 @@ class Agent:
         spec = dict(spec, ID=job_id)
         spec.setdefault("Name", job_id)
         job = self._checked(job_id, spec)
+        try:
+            schedule = Schedule.of(job_id, spec)
+        except PeriodicError as err:
+            raise JobInvalid(job_id, [Problem("", str(err), field="periodic")]) from None
+        if schedule is not None:
+            return self._register_periodic(job_id, spec, schedule)
         with self._lock:
             one_at_a_time = self._registering.setdefault(job_id, threading.Lock())
         # Two registrations of one job at once: the second waits until the first has replaced
@@ -342,6 +361,40 @@ class Agent:
             self._start_runner(job)
         self.bump()
         return record
+
+    def _register_periodic(self, job_id: str, spec: dict[str, Any], schedule: Schedule) -> JobRecord:
+        """A periodic job runs no allocation of its own: the dispatcher launches a child job at
+        each time of its schedule. The parent is running for as long as it is scheduled."""
+        assert self.jobs is not None and self.periodic is not None
+        with self._lock:
+            record, _ = self.jobs.put(job_id, spec)
+            running = self.runners.pop(job_id, None)
+        if running is not None:
+            running.stop()  # it was a job of its own before this update
+        self.jobs.set_status(job_id, JobStatus.RUNNING)
+        self.periodic.track(schedule)
+        self.bump()
+        return record
+
+    def _launch_child(self, spec: dict[str, Any]) -> None:
+        self.register(spec)
+
+    def _child_running(self, child_id: str) -> bool:
+        with self._lock:
+            runner = self.runners.get(child_id)
+        return runner is not None and not runner.ended.is_set()
+
+    def force_launch(self, job_id: str) -> str:
+        """Launch a periodic job's child now (``POST /v1/job/:id/periodic/force``); its id."""
+        assert self.jobs is not None and self.periodic is not None
+        record = self.jobs.get(job_id)
+        if record is None:
+            raise JobNotFound(f'job "{job_id}" is not registered')
+        schedule = Schedule.of(job_id, record.spec)
+        if schedule is None or record.stop:
+            raise JobInvalid(job_id, [Problem("", f'job "{job_id}" is not a periodic job that is scheduled',
+                                              field="periodic")])  # fmt: skip
+        return self.periodic.launch_now(schedule)
 
     def _start_runner(self, job: Any, only_to_stop: bool = False, started: bool = False) -> None:
         """Run the job's allocations; the job is ``running`` once every one of them was started
@@ -381,6 +434,8 @@ class Agent:
         if record is None:
             raise JobNotFound(f'job "{job_id}" is not registered')
         self.jobs.mark_stopped(job_id)
+        if self.periodic is not None:
+            self.periodic.untrack(job_id)
         with self._lock:
             runner = self.runners.get(job_id)
         self.bump()

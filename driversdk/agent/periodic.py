@@ -149,6 +149,14 @@ class PeriodicDispatcher:
             for schedule, at in launches:
                 self._launch_one(schedule, at)
 
+    def launch_now(self, schedule: Schedule) -> str:
+        """A child launched at once, out of schedule (prohibit_overlap does not hold it back, as
+        Nomad's force does not); its id."""
+        child = schedule.child(self._now())
+        self._launch(child)
+        self._last_child[schedule.job_id] = child["ID"]
+        return str(child["ID"])
+
     def _launch_one(self, schedule: Schedule, at: datetime) -> None:
         previous = self._last_child.get(schedule.job_id)
         if schedule.prohibit_overlap and previous is not None and self._still_running(previous):

@@ -264,6 +264,20 @@ def stop_job(agent: Agent, request: Request, match: re.Match[str]) -> Response:
                           "Index": agent.index, "LastIndex": agent.index, "KnownLeader": True})  # fmt: skip
 
 
+@route(r"/v1/job/(?P<id>[^/]+)/periodic/force", "PUT", "POST")
+def force_periodic(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    from driversdk.agent.agent import JobInvalid, JobNotFound
+
+    try:
+        child = agent.force_launch(match["id"])
+    except JobNotFound:
+        raise APIError(404, "job not found") from None
+    except JobInvalid as err:
+        raise APIError(400, str(err)) from None
+    agent.log("info", f"http: periodic job {match['id']!r} forced: {child!r}")
+    return Response(body={"EvalID": str(uuid.uuid4()), "EvalCreateIndex": agent.index, "Index": agent.index})
+
+
 @route(r"/v1/job/(?P<id>[^/]+)/allocations", "GET")
 def job_allocations(agent: Agent, request: Request, match: re.Match[str]) -> Response:
     _blocking(agent, request)

@@ -367,8 +367,9 @@ def sentence(c: Constraint, why: str, affinity: bool = False) -> str:
     if c.operator == PERIODIC:
         # The file is a valid Nomad job: what refuses it is `run`, which has no scheduling agent.
         return (
-            f"driversdk run does not run periodic jobs: this one is launched at {c.value} by a scheduling agent, "
-            "which driversdk does not have; to run one instance now, remove the periodic block and run the file again"
+            f"driversdk run does not run periodic jobs on its own: this one is launched at {c.value} by a "
+            "scheduling agent; start one (`driversdk agent`) and run the job again to have it launched on schedule, "
+            "or, to run one instance now, remove the periodic block and run the file again"
         )
     if c.operator == DATACENTERS:
         asked = ", ".join(f'"{d}"' for d in c.value.split("\n"))
