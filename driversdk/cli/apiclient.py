@@ -9,11 +9,9 @@ client config's, ``/var/lib/driversdk`` by default), then the dev agent's.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +21,8 @@ from driversdk.errors import DriverSDKError
 
 DEFAULT_DATA_DIR = "/var/lib/driversdk"
 SOCKET_NAME = "agent.sock"
+# An answer's head (status line and headers) larger than this is not the agent's.
+MAX_HEAD = 64 * 1024
 
 
 class AgentUnreachable(DriverSDKError):
@@ -37,30 +37,84 @@ class APIRequestError(DriverSDKError):
         super().__init__(message)
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+def _temp_dir() -> str:
+    """The temp dir as Python's tempfile chooses it (TMPDIR, TEMP, TMP, else /tmp), without
+    importing tempfile: a CLI verb's whole run is a few milliseconds."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = os.environ.get(name)
+        if value and os.path.isdir(value):
+            return os.path.abspath(value)
+    return "/tmp"
 
 
 def local_socket(data_dir: str | None = None) -> str | None:
     """The local agent's socket when one exists: the data dir's, else the dev agent's."""
     candidates = [os.path.join(data_dir or DEFAULT_DATA_DIR, SOCKET_NAME),
-                  os.path.join(tempfile.gettempdir(), f"driversdk-dev-{os.getuid()}", SOCKET_NAME)]  # fmt: skip
+                  os.path.join(_temp_dir(), f"driversdk-dev-{os.getuid()}", SOCKET_NAME)]  # fmt: skip
     for path in candidates:
         if os.path.exists(path):
             return path
     return None
+
+
+class _Response:
+    """One HTTP/1.1 answer read off a socket: status, headers, and the body as it arrives
+    (Content-Length, chunked, or until the agent closes)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = b""
+        head = self._until(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise OSError(f"not an HTTP answer: {lines[0][:80]!r}")
+        self.status = int(parts[1])
+        self.headers = {}
+        for line in lines[1:]:
+            key, _, value = line.partition(":")
+            self.headers[key.strip().lower()] = value.strip()
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self._buffer += data
+        return bool(data)
+
+    def _until(self, mark: bytes) -> bytes:
+        while mark not in self._buffer:
+            if len(self._buffer) > MAX_HEAD or not self._fill():
+                raise OSError("the agent closed the connection before answering")
+        head, _, self._buffer = self._buffer.partition(mark)
+        return head
+
+    def chunks(self) -> Iterator[bytes]:
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                size = int(self._until(b"\r\n").split(b";")[0] or b"0", 16)
+                if size == 0:
+                    return
+                while len(self._buffer) < size + 2:
+                    if not self._fill():
+                        raise OSError("the agent closed the connection in the middle of an answer")
+                yield self._buffer[:size]
+                self._buffer = self._buffer[size + 2 :]
+        length = self.headers.get("content-length")
+        if length is not None:
+            left = int(length)
+            while len(self._buffer) < left:
+                if not self._fill():
+                    raise OSError("the agent closed the connection in the middle of an answer")
+            yield self._buffer[:left]
+            return
+        while True:
+            if self._buffer:
+                yield self._buffer
+                self._buffer = b""
+            if not self._fill():
+                return
+
+    def read(self) -> bytes:
+        return b"".join(self.chunks())
 
 
 @dataclass
@@ -84,63 +138,86 @@ class AgentClient:
             address = "unix://" + path
         return cls(address, token if token is not None else os.environ.get("NOMAD_TOKEN", ""))
 
-    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
+    def _connect(self, timeout: float | None) -> tuple[socket.socket, str]:
+        """A connected socket and the Host header for it."""
         parts = urlsplit(self.address)
         if parts.scheme == "unix":
-            return _UnixConnection(parts.path, timeout)
-        if parts.scheme == "https":
-            return http.client.HTTPSConnection(parts.hostname or "127.0.0.1", parts.port or 4646, timeout=timeout)
-        if parts.scheme == "http":
-            return http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 4646, timeout=timeout)
-        raise AgentUnreachable(f"agent address {self.address!r} must start with http://, https:// or unix://")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target: Any = parts.path
+            host = "localhost"
+        elif parts.scheme in ("http", "https"):
+            port = parts.port or 4646
+            host = f"{parts.hostname or '127.0.0.1'}:{port}"
+            infos = socket.getaddrinfo(parts.hostname or "127.0.0.1", port, type=socket.SOCK_STREAM)
+            family, _, _, _, target = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        else:
+            raise AgentUnreachable(f"agent address {self.address!r} must start with http://, https:// or unix://")
+        sock.settimeout(timeout)
+        try:
+            sock.connect(target)
+            if parts.scheme == "https":
+                import ssl  # only for an agent behind TLS: loading it costs a CLI verb more than its work
+
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        except BaseException:
+            sock.close()
+            raise
+        return sock, host
 
     def _open(
         self, method: str, path: str, query: dict[str, Any] | None, body: Any, timeout: float | None
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    ) -> _Response:
         url = path + ("?" + urlencode({k: v for k, v in query.items() if v is not None}) if query else "")
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["X-Nomad-Token"] = self.token
-        data = json.dumps(body).encode() if body is not None else None
-        connection = self._connection(timeout)
+        data = json.dumps(body).encode() if body is not None else b""
         try:
-            connection.request(method, url, body=data, headers=headers)
-            response = connection.getresponse()
+            sock, host = self._connect(timeout)
         except OSError as err:
-            connection.close()
+            raise AgentUnreachable(
+                f"cannot reach the driversdk agent at {self.address}: {err.strerror or err}; is it running?"
+            ) from None
+        head = [f"{method} {url} HTTP/1.1", f"Host: {host}", "Connection: close", "User-Agent: driversdk",
+                f"Content-Length: {len(data)}", "Content-Type: application/json"]  # fmt: skip
+        if self.token:
+            head.append(f"X-Nomad-Token: {self.token}")
+        try:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
+            response = _Response(sock)
+        except OSError as err:
+            sock.close()
             raise AgentUnreachable(
                 f"cannot reach the driversdk agent at {self.address}: {err.strerror or err}; is it running?"
             ) from None
         if response.status >= 400:
-            text = response.read().decode("utf-8", "replace").strip()
-            connection.close()
+            try:
+                text = response.read().decode("utf-8", "replace").strip()
+            finally:
+                sock.close()
             raise APIRequestError(response.status, text or f"the agent answered {response.status}")
-        return connection, response
+        return response
 
     def request(
         self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None, *,
         timeout: float | None = None,
     ) -> tuple[Any, int]:  # fmt: skip
         """One call: the decoded JSON answer and the agent's index (X-Nomad-Index)."""
-        connection, response = self._open(method, path, query, body, timeout or self.timeout)
+        response = self._open(method, path, query, body, timeout or self.timeout)
         try:
             data = response.read()
-            index = int(response.headers.get("X-Nomad-Index") or 0)
         finally:
-            connection.close()
-        return (json.loads(data) if data else None), index
+            response.sock.close()
+        return (json.loads(data) if data else None), int(response.headers.get("x-nomad-index") or 0)
 
     def get(self, path: str, **query: Any) -> Any:
         return self.request("GET", path, query or None)[0]
 
     def stream(self, path: str, **query: Any) -> Iterator[bytes]:
         """The body as it arrives (a followed log)."""
-        connection, response = self._open("GET", path, query or None, None, None)
+        response = self._open("GET", path, query or None, None, None)
         try:
-            while chunk := response.read1(65536):
-                yield chunk
+            yield from response.chunks()
         finally:
-            connection.close()
+            response.sock.close()
 
 
 def job_path(job_id: str) -> str:
