@@ -72,6 +72,7 @@ class Submitted:
     type: str
     count: int  # allocations the job asks for (its groups' counts)
     earlier: frozenset[str] = frozenset()  # allocations of an earlier run of the same job id: not followed
+    periodic: bool = False  # runs nothing itself: the agent launches its children on schedule
 
 
 def _read(path: str, what: str) -> str:
@@ -148,7 +149,8 @@ def submit(client: AgentClient, args: argparse.Namespace, paths: Sequence[str]) 
             earlier = frozenset()  # unchanged and still running, so the agent keeps it: its allocations are ours
         groups = [g for g in job.get("TaskGroups") or [] if isinstance(g, dict)]
         count = sum(g["Count"] if isinstance(g.get("Count"), int) else 1 for g in groups)
-        done.append(Submitted(job_id, str(job.get("Type") or "service"), count, earlier))
+        periodic = isinstance(job.get("Periodic"), dict) and job["Periodic"].get("Enabled") is not False
+        done.append(Submitted(job_id, str(job.get("Type") or "service"), count, earlier, periodic))
     return done
 
 
@@ -398,6 +400,14 @@ def run_via_agent(client: AgentClient, named: bool, args: argparse.Namespace) ->
             for line in str(err).splitlines() or [""]:  # a problem a line, as `validate` lists them
                 print(f"error: {line}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
+    for job in jobs:
+        if job.periodic:  # as `nomad job run` of a periodic job: registered, nothing to follow
+            stop = _stop_command(args, job.id)
+            what = "the agent launches its children on schedule; `driversdk job status` lists them"
+            _say(args, f'job "{job.id}" is periodic: {what}, `{stop}` stops it', job=job.id)
+    jobs = [j for j in jobs if not j.periodic]
+    if not jobs:
+        return EXIT_OK
     follower = Follower(client, jobs, lambda e: print(e.json() if args.json else e.text(), flush=True))
     if args.detach:
         return _detached(args, follower)
