@@ -8,9 +8,7 @@ import json
 import os
 import sys
 import threading
-import traceback
 from collections.abc import Sequence
-from dataclasses import asdict
 from enum import Enum
 from typing import Any, NoReturn
 
@@ -50,6 +48,8 @@ def _probe_command(args: argparse.Namespace) -> list[str]:
 def cmd_plugin_probe(args: argparse.Namespace) -> int:
     """Launch a plugin as a Nomad client would and print what it says about itself; exit 1 when
     Nomad would not use it or it does not fingerprint healthy."""
+    import dataclasses
+
     from driversdk.client import launch
     from driversdk.hclspec import decode
     from driversdk.model import HealthState
@@ -87,7 +87,7 @@ def cmd_plugin_probe(args: argparse.Namespace) -> int:
             "config_schema": render(schema),
             "task_config_schema": render(task_schema),
             "plugin_config": decode(schema, b"", what="defaults") if schema and not config else config,
-            "capabilities": _plain(asdict(caps)),
+            "capabilities": _plain(dataclasses.asdict(caps)),
             "health": fingerprint.health.name,
             "health_description": fingerprint.health_description,
             "attributes": {k: getattr(v, "value", v) for k, v in sorted(fingerprint.attributes.items())},
@@ -1050,6 +1050,12 @@ _EXTRA_OF = {
 }
 
 
+def _print_traceback() -> None:
+    import traceback  # only for --debug: a verb that succeeds does not load it
+
+    traceback.print_exc()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1058,7 +1064,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except DriverSDKError as err:
         if args.debug:
-            traceback.print_exc()
+            _print_traceback()
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -1068,7 +1074,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra is None:
             raise
         if args.debug:
-            traceback.print_exc()
+            _print_traceback()
         print(
             f"error: `{_command(args)}` needs the {extra!r} extra, which is not installed (no module {err.name!r}); "
             f"install it with: pip install 'driversdk[{extra}]'",
@@ -1082,7 +1088,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as err:  # the last stop before a traceback would reach an operator
         if args.debug:
-            traceback.print_exc()
+            _print_traceback()
         # One sentence: what failed, where, and how to see more; the traceback is for --debug.
         where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
         detail = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)) or type(err).__name__

@@ -13,7 +13,6 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -117,11 +116,14 @@ class _Response:
         return b"".join(self.chunks())
 
 
-@dataclass
 class AgentClient:
-    address: str  # http://host:port, https://…, or unix:///path
-    token: str = ""
-    timeout: float | None = 30.0
+    def __init__(self, address: str, token: str = "", timeout: float | None = 30.0) -> None:
+        self.address = address  # http://host:port, https://…, or unix:///path
+        self.token = token
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"AgentClient({self.address!r})"  # never the token
 
     @classmethod
     def find(cls, address: str | None = None, token: str | None = None, data_dir: str | None = None) -> AgentClient:
