@@ -444,11 +444,18 @@ class Agent:
             if runner is not None:
                 runner.stop()
             if purge:
-                assert self.jobs is not None
+                assert self.jobs is not None and self.node is not None
                 self.jobs.purge(job_id)
                 with self._lock:
                     if self.runners.get(job_id) is runner:
                         self.runners.pop(job_id, None)
+                from driversdk.runner.allocgc import collect_job
+
+                # Its allocations go with it (Nomad's GC of a purged job): a new job of the same ID
+                # starts with none. One whose claims or mounts are not released yet is kept, said.
+                report = collect_job(self.client.data_dir, self.node.state, job_id)
+                for line in report.lines():
+                    self.log("info", f"client.gc: {line}")
             self.bump()
 
         threading.Thread(target=finish, name=f"stop-{job_id}", daemon=True).start()

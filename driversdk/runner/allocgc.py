@@ -120,6 +120,22 @@ def collect(
     return report
 
 
+def collect_job(data_dir: str, state: RunState, job: str) -> GCReport:
+    """Collect every terminal allocation of one job now: a purged job's, as Nomad's garbage
+    collection removes a purged job's allocations (a new job of the same name starts clean)."""
+    report = GCReport()
+    allocs_dir = os.path.join(data_dir, "allocs")
+    for alloc in state.terminal_allocs():
+        if alloc.job != job or _still_owned(alloc):
+            continue
+        kept = _destroy(allocs_dir, alloc, state)
+        if kept:
+            report.kept.append((alloc.alloc_id, kept))
+        else:
+            report.collected.append((alloc.alloc_id, alloc.job, "job purged"))
+    return report
+
+
 def _still_owned(alloc: AllocRecord) -> bool:
     """A live run other than this process recorded it: that run may still be closing it."""
     return alloc.run_pid != os.getpid() and pid_alive(alloc.run_pid)

@@ -130,3 +130,19 @@ def test_followed_logs_start_at_the_offset_asked_for(agent: AgentProcess) -> Non
     assert from_end == b"two\nthree\n"
     from_start = b"".join(client.stream(path, task="t", type="stdout", plain="true", follow="true", offset="4"))
     assert from_start == b"two\nthree\n"
+
+
+def test_a_purged_job_takes_its_allocations_with_it(agent: AgentProcess) -> None:
+    client = agent.client()
+    client.request("PUT", "/v1/jobs", body={"Job": _job("gone", "batch", "echo first")})
+    [first] = agent.wait_allocs("gone", "complete", "failed")
+    client.request("DELETE", "/v1/job/gone", {"purge": "true"})
+    for _ in range(200):
+        if not any(a["JobID"] == "gone" for a in client.get("/v1/allocations")):
+            break
+        time.sleep(0.05)
+    assert not any(a["JobID"] == "gone" for a in client.get("/v1/allocations"))
+    assert not (agent.data_dir / "allocs" / first["ID"]).exists()
+    client.request("PUT", "/v1/jobs", body={"Job": _job("gone", "batch", "echo second")})
+    [second] = agent.wait_allocs("gone", "complete", "failed")  # only the new job's allocation is listed
+    assert second["ID"] != first["ID"]
