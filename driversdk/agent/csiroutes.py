@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from driversdk.csi.fingerprint import PluginFingerprint
     from driversdk.csi.model import Volume
     from driversdk.csi.registry import PluginRegistration
+    from driversdk.runner.volumeops import Stores
     from driversdk.runner.volumes import Claim
 
 # Nomad's answer to a volume or plugin type it does not serve (its ListVolumesRequest).
@@ -326,3 +327,225 @@ def read_plugin(agent: Agent, request: Request, match: re.Match[str]) -> Respons
         }
     )
     return Response(body=out)
+
+
+# --- writes: register, deregister, create, delete, detach, snapshots -------------------------------
+# Each does what the volume command does on a data dir, with the agent's own stores and the very
+# functions that command calls (driversdk.runner.volumes / volumeops / volumewatcher).
+
+
+def _stores(agent: Agent) -> Stores:
+    from driversdk.runner.volumeops import Stores
+
+    assert agent.node is not None
+    return Stores(agent.node.volumes, agent.node.csi_state, agent.node.registry)
+
+
+def _secrets_body(request: Request) -> dict[str, str]:
+    """The ``Secrets`` of an optional JSON body (a DELETE's or a snapshot listing's)."""
+    if not request.body:
+        return {}
+    body = request.json()
+    secrets = body.get("Secrets") if isinstance(body, dict) else None
+    if secrets is None:
+        return {}
+    if not isinstance(secrets, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in secrets.items()):
+        raise APIError(400, "Secrets must be an object of strings")
+    return dict(secrets)
+
+
+def _request_volume(request: Request, path_id: str) -> Volume:
+    """The one volume of a ``{"Volumes": [CSIVolume]}`` body, for the volume the path names."""
+    from driversdk.agent.csivolumejson import volume_from_api
+
+    body = request.json()
+    volumes = body.get("Volumes") if isinstance(body, dict) else None
+    if not isinstance(volumes, list) or len(volumes) != 1:
+        raise APIError(400, 'the body must be {"Volumes": [CSIVolume]} with exactly one volume')
+    volume = volume_from_api(volumes[0])
+    if volume.id != path_id:
+        raise APIError(
+            400, f'the body\'s volume has ID "{volume.id}" but the path names "{path_id}"; send it to '
+            f"/v1/volume/csi/{volume.id}"
+        )  # fmt: skip
+    return volume
+
+
+def _written(agent: Agent, volume: Volume) -> Response:
+    """The answer of a register or create: the stored volume as GET shows it (no secrets)."""
+    return Response(body={"Volumes": [_volume(agent, volume, _plugin(agent, volume.plugin_id))], "Warnings": ""})
+
+
+@route(r"/v1/volume/csi/(?P<id>[^/]+)", "PUT", "POST")
+def register_volume(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    """``nomad volume register``: insert, or merge an update onto the registration."""
+    assert agent.node is not None
+    stored, _ = agent.node.volumes.register(_request_volume(request, match["id"]))
+    return _written(agent, stored)
+
+
+@route(r"/v1/volume/csi/(?P<id>[^/]+)", "DELETE")
+def deregister_volume(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    """``nomad volume deregister``: refused with a sentence while the volume has claims (with
+    ``force`` too: a claim is released by its allocation's end or ``detach``, never dropped)."""
+    assert agent.node is not None
+    raw_force = request.query.get("force", "")
+    if raw_force.lower() not in ("", "true", "false", "1", "0", "t", "f"):
+        raise APIError(400, "invalid force value")
+    if agent.node.volumes.get(match["id"], _namespace(request)) is None:
+        raise APIError(404, "volume not found")
+    agent.node.volumes.deregister(match["id"], _namespace(request))
+    return Response(body=None)
+
+
+@route(r"/v1/volume/csi/(?P<id>[^/]+)/create", "PUT", "POST")
+def create_volume(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    """``nomad volume create``: CreateVolume through the plugin's controller and register the
+    result; a known volume is updated (and expanded when asked)."""
+    from driversdk.runner.volumeops import create_volume as create
+
+    stored, _ = create(_stores(agent), _request_volume(request, match["id"]))
+    return _written(agent, stored)
+
+
+@route(r"/v1/volume/csi/(?P<id>[^/]+)/delete", "DELETE")
+def delete_volume(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    """``nomad volume delete``: DeleteVolume through the controller, then deregister; the body's
+    ``Secrets`` overlay the volume's. Refused while the volume is claimed."""
+    from driversdk.runner.volumeops import delete_volume as delete
+
+    assert agent.node is not None
+    if agent.node.volumes.get(match["id"], _namespace(request)) is None:
+        raise APIError(404, "volume not found")
+    delete(_stores(agent), match["id"], _namespace(request), _secrets_body(request))
+    return Response(body=None)
+
+
+@route(r"/v1/volume/csi/(?P<id>[^/]+)/detach", "DELETE")
+def detach_volume(agent: Agent, request: Request, match: re.Match[str]) -> Response:
+    """``nomad volume detach VOLUME NODE``: release the volume's claims on the node whose
+    allocations are over (node unpublish, unstage, controller unpublish, free). ``alloc`` (an id or
+    prefix; driversdk's) narrows it to one allocation's claim. Claims of allocations still running
+    are not touched: the answer is 400 naming them, after the other claims were released.
+    200 answers ``{"Released": [sentence, …]}``."""
+    from driversdk.runner.volumewatcher import VolumeWatcher, describe, describe_failure
+
+    assert agent.node is not None
+    node_id = request.query.get("node", "")
+    if not node_id:
+        raise APIError(400, "detach requires node ID")
+    if not agent.node_info().id.startswith(node_id):
+        raise APIError(404, f'node "{node_id}" not found; this agent\'s node is {agent.node_info().id}')
+    volume_id, namespace, alloc = match["id"], _namespace(request), request.query.get("alloc", "")
+    if agent.node.volumes.get(volume_id, namespace) is None:
+        raise APIError(404, "volume not found")
+    watcher = VolumeWatcher(agent.settings.client.data_dir, volumes=agent.node.volumes, csi=agent.node.csi_state)
+    try:
+        watcher.denormalize()
+        claims = [c for c in watcher.volumes.claims(volume_id, namespace) if not alloc or c.alloc_id.startswith(alloc)]
+        live = [
+            f'alloc {c.alloc_id[:8]} of job {c.job} still uses volume "{volume_id}" (it is not over); stop the job '
+            "first, then detach"
+            for c in claims
+            if not c.past
+        ]
+        outcome = watcher.reap(volume_id=volume_id, namespace=namespace, alloc_id=alloc or None, force=True,
+                               detach=True)  # fmt: skip
+    finally:
+        watcher.close()
+    released = [describe(r) for r in outcome.released]
+    errors = live + [describe_failure(claim, error) for claim, error in outcome.failed]
+    if errors:
+        # One sentence a line: what was released first, then each claim that was not.
+        raise APIError(400, "\n".join(released + errors))
+    return Response(body={"Released": released})
+
+
+def _snapshot(row: dict[str, Any]) -> dict[str, Any]:
+    """A list_snapshots row as Nomad's api.CSISnapshot (never its secrets)."""
+    import datetime
+
+    created = datetime.datetime.fromisoformat(row["created"])
+    return {
+        "ID": row["snapshot_id"],
+        "ExternalSourceVolumeID": row["external_volume_id"],
+        "SourceVolumeID": row["volume_id"],
+        "SizeBytes": row["size_bytes"],
+        "CreateTime": int(created.timestamp()),
+        "IsReady": row["ready"],
+        "PluginID": row["plugin_id"],
+        "Name": "",
+        "Parameters": None,
+        "Secrets": None,
+    }
+
+
+@route(r"/v1/volumes/snapshot", "GET")
+def list_snapshots(agent: Agent, request: Request, _: re.Match[str]) -> Response:
+    """``nomad volume snapshot list``: every snapshot of ``plugin_id``'s controller, or of each
+    registered controller. Plugins that could not be asked are named in ``NotAsked`` (driversdk's)."""
+    from driversdk.runner.volumeops import list_snapshots as listing
+
+    found = listing(_stores(agent), request.query.get("plugin_id") or None, _secrets_body(request))
+    return Response(body={"Snapshots": [_snapshot(r) for r in found.rows], "NextToken": "",
+                          "NotAsked": found.not_asked})  # fmt: skip
+
+
+@route(r"/v1/volumes/snapshot", "PUT", "POST")
+def create_snapshot(agent: Agent, request: Request, _: re.Match[str]) -> Response:
+    """``nomad volume snapshot create``: ``{"Snapshots": [{"SourceVolumeID", "Name", "Secrets",
+    "Parameters"}]}``, one snapshot, of a volume of ``namespace``."""
+    from driversdk.runner.volumeops import create_snapshot as create
+
+    body = request.json()
+    snapshots = body.get("Snapshots") if isinstance(body, dict) else None
+    if not isinstance(snapshots, list) or len(snapshots) != 1 or not isinstance(snapshots[0], dict):
+        raise APIError(400, 'the body must be {"Snapshots": [CSISnapshot]} with exactly one snapshot')
+    wanted = snapshots[0]
+    volume_id, name = wanted.get("SourceVolumeID"), wanted.get("Name") or ""
+    if not isinstance(volume_id, str) or not volume_id or not isinstance(name, str):
+        raise APIError(400, "a snapshot needs SourceVolumeID, the volume to snapshot (and Name a string, if given)")
+    maps = {}
+    for key in ("Secrets", "Parameters"):
+        value = wanted.get(key) or {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise APIError(400, f"{key} must be an object of strings")
+        maps[key] = dict(value)
+    namespace = _namespace(request)
+    assert agent.node is not None
+    volume = agent.node.volumes.get(volume_id, namespace)
+    if volume is None:
+        raise APIError(404, "volume not found")
+    snap = create(_stores(agent), volume_id, namespace, name, secrets=maps["Secrets"], parameters=maps["Parameters"])
+    return Response(
+        body={
+            "Snapshots": [
+                {
+                    "ID": snap.snapshot_id,
+                    "ExternalSourceVolumeID": volume.remote_id,
+                    "SourceVolumeID": volume_id,
+                    "SizeBytes": snap.size_bytes,
+                    "CreateTime": int(snap.created.timestamp()),
+                    "IsReady": snap.ready_to_use,
+                    "PluginID": volume.plugin_id,
+                    "Name": name,
+                    "Parameters": maps["Parameters"],
+                    "Secrets": None,
+                }
+            ]
+        }
+    )
+
+
+@route(r"/v1/volumes/snapshot", "DELETE")
+def delete_snapshot(agent: Agent, request: Request, _: re.Match[str]) -> Response:
+    """``nomad volume snapshot delete PLUGIN SNAPSHOT``: ``plugin_id`` and ``snapshot_id`` in the
+    query, ``Secrets`` in an optional body. 200 answers ``{"Existed": true|null}`` (driversdk's:
+    null when the plugin cannot list snapshots to tell)."""
+    from driversdk.runner.volumeops import delete_snapshot as delete
+
+    plugin_id, snapshot_id = request.query.get("plugin_id", ""), request.query.get("snapshot_id", "")
+    if not plugin_id or not snapshot_id:
+        raise APIError(400, "Must specify plugin_id and snapshot_id")
+    existed = delete(_stores(agent), plugin_id, snapshot_id, _secrets_body(request))
+    return Response(body={"Existed": existed})

@@ -16,6 +16,7 @@ from driversdk.cli import acl as acl_verbs
 from driversdk.cli import alloc as alloc_verbs
 from driversdk.cli import job as job_verbs
 from driversdk.cli import node as node_verbs
+from driversdk.cli import volume as volume_verbs
 from driversdk.errors import DriverSDKError
 
 
@@ -510,6 +511,8 @@ def _stores(args: argparse.Namespace) -> Any:
 
 
 def cmd_volume_register(args: argparse.Namespace) -> int:
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumes import parse_volume_file
 
     volume = parse_volume_file(args.file)
@@ -520,6 +523,8 @@ def cmd_volume_register(args: argparse.Namespace) -> int:
 
 def cmd_volume_create(args: argparse.Namespace) -> int:
     """CreateVolume through the plugin's controller, then register the result (`nomad volume create`)."""
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumeops import Stores, create_volume
     from driversdk.runner.volumes import parse_volume_file
 
@@ -549,6 +554,8 @@ def cmd_volume_create(args: argparse.Namespace) -> int:
 
 def cmd_volume_delete(args: argparse.Namespace) -> int:
     """DeleteVolume through the controller and deregister; refused while the volume is claimed."""
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumeops import delete_volume
 
     stores = _stores(args)
@@ -564,6 +571,8 @@ def cmd_volume_detach(args: argparse.Namespace) -> int:
     """Release the volume's claims whose allocations are over (`nomad volume detach`): node
     unpublish, unstage, controller unpublish, free. With the plugin gone for good a claim is freed
     once nothing of it is mounted, saying what could not be undone."""
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumewatcher import DetachError, VolumeWatcher, describe, describe_failure
 
     data_dir = _data_dir(args, existing=True)
@@ -603,6 +612,8 @@ def cmd_volume_detach(args: argparse.Namespace) -> int:
 
 
 def cmd_volume_status(args: argparse.Namespace) -> int:
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumeops import plugin_health, volume_status
     from driversdk.runner.volumes import VolumeError, claim_state_text, public_view
 
@@ -643,6 +654,8 @@ def cmd_volume_status(args: argparse.Namespace) -> int:
 
 
 def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumeops import create_snapshot
 
     stores = _stores(args)
@@ -663,6 +676,8 @@ def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
 
 
 def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumeops import delete_snapshot
 
     stores = _stores(args)
@@ -676,6 +691,8 @@ def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.runner.volumeops import list_snapshots
 
     stores = _stores(args)
@@ -701,6 +718,8 @@ def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
 
 def cmd_plugin_status(args: argparse.Namespace) -> int:
     """CSI plugin instances registered on this client, each probed now."""
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     from driversdk.csi.client import CSIClient
     from driversdk.csi.errors import CSIError
     from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistry
@@ -751,6 +770,8 @@ def cmd_plugin_status(args: argparse.Namespace) -> int:
 
 
 def cmd_volume_deregister(args: argparse.Namespace) -> int:
+    if (through_agent := volume_verbs.via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
     _volume_store(args, existing=True).deregister(args.id, args.namespace)
     print(f'deregistered CSI volume "{args.id}"')
     return 0
@@ -988,6 +1009,7 @@ def build_parser() -> argparse.ArgumentParser:
     slist.add_argument("--secret", action="append", metavar="KEY=VALUE")
     slist.add_argument("--json", action="store_true")
     slist.set_defaults(func=cmd_volume_snapshot_list)
+    volume_verbs.add_agent_flags(pstatus, register, vstatus, dereg, create, delete, detach, screate, sdelete, slist)
     return parser
 
 
