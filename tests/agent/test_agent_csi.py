@@ -145,6 +145,7 @@ def test_csi_volume_and_plugin_endpoints_in_nomads_shape(csi_agent: tuple[Env, A
         with pytest.raises(APIRequestError) as err:
             client.request("GET", path, query or None)
         assert (err.value.status, str(err.value)) == (status, message)
-    with pytest.raises(APIRequestError) as err:
+    with pytest.raises(APIRequestError) as err:  # deregistering a claimed volume: refused, nothing changed
         client.request("DELETE", "/v1/volume/csi/vol")
-    assert err.value.status == 405
+    assert err.value.status == 400 and "stop those jobs before deregistering it" in str(err.value)
+    assert client.get("/v1/volume/csi/vol")["WriteAllocs"] == {app_alloc["ID"]: None}
