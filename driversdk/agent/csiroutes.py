@@ -5,6 +5,11 @@
 They read the stores ``driversdk volume status`` and ``plugin status`` read (the volume store, the
 CSI plugin registry) and probe each plugin instance now, as those commands do. A volume's secrets
 and mount options never leave the agent (Nomad blanks them in its API too).
+
+The writes (``PUT|DELETE /v1/volume/csi/:id``, ``/create``, ``/delete``, ``/detach``,
+``GET|PUT|DELETE /v1/volumes/snapshot``) are the volume commands' work done by the agent: the same
+functions (``VolumeStore.register``/``deregister``, ``runner.volumeops``, ``VolumeWatcher``) on the
+agent's own stores. A volume comes in as Nomad's CSIVolume JSON (``csivolumejson``).
 """
 
 from __future__ import annotations
