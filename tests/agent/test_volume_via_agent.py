@@ -153,15 +153,18 @@ class CLI:
         self.process = process
         self.empty = empty
 
-    def __call__(self, *args: str, importtime: bool = False) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str, importtime: bool = False, flag: bool = False) -> subprocess.CompletedProcess[str]:
+        """``flag``: the agent named with -address instead of NOMAD_ADDR."""
         python = [sys.executable, "-X", "importtime"] if importtime else [sys.executable]
+        env = {k: v for k, v in os.environ.items() if k != "NOMAD_ADDR"}
+        where = ["-address", self.process.address] if flag else []
         return subprocess.run(
-            [*python, "-m", "driversdk.cli", *args, "--data-dir", str(self.empty)],
+            [*python, "-m", "driversdk.cli", *args, *where, "--data-dir", str(self.empty)],
             capture_output=True,
             text=True,
             cwd=ROOT,
             timeout=240,
-            env={**os.environ, "NOMAD_ADDR": self.process.address},
+            env=env if flag else {**env, "NOMAD_ADDR": self.process.address},
         )
 
 
@@ -200,8 +203,11 @@ def test_volume_and_plugin_commands_go_through_the_agent(csi_agent: tuple[Env, A
     modules = _imported(done.stderr)
     assert "driversdk.cli.volume" in modules
     assert not modules & {"driversdk.runner.volumes", "driversdk.statedb", "driversdk.csi.state", "grpc"}, modules
-    done = cli("volume", "status", "vol")
+    done = cli("volume", "status", "vol", flag=True)
     assert done.returncode == 0 and json.loads(done.stdout)["ID"] == "vol"
+    done = cli("volume", "status", "--json")
+    [stub] = json.loads(done.stdout)
+    assert stub["ID"] == "vol" and stub["PluginID"] == "hostpath" and "CurrentWriters" in stub
     assert SECRET not in done.stdout and "hunter2" not in done.stdout
     done = cli("plugin", "status")
     assert (done.returncode, done.stdout.strip()) == (
@@ -338,3 +344,21 @@ def test_a_socket_nobody_answers_on_is_no_agent(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "driversdk.cli", "volume", "status", "--data-dir", str(data)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)  # fmt: skip
     assert (done.returncode, done.stdout.strip()) == (0, "no CSI volumes registered"), done.stderr
+
+
+def test_a_named_agent_that_does_not_answer_is_an_error_not_the_data_dir(tmp_path: Path) -> None:
+    """-address / NOMAD_ADDR is the operator's choice: when nothing answers there, the command says
+    so (exit 1, one sentence) instead of quietly writing the local data dir."""
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = tmp_path / "v.hcl"
+    spec.write_text(VOLUME_FILE)
+    gone = f"unix://{tmp_path / 'nobody.sock'}"
+    for args in (["volume", "register", str(spec)], ["volume", "status"], ["plugin", "status"]):
+        done = subprocess.run([sys.executable, "-m", "driversdk.cli", *args, "-address", gone, "--data-dir", str(data)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+        assert done.returncode == 1, done
+        assert done.stderr.startswith(f"error: cannot reach the driversdk agent at {gone}") and "Traceback" not in (
+            done.stderr
+        ), done.stderr
+    assert list(data.iterdir()) == []
