@@ -362,3 +362,43 @@ def test_a_named_agent_that_does_not_answer_is_an_error_not_the_data_dir(tmp_pat
             done.stderr
         ), done.stderr
     assert list(data.iterdir()) == []
+
+
+def test_over_tcp_with_acls_the_volume_commands_need_the_token(agent_dir: Path, tmp_path: Path) -> None:
+    """Without the token, or with a wrong one, a volume command is refused (403, one sentence) and
+    changes nothing; with -token or NOMAD_TOKEN it goes through."""
+    from tests.agent.test_agent_acl import call, write_config
+    from tests.agent.test_python_nomad import free_port
+
+    port = free_port()
+    process = AgentProcess(agent_dir / "data", config=write_config(agent_dir, port, acl=True)).start()
+    try:
+        status, token = call(port, "POST", "/v1/acl/bootstrap")
+        assert status == 200
+        secret = token["SecretID"]
+        spec = tmp_path / "v.hcl"
+        spec.write_text(VOLUME_FILE)
+        empty = tmp_path / "cli-data"
+        empty.mkdir()
+        base = {k: v for k, v in os.environ.items() if k not in ("NOMAD_ADDR", "NOMAD_TOKEN")}
+        base["NOMAD_ADDR"] = f"http://127.0.0.1:{port}"
+
+        def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "driversdk.cli", *args, "--data-dir", str(empty)],
+                                  capture_output=True, text=True, cwd=ROOT, timeout=60, env=env or base)  # fmt: skip
+
+        for extra in ([], ["-token", "00000000-0000-0000-0000-000000000000"], ["-token", secret[:-1]]):
+            done = cli("volume", "register", str(spec), *extra)
+            assert (done.returncode, done.stderr.strip()) == (1, "error: Permission denied"), done
+        assert process.client().get("/v1/volumes", type="csi") == []  # the socket agrees: nothing registered
+        done = cli("volume", "register", str(spec), "-token", secret)
+        assert (done.returncode, done.stdout.strip()) == (0, 'registered CSI volume "vol" (plugin "hostpath")'), done
+        done = cli("volume", "deregister", "vol")
+        assert (done.returncode, done.stderr.strip()) == (1, "error: Permission denied"), done
+        done = cli("volume", "status", env={**base, "NOMAD_TOKEN": secret})
+        assert done.returncode == 0 and done.stdout.startswith("default/vol  plugin=hostpath"), done
+        done = cli("volume", "deregister", "vol", env={**base, "NOMAD_TOKEN": secret})
+        assert (done.returncode, done.stdout.strip()) == (0, 'deregistered CSI volume "vol"'), done
+        assert list(empty.iterdir()) == []
+    finally:
+        process.close()
