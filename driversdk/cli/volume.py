@@ -15,7 +15,6 @@ sent as Nomad's CSIVolume JSON (driversdk.agent.csivolumejson): the CLI never op
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -307,6 +306,8 @@ def snapshot_delete(client: AgentClient, args: argparse.Namespace) -> int:
 
 
 def snapshot_list(client: AgentClient, args: argparse.Namespace) -> int:
+    import datetime  # only here: every other command of the CLI imports this module
+
     secrets = _pairs(args.secret, "--secret")
     answer, _ = client.request("GET", "/v1/volumes/snapshot", {"plugin_id": args.plugin or None},
                                {"Secrets": secrets} if secrets else None)  # fmt: skip

@@ -240,6 +240,12 @@ def test_volume_and_plugin_commands_go_through_the_agent(csi_agent: tuple[Env, A
         done.stdout.startswith('created CSI volume "made" (external ID "') and "capacity 1048576 bytes" in done.stdout
     )
     assert client.get("/v1/volume/csi/made")["ExternalID"]
+    made.write_text(CREATE_FILE.replace('capacity_min = "1MiB"', 'capacity_min = "2MiB"'))
+    done = cli("volume", "create", str(made))
+    assert (done.returncode, done.stdout.strip()) == (
+        0,
+        'updated CSI volume "made" (it exists already; plugin "hostpath"); expanded from 1048576 to 2097152 bytes',
+    ), done
 
     # A docker job claims "vol": deregister, delete and detach are refused with the sentence.
     _submit(process, 'job "app" {\n  type = "service"\n' + app_group("echo hi > /data/hello; exec sleep 300") + "\n}\n")
