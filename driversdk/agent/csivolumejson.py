@@ -15,8 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from driversdk.csi.model import (
-    AccessMode,
-    AttachmentMode,
     MountOptions,
     Secrets,
     TopologyRequest,
@@ -24,7 +22,7 @@ from driversdk.csi.model import (
     VolumeCapability,
 )
 from driversdk.errors import ConfigError, DriverSDKError
-from driversdk.paths import check_name
+from driversdk.runner.volumes import FieldNames, capability_of, volume_problems
 
 
 class VolumeJSONError(DriverSDKError):
@@ -129,12 +127,7 @@ def _capabilities(value: object, problems: list[str]) -> list[VolumeCapability]:
             _problem(problems, f"RequestedCapabilities[{i}]", item, "an object")
             continue
         try:
-            caps.append(
-                VolumeCapability(
-                    AccessMode.parse(str(item.get("AccessMode", ""))),
-                    AttachmentMode.parse(str(item.get("AttachmentMode", ""))),
-                )
-            )
+            caps.append(capability_of(item.get("AccessMode", ""), item.get("AttachmentMode", "")))
         except ConfigError as err:
             problems.append(f"RequestedCapabilities[{i}]: {err}")
     return caps
@@ -155,6 +148,11 @@ def _mount_options(value: object, problems: list[str]) -> MountOptions | None:
         problems.append("MountOptions.MountFlags must be a list of strings")
         flags = []
     return MountOptions(fs_type, tuple(flags))
+
+
+API_NAMES = FieldNames("ID", "PluginID", "Namespace", "SnapshotID", "CloneID", "RequestedCapacityMin",
+                       "RequestedCapacityMax",
+                       "at least one RequestedCapabilities entry {AccessMode, AttachmentMode} is required")  # fmt: skip
 
 
 def volume_from_api(data: object) -> Volume:
@@ -190,24 +188,8 @@ def volume_from_api(data: object) -> Volume:
         capacity=_int(data, "Capacity", problems),
         topologies=_topologies(data.get("Topologies"), "Topologies", problems),
     )
-    if not volume.id:
-        problems.append("missing ID")
-    if not volume.plugin_id:
-        problems.append("missing PluginID")
-    # The id, plugin id and namespace become directory names (staging and publish paths).
-    for value, what in ((volume.id, "ID"), (volume.plugin_id, "PluginID"), (volume.namespace, "Namespace")):
-        problem = check_name(value, what) if value else None
-        if problem is not None:
-            problems.append(problem)
-    if not volume.capabilities and not any(p.startswith("RequestedCapabilities") for p in problems):
-        problems.append("at least one RequestedCapabilities entry {AccessMode, AttachmentMode} is required")
-    if volume.snapshot_id and volume.clone_id:
-        problems.append("only one of SnapshotID and CloneID may be set")
-    if volume.capacity_max and volume.capacity_max < volume.capacity_min:
-        problems.append(
-            f"RequestedCapacityMax ({volume.capacity_max} bytes) is smaller than RequestedCapacityMin "
-            f"({volume.capacity_min} bytes)"
-        )
+    capability_refused = any(p.startswith("RequestedCapabilities") for p in problems)
+    problems += volume_problems(volume, API_NAMES, capability_refused=capability_refused)
     if problems:
         shown = volume.id if volume.id else "(no ID)"
         raise VolumeJSONError(f'volume "{shown}": ' + "; ".join(problems) + "; fix the volume and send it again")

@@ -208,6 +208,56 @@ def _string_map(data: dict[str, Any], key: str, problems: list[str]) -> dict[str
     return {str(k): str(v) for k, v in body.items()}
 
 
+def capability_of(access_mode: object, attachment_mode: object) -> VolumeCapability:
+    """A capability from its two modes as written; ConfigError names a mode that is not one."""
+    return VolumeCapability(AccessMode.parse(str(access_mode)), AttachmentMode.parse(str(attachment_mode)))
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """How a volume's fields are called where it came from (a volume file, Nomad's CSIVolume
+    JSON), so one set of rules speaks the reader's names."""
+
+    id: str
+    plugin_id: str
+    namespace: str
+    snapshot_id: str
+    clone_id: str
+    capacity_min: str
+    capacity_max: str
+    capability: str  # the sentence asking for one
+
+
+FILE_NAMES = FieldNames("id", "plugin_id", "namespace", "snapshot_id", "clone_id", "capacity_min", "capacity_max",
+                        "at least one capability { access_mode, attachment_mode } block is required")  # fmt: skip
+
+
+def volume_problems(volume: Volume, names: FieldNames, *, capability_refused: bool = False) -> list[str]:
+    """What a volume may not be, however it was written: an id, a plugin id and a namespace that
+    are safe directory names (staging and publish paths are made of them), at least one
+    capability, one source at most, and sizes that fit."""
+    problems = []
+    if volume.snapshot_id and volume.clone_id:
+        problems.append(f"only one of {names.snapshot_id} and {names.clone_id} may be set")
+    if volume.capacity_max and volume.capacity_max < volume.capacity_min:
+        problems.append(
+            f"{names.capacity_max} ({volume.capacity_max} bytes) is smaller than {names.capacity_min} "
+            f"({volume.capacity_min} bytes)"
+        )
+    if not volume.id:
+        problems.append(f"missing {names.id}")
+    if not volume.plugin_id:
+        problems.append(f"missing {names.plugin_id}")
+    for value, what in ((volume.id, names.id), (volume.plugin_id, names.plugin_id),
+                        (volume.namespace, names.namespace)):  # fmt: skip
+        problem = check_name(value, what) if value else None
+        if problem is not None:
+            problems.append(problem)
+    if not volume.capabilities and not capability_refused:
+        problems.append(names.capability)
+    return problems
+
+
 def parse_volume_file(path: str | Path) -> Volume:
     data = load_hcl(path)
     problems = [f"unsupported argument or block {k!r}" for k in sorted(set(data) - _KEYS)]
@@ -222,12 +272,7 @@ def parse_volume_file(path: str | Path) -> Volume:
     capability_refused = blocks is not None and not is_blocks(blocks)
     for i, block in enumerate(cap_blocks):
         try:
-            caps.append(
-                VolumeCapability(
-                    AccessMode.parse(str(block.get("access_mode", ""))),
-                    AttachmentMode.parse(str(block.get("attachment_mode", ""))),
-                )
-            )
+            caps.append(capability_of(block.get("access_mode", ""), block.get("attachment_mode", "")))
         except ConfigError as err:
             problems.append(f"capability[{i}]: {err}")
             capability_refused = True
@@ -262,23 +307,7 @@ def parse_volume_file(path: str | Path) -> Volume:
     )
     # Registering states where the volume is; creating asks for it (the plugin answers).
     volume.topologies = [dict(t) for t in volume.requested_topologies.required]
-    if volume.snapshot_id and volume.clone_id:
-        problems.append("only one of snapshot_id and clone_id may be set")
-    if volume.capacity_max and volume.capacity_max < volume.capacity_min:
-        problems.append(
-            f"capacity_max ({volume.capacity_max} bytes) is smaller than capacity_min ({volume.capacity_min} bytes)"
-        )
-    if not volume.id:
-        problems.append("missing id")
-    if not volume.plugin_id:
-        problems.append("missing plugin_id")
-    # The id, plugin id and namespace become directory names (staging and publish paths).
-    for value, what in ((volume.id, "id"), (volume.plugin_id, "plugin_id"), (volume.namespace, "namespace")):
-        problem = check_name(value, what) if value else None
-        if problem is not None:
-            problems.append(problem)
-    if not caps and not capability_refused:
-        problems.append("at least one capability { access_mode, attachment_mode } block is required")
+    problems += volume_problems(volume, FILE_NAMES, capability_refused=capability_refused)
     if problems:
         raise VolumeError(f"{path}: validation: " + ", ".join(problems))
     return volume
