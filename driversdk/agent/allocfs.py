@@ -16,11 +16,13 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from driversdk.errors import DriverSDKError
+
 # The most ``cat`` returns at once; a log is read through the logs endpoint, which streams.
 MAX_CAT = 16 * 1024 * 1024
 
 
-class AllocFSError(Exception):
+class AllocFSError(DriverSDKError):
     """A path the allocation directory cannot answer, with Nomad's status code."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -27,7 +27,9 @@ MAX_WAIT = 600.0
 DEFAULT_WAIT = 300.0
 
 
-class APIError(Exception):
+class APIError(DriverSDKError):
+    """A request refused with Nomad's status code and a one-sentence body."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
