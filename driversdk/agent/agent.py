@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from driversdk.agent.acl import TokenStore
 from driversdk.agent.datadirlock import DataDirLock
+from driversdk.agent.eventstream import EventBuffer
 from driversdk.agent.jobrunner import JobRunner
 from driversdk.agent.jobstore import JobRecord, JobStatus, JobStore
 from driversdk.agent.periodic import PeriodicDispatcher, PeriodicError, Schedule
@@ -85,6 +86,7 @@ class Agent:
         # Bumped on every change a client may wait for (Nomad's index, for blocking queries).
         self._changed = threading.Condition()
         self.index = 1
+        self.events = EventBuffer()
         self._gc: Any = None
         self.periodic: PeriodicDispatcher | None = None
 
@@ -97,6 +99,11 @@ class Agent:
     def emit(self, event: RunEvent) -> None:
         level = "error" if event.kind == "error" else "info"
         self.log(level, f"client: {event.text().removeprefix('==> ')}")
+        if event.alloc_id:
+            # On the event stream as Nomad's AllocationUpdated, carrying the event that changed it.
+            states = {event.task: {"Events": [event.to_api()]}} if event.task else {}
+            allocation = {"ID": event.alloc_id, "JobID": event.job, "TaskGroup": event.group, "TaskStates": states}
+            self.events.publish("Allocation", "AllocationUpdated", event.alloc_id, {"Allocation": allocation})
         self.bump()
 
     def bump(self) -> None:
@@ -359,8 +366,15 @@ class Agent:
             if running is not None:
                 running.stop()
             self._start_runner(job)
+        self._job_event("JobRegistered", record)
         self.bump()
         return record
+
+    def _job_event(self, kind: str, record: JobRecord) -> None:
+        """A job's registration or stop on the event stream (Nomad's Job topic)."""
+        job = {"ID": record.id, "Name": record.name, "Type": record.type, "Version": record.version,
+               "Stop": kind == "JobDeregistered", "ModifyIndex": record.modify_index}  # fmt: skip
+        self.events.publish("Job", kind, record.id, {"Job": job})
 
     def _register_periodic(self, job_id: str, spec: dict[str, Any], schedule: Schedule) -> JobRecord:
         """A periodic job runs no allocation of its own: the dispatcher launches a child job at
@@ -373,6 +387,7 @@ class Agent:
             running.stop()  # it was a job of its own before this update
         self.jobs.set_status(job_id, JobStatus.RUNNING)
         self.periodic.track(schedule)
+        self._job_event("JobRegistered", record)
         self.bump()
         return record
 
@@ -438,6 +453,7 @@ class Agent:
             self.periodic.untrack(job_id)
         with self._lock:
             runner = self.runners.get(job_id)
+        self._job_event("JobDeregistered", record)
         self.bump()
 
         def finish() -> None:

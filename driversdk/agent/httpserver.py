@@ -32,6 +32,11 @@ class Request:
     body: bytes
     token: str
     over_tcp: bool
+    # Every name=value of the query in order: a name may be given more than once (?topic=a&topic=b).
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, name: str) -> list[str]:
+        return [value for key, value in self.pairs if key == name]
 
     def flag(self, name: str) -> bool:
         return self.query.get(name, "").lower() in ("true", "1", "yes")
@@ -92,8 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization") or ""
         if not token and auth.lower().startswith("bearer "):
             token = auth[7:].strip()
-        request = Request(self.command, parts.path, dict(parse_qsl(parts.query, keep_blank_values=True)), body,
-                          token, self.over_tcp)  # fmt: skip
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        request = Request(self.command, parts.path, dict(pairs), body, token, self.over_tcp, pairs)
         self._send(handle(self.agent, request))
 
     def _send(self, response: Response) -> None:

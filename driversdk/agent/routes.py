@@ -479,6 +479,33 @@ def _follow(logs_dir: Any, running: Callable[[], bool], frame: Callable[[bytes, 
         stop.set()
 
 
+# --- event stream -------------------------------------------------------------------------------
+
+
+@route(r"/v1/event/stream", "GET")
+def event_stream(agent: Agent, request: Request, _: re.Match[str]) -> Response:
+    from driversdk.agent.eventstream import HEARTBEAT, Subscription
+
+    try:
+        index = int(request.query.get("index") or 0)
+    except ValueError:
+        raise APIError(400, "index must be a number") from None
+    subscription = Subscription.parse(request.all("topic"))
+
+    def lines() -> Iterator[bytes]:
+        after = index
+        while True:
+            events, newest = agent.events.after(after, HEARTBEAT)
+            wanted = [e.to_api() for e in events if subscription.wants(e)]
+            after = max(after, newest)
+            if wanted:
+                yield json.dumps({"Index": after, "Events": wanted}).encode() + b"\n"
+            elif not events:
+                yield b"{}\n"  # a heartbeat: the connection lives, nothing happened
+
+    return Response(stream=lines(), content_type="application/json")
+
+
 # --- node and agent -----------------------------------------------------------------------------
 
 
