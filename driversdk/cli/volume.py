@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 from driversdk.cli.apiclient import SOCKET_NAME, AgentClient, AgentUnreachable, APIRequestError
 from driversdk.cli.apiverbs import VerbError, data_dir_of
+from driversdk.cli.common import key_values, resolve_data_dir
 
 Verb = Callable[[AgentClient, argparse.Namespace], int]
 
@@ -94,12 +95,6 @@ def _get_volume(client: AgentClient, volume_id: str, namespace: str) -> dict[str
     return found
 
 
-def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
-    from driversdk.cli import _pairs as pairs
-
-    return pairs(items, flag)
-
-
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2))
 
@@ -157,7 +152,7 @@ def deregister(client: AgentClient, args: argparse.Namespace) -> int:
 
 
 def delete(client: AgentClient, args: argparse.Namespace) -> int:
-    secrets = _pairs(args.secret, "--secret")
+    secrets = key_values(args.secret, "--secret")
     volume = _get_volume(client, args.id, args.namespace)
     if volume is None:
         raise _not_registered(args.id, args.namespace)
@@ -277,8 +272,8 @@ def snapshot_create(client: AgentClient, args: argparse.Namespace) -> int:
     wanted = {
         "SourceVolumeID": args.volume,
         "Name": args.name or "",
-        "Secrets": _pairs(args.secret, "--secret"),
-        "Parameters": _pairs(args.parameter, "--parameter"),
+        "Secrets": key_values(args.secret, "--secret"),
+        "Parameters": key_values(args.parameter, "--parameter"),
     }
     try:
         answer, _ = client.request("PUT", "/v1/volumes/snapshot", {"namespace": args.namespace},
@@ -295,7 +290,9 @@ def snapshot_create(client: AgentClient, args: argparse.Namespace) -> int:
 
 def snapshot_delete(client: AgentClient, args: argparse.Namespace) -> int:
     query = {"plugin_id": args.plugin_id, "snapshot_id": args.snapshot_id}
-    answer, _ = client.request("DELETE", "/v1/volumes/snapshot", query, {"Secrets": _pairs(args.secret, "--secret")})
+    answer, _ = client.request(
+        "DELETE", "/v1/volumes/snapshot", query, {"Secrets": key_values(args.secret, "--secret")}
+    )
     unknown = (
         ""
         if (answer or {}).get("Existed")
@@ -308,7 +305,7 @@ def snapshot_delete(client: AgentClient, args: argparse.Namespace) -> int:
 def snapshot_list(client: AgentClient, args: argparse.Namespace) -> int:
     import datetime  # only here: every other command of the CLI imports this module
 
-    secrets = _pairs(args.secret, "--secret")
+    secrets = key_values(args.secret, "--secret")
     answer, _ = client.request("GET", "/v1/volumes/snapshot", {"plugin_id": args.plugin or None},
                                {"Secrets": secrets} if secrets else None)  # fmt: skip
     snapshots = answer.get("Snapshots") or []
@@ -340,3 +337,303 @@ _VERBS: dict[str, Verb] = {
     "cmd_volume_snapshot_list": snapshot_list,
     "cmd_plugin_status": plugin_status,
 }
+
+
+# --- the commands, on the data dir when no agent is reachable ------------------------------------
+
+
+def _volume_store(args: argparse.Namespace, *, existing: bool = False) -> Any:
+    from driversdk.runner.volumes import VolumeStore
+
+    data_dir = resolve_data_dir(args, existing=existing)
+    _watch(data_dir)
+    return VolumeStore.for_data_dir(data_dir)
+
+
+def _watch(data_dir: str) -> None:
+    """Every `volume` command first gives the volume watcher a pass: past claims whose backoff
+    ran out are released (said on stderr, so --json output stays clean)."""
+    from driversdk.runner.volumewatcher import VolumeWatcher, describe
+
+    watcher = VolumeWatcher(data_dir)
+    try:
+        outcome = watcher.reap(wait=10.0)
+    finally:
+        watcher.close()
+    for released in outcome.released:
+        print(f"volume watcher: {describe(released)}", file=sys.stderr)
+
+
+def _stores(args: argparse.Namespace) -> Any:
+    from driversdk.runner.volumeops import Stores
+
+    data_dir = resolve_data_dir(args, existing=True)
+    _watch(data_dir)
+    return Stores.open(data_dir)
+
+
+def cmd_volume_register(args: argparse.Namespace) -> int:
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumes import parse_volume_file
+
+    volume = parse_volume_file(args.file)
+    stored, created = _volume_store(args).register(volume)
+    print(f'{"registered" if created else "updated"} CSI volume "{stored.id}" (plugin "{stored.plugin_id}")')
+    return 0
+
+
+def cmd_volume_create(args: argparse.Namespace) -> int:
+    """CreateVolume through the plugin's controller, then register the result (`nomad volume create`)."""
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumeops import Stores, create_volume
+    from driversdk.runner.volumes import parse_volume_file
+
+    volume = parse_volume_file(args.file)
+    data_dir = resolve_data_dir(args)
+    _watch(data_dir)
+    stores = Stores.open(data_dir)
+    try:
+        before = stores.volumes.get(volume.id, volume.namespace)
+        stored, created = create_volume(stores, volume)
+    finally:
+        stores.close()
+    if not created:
+        grown = (
+            f"; expanded from {before.capacity} to {stored.capacity} bytes"
+            if before is not None and stored.capacity != before.capacity
+            else ""
+        )
+        print(f'updated CSI volume "{stored.id}" (it exists already; plugin "{stored.plugin_id}"){grown}')
+        return 0
+    print(
+        f'created CSI volume "{stored.id}" (external ID "{stored.external_id}", capacity {stored.capacity} bytes, '
+        f'plugin "{stored.plugin_id}")'
+    )
+    return 0
+
+
+def cmd_volume_delete(args: argparse.Namespace) -> int:
+    """DeleteVolume through the controller and deregister; refused while the volume is claimed."""
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumeops import delete_volume
+
+    stores = _stores(args)
+    try:
+        volume = delete_volume(stores, args.id, args.namespace, key_values(args.secret, "--secret"))
+    finally:
+        stores.close()
+    print(f'deleted CSI volume "{volume.id}" (external ID "{volume.external_id}")')
+    return 0
+
+
+def cmd_volume_detach(args: argparse.Namespace) -> int:
+    """Release the volume's claims whose allocations are over (`nomad volume detach`): node
+    unpublish, unstage, controller unpublish, free. With the plugin gone for good a claim is freed
+    once nothing of it is mounted, saying what could not be undone."""
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumewatcher import DetachError, VolumeWatcher, describe, describe_failure
+
+    data_dir = resolve_data_dir(args, existing=True)
+    watcher = VolumeWatcher(data_dir)
+    try:
+        if watcher.volumes.get(args.volume, args.namespace) is None:
+            raise DetachError(f'volume "{args.volume}" is not registered in namespace "{args.namespace}"')
+        watcher.denormalize()
+        claims = [
+            c
+            for c in watcher.volumes.claims(args.volume, args.namespace)
+            if not args.alloc or c.alloc_id.startswith(args.alloc)
+        ]
+        if not claims:
+            which = f" by an allocation starting with {args.alloc!r}" if args.alloc else ""
+            print(f'volume "{args.volume}" has no claims{which}; nothing to detach')
+            return 0
+        live = [c for c in claims if not c.past]
+        for claim in live:
+            found = watcher.volumes.alloc_state(claim.alloc_id)
+            how = f"its run (pid {found[1]})" if found else "it"
+            print(
+                f'error: alloc {claim.alloc_id[:8]} of job {claim.job} still uses volume "{args.volume}" ({how} is '
+                "not over); stop the job first (or run it again to recover it, then stop it), then detach",
+                file=sys.stderr,
+            )
+        outcome = watcher.reap(
+            volume_id=args.volume, namespace=args.namespace, alloc_id=args.alloc or None, force=True, detach=True
+        )
+    finally:
+        watcher.close()
+    for released in outcome.released:
+        print(describe(released))
+    for claim, error in outcome.failed:
+        print(f"error: {describe_failure(claim, error)}", file=sys.stderr)
+    return 1 if live or outcome.failed else 0
+
+
+def cmd_volume_status(args: argparse.Namespace) -> int:
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumeops import plugin_health, volume_status
+    from driversdk.runner.volumes import VolumeError, claim_state_text, public_view
+
+    stores = _stores(args)
+    try:
+        if args.id:
+            volume = stores.volumes.get(args.id, args.namespace)
+            if volume is None:
+                raise VolumeError(f'volume "{args.id}" is not registered in namespace "{args.namespace}"')
+            view = public_view(volume)
+            view.update(volume_status(stores, volume, plugin_health(stores, volume.plugin_id)))
+            print(json.dumps(view, indent=2))
+            return 0
+        volumes = stores.volumes.list()
+        health = {p: plugin_health(stores, p) for p in sorted({v.plugin_id for v in volumes})}
+        views = []
+        for v in volumes:
+            view = public_view(v)
+            view.update(volume_status(stores, v, health[v.plugin_id]))
+            views.append(view)
+        if args.json:
+            print(json.dumps(views, indent=2))
+            return 0
+        if not volumes:
+            print("no CSI volumes registered")
+        for v, view in zip(volumes, views, strict=True):
+            caps = ", ".join(f"{c.access_mode.value}/{c.attachment_mode.value}" for c in v.capabilities)
+            print(
+                f"{v.namespace}/{v.id}  plugin={v.plugin_id}  external_id={v.remote_id}  capabilities={caps}  "
+                f"capacity={v.capacity}  schedulable={str(view['schedulable']).lower()}  "
+                f"node plugin: {view['plugin_node']}"
+            )
+            for c in stores.volumes.claims(v.id, v.namespace):
+                print(f"  claim  alloc {c.alloc_id[:8]}  job {c.job}  {c.mode}  {claim_state_text(c)}")
+    finally:
+        stores.close()
+    return 0
+
+
+def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumeops import create_snapshot
+
+    stores = _stores(args)
+    try:
+        snap = create_snapshot(
+            stores,
+            args.volume,
+            args.namespace,
+            args.name or "",
+            secrets=key_values(args.secret, "--secret"),
+            parameters=key_values(args.parameter, "--parameter"),
+        )
+    finally:
+        stores.close()
+    ready = "ready" if snap.ready_to_use else "not ready yet"
+    print(f'created snapshot "{snap.snapshot_id}" of volume "{args.volume}" (size {snap.size_bytes} bytes, {ready})')
+    return 0
+
+
+def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumeops import delete_snapshot
+
+    stores = _stores(args)
+    try:
+        existed = delete_snapshot(stores, args.plugin_id, args.snapshot_id, key_values(args.secret, "--secret"))
+    finally:
+        stores.close()
+    unknown = "" if existed else " (the plugin cannot list snapshots, so whether it existed is not known)"
+    print(f'deleted snapshot "{args.snapshot_id}" of CSI plugin "{args.plugin_id}"{unknown}')
+    return 0
+
+
+def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.runner.volumeops import list_snapshots
+
+    stores = _stores(args)
+    try:
+        listing = list_snapshots(stores, args.plugin, key_values(args.secret, "--secret"))
+    finally:
+        stores.close()
+    rows = listing.rows
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no snapshots" + (" from the plugins that could be asked" if listing.not_asked else ""))
+    for r in rows:
+        volume = r["volume_id"] or f"(external {r['external_volume_id']})"
+        ready = "ready" if r["ready"] else "not ready"
+        print(f"{r['snapshot_id']}  plugin={r['plugin_id']}  volume={volume}  size={r['size_bytes']}  "
+              f"created={r['created']}  {ready}")  # fmt: skip
+    for plugin, why in sorted(listing.not_asked.items()):
+        print(f'not asked: CSI plugin "{plugin}" ({why}); its snapshots, if any, are not listed')
+    return 0
+
+
+def cmd_plugin_status(args: argparse.Namespace) -> int:
+    """CSI plugin instances registered on this client, each probed now."""
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    from driversdk.csi.client import CSIClient
+    from driversdk.csi.errors import CSIError
+    from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistry
+    from driversdk.csi.state import StateStore
+
+    data_dir = resolve_data_dir(args, existing=True)
+    store = StateStore(os.path.join(data_dir, "state.db"))
+    volumes = _volume_store(args, existing=True).list()
+    rows: list[dict[str, Any]] = []
+    for kind in PLUGIN_TYPES:
+        for name in sorted(PluginRegistry(store).plugins(kind)):
+            for position, reg in enumerate(PluginRegistry(store).instances(kind, name)):
+                health = "healthy"
+                try:
+                    client = CSIClient(reg.socket_path, plugin=name)
+                    try:
+                        health = "healthy" if client.probe() else "unhealthy: not ready"
+                    finally:
+                        client.close()
+                except CSIError as err:
+                    health = f"unhealthy: {err}"
+                rows.append(
+                    {
+                        "type": kind,
+                        "id": name,
+                        "alloc_id": reg.alloc_id,
+                        "current": position == 0,
+                        "health": health,
+                        "provider": reg.options.get("Provider", ""),
+                        "version": reg.version,
+                        "socket": reg.socket_path,
+                        "volumes": sorted(v.id for v in volumes if v.plugin_id == name),
+                        "mounts": len(store.usages(name)) if kind == "csi-node" else 0,
+                    }
+                )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no CSI plugins are registered on this client; run a job with a csi_plugin task")
+    for r in rows:
+        older = "" if r["current"] else " (older instance)"
+        print(
+            f"{r['type']:<15} {r['id']}  alloc {str(r['alloc_id'])[:8]}{older}  {r['health']}  "
+            f"provider={r['provider']} {r['version']}  volumes={len(r['volumes'])} mounts={r['mounts']}"
+        )
+    return 0 if all(str(r["health"]) == "healthy" for r in rows) else 1
+
+
+def cmd_volume_deregister(args: argparse.Namespace) -> int:
+    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
+        return through_agent
+    _volume_store(args, existing=True).deregister(args.id, args.namespace)
+    print(f'deregistered CSI volume "{args.id}"')
+    return 0
