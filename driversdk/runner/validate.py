@@ -9,7 +9,6 @@ schema, and check the job's volumes and mounts against them and against this hos
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -358,9 +357,10 @@ def _known_mode(requests: list[MountRequest], volume: str) -> bool:
         return False
 
 
-@functools.cache
 def mount_table() -> list[MountEntry]:
-    """This host's mount table, read once per process: validate changes no mount."""
+    """This host's mount table, read anew for each job checked: the agent lives on while an
+    operator changes mounts (the advice itself says to make a path shared), so a table read
+    once per process would keep refusing what has been fixed."""
     return read_mountinfo()
 
 
@@ -693,6 +693,7 @@ def _check_tasks(
 ) -> None:
     """Each task against its driver: the driver loads, its config fits the driver's schema, its
     mounts the driver's capabilities and this host."""
+    table: list[MountEntry] | None = None
     for group in job.groups:
         for task in group.tasks:
             if not task.driver:
@@ -748,7 +749,9 @@ def _check_tasks(
                             Problem(job.file, message, **where, field=f'volume "{p.volume}" {p.field}')
                         )
             for fact in host_facts:
-                advice = advise(fact, mount_table())
+                if table is None:
+                    table = mount_table()  # once per job, and only for one with host volume mounts
+                advice = advise(fact, table)
                 if advice is None:
                     continue
                 message, asks_read_only = advice
