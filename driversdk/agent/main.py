@@ -62,7 +62,13 @@ def _plugin_logging(agent: Agent) -> None:
 def run_agent(settings: AgentSettings, allow_unauthenticated_loopback: bool = False) -> int:
     settings.check(allow_unauthenticated_loopback)
     agent = Agent(settings)
-    if settings.dev:
+    if settings.ephemeral_data_dir:
+        # A fixed path in the shared temp dir: another local user may have made it first (their
+        # directory, or a link) to read the state or swap the socket. Only a private dir of ours.
+        from driversdk.pinning import private_dir
+
+        private_dir(settings.data_dir)
+    elif settings.dev:
         os.makedirs(settings.data_dir, mode=0o700, exist_ok=True)
     agent.log("info", f"agent: starting (data dir {settings.data_dir})")
     agent.start()

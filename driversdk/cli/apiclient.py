@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -51,9 +52,20 @@ def local_socket(data_dir: str | None = None) -> str | None:
     candidates = [os.path.join(data_dir or DEFAULT_DATA_DIR, SOCKET_NAME),
                   os.path.join(_temp_dir(), f"driversdk-dev-{os.getuid()}", SOCKET_NAME)]  # fmt: skip
     for path in candidates:
-        if os.path.exists(path):
+        if os.path.exists(path) and _ours_alone(os.path.dirname(path)):
             return path
     return None
+
+
+def _ours_alone(folder: str) -> bool:
+    """Whether a socket's directory is a real directory of this user that no one else may write:
+    the dev agent's sits in the shared temp dir, where another user could have planted a socket
+    of their own to receive this user's jobs and token."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 class _Response:
