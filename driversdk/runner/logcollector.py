@@ -1,21 +1,40 @@
-"""The log collector process: a task's two fifos copied into rotated files.
+"""The log collector process: every task's two fifos copied into rotated files, one process per data dir.
 
-Started by :func:`driversdk.runner.logcollect.spawn` as ``python -I -S logcollector.py``, once per
-task, and said ready on its stdout once it holds both fifos. It imports the standard library's
-smallest modules and driversdk.errors (which imports nothing) and nothing else (no argparse, no
-dataclasses, no re), so it is ready in about the time an interpreter takes to start: a task's
-start waits for it. What it refuses and why is in logcollect's docstring.
+Started by :class:`driversdk.runner.logcollect.LogCollector` as ``python -I -S logcollector.py
+--serve <data_dir>/logmon.sock`` and said ready on its stdout once it listens. One thread runs one
+epoll loop over the control socket, its client connections and every served task's fifos, so a
+thousand tasks cost one small process and no thread each. The control socket speaks one JSON
+object a line and answers one line each::
+
+    {"op": "add", "dir": LOGS_DIR, "task": NAME, "max_files": N, "max_size": BYTES, "events": PATH}
+        -> "ok" (also when the task is served already: a recovering runner adds it again)
+        -> "refused <sentence>" (a planted logs dir or fifo), "error <sentence>" (anything else)
+    {"op": "remove", "dir": LOGS_DIR, "task": NAME} -> drains the fifos, closes and removes them -> "ok"
+    {"op": "ping"} -> "ok"
+
+A ready fifo moves at most one pipe buffer (1 MiB) a loop turn, so a task flooding its stdout
+cannot starve the others; a task whose files cannot be written (EIO, a full disk) is paused and
+tried again, never the loop's end. SIGTERM drains every fifo and exits; so does the last client
+going when no task is left to serve. A flock on ``<socket>.lock`` held for the process's life
+says which collector owns the socket: a socket file without it is a dead collector's, replaced.
+
+It imports the standard library's small modules (json and socket the largest) and driversdk.errors
+(which imports nothing), no argparse, dataclasses or typing, so it is ready in little more than the
+time an interpreter takes to start. What it refuses and why is in logcollect's docstring.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import select
 import signal
+import socket
 import stat
 import sys
+import time
 from collections.abc import Callable  # typing is not imported: it alone costs ~10 ms of a start
 
 if not __package__:
@@ -241,9 +260,11 @@ class RotatingFile:
         return size
 
     def _rotate(self) -> None:
-        os.close(self._fd)
-        self._fd = -1
+        old = self._fd
+        # The next file first: when it cannot be made (a full disk) the current one stays open and
+        # the next pull tries again, instead of a stream left without a file.
         self._open(self.index + 1)
+        os.close(old)
         # Listing instead of counting down from the index: indexes may have gaps (refused
         # entries, or a huge one the task planted), and unlink never follows a symlink.
         keep_from = self.index - self.max_files + 1
@@ -280,86 +301,367 @@ def _fifo_refusal(task: str, kind: str, name: str, err: Refused) -> str:
     )
 
 
-def _collect(logs_dir: str, task: str, max_files: int, max_size: int, events: str | None) -> None:
-    stopping = False
 
-    def on_term(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
 
-    # The signal also writes a byte to this pipe, so select wakes at once instead of at its timeout.
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    report = Events(events)
-    fifos: dict[str, int] = {}
-    try:
-        dir_fd = open_dir(logs_dir)
-    except Refused as err:
-        sys.stdout.write(f"refused {_dir_refusal(task, logs_dir, err)}\n")
-        return
-    for fifo, kind in zip(fifo_paths(logs_dir, task), ("stdout", "stderr"), strict=True):
-        name = os.path.basename(fifo)
+# Bytes a removed or stopping task's fifo is drained of at most: its writers are gone by then, but
+# a process the task left behind could keep writing for ever.
+DRAIN_LIMIT = 64 * MIB
+# A stream whose file could not be written waits this long before it is tried again (its writer
+# blocks meanwhile, once the fifo is full: nothing is dropped).
+RETRY_AFTER = 1.0
+# A collector nobody has connected to yet waits this long for its starter before it ends idle.
+FIRST_CLIENT_WAIT = 10.0
+MAX_REQUEST = 64 * 1024
+LISTEN_BACKLOG = 128
+
+
+class _Stream:
+    """One fifo of one served task and the rotated files it is copied to."""
+
+    def __init__(self, task: _Task, kind: str, fd: int, sink: RotatingFile) -> None:
+        self.task, self.kind, self.fd, self.sink = task, kind, fd, sink
+        self.paused_until = 0.0
+        self.failed = ""
+
+
+class _Task:
+    def __init__(self, logs_dir: str, name: str, dir_fd: int, report: Events) -> None:
+        self.logs_dir, self.name, self.dir_fd, self.report = logs_dir, name, dir_fd, report
+        self.streams: list[_Stream] = []
+
+
+class Server:
+    """The event loop: control socket, client connections and every served task's fifos."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.epoll = select.epoll()
+        self.tasks: dict[tuple[str, str], _Task] = {}
+        self.streams: dict[int, _Stream] = {}
+        self.clients: dict[int, tuple[socket.socket, bytearray]] = {}
+        self.paused: list[_Stream] = []
+        self.buffer = bytearray(CHUNK)  # reused for every chunk when splice cannot be
+        self.stopping = False
+        self.had_client = False
+        self.started = time.monotonic()
+        # The signal also writes a byte to this pipe, so epoll wakes at once.
+        self.wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.epoll.register(self.wake_r, select.EPOLLIN)
+        self.epoll.register(listener.fileno(), select.EPOLLIN)
+
+    def _on_term(self, *_: object) -> None:
+        self.stopping = True
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                ready = self.epoll.poll(self._timeout())
+            except InterruptedError:
+                continue
+            for fd, _mask in ready:
+                if fd == self.wake_r:
+                    _drain_wake(fd)
+                elif fd == self.listener.fileno():
+                    self._accept()
+                elif fd in self.clients:
+                    self._serve_client(fd)
+                elif fd in self.streams:
+                    self._pull(self.streams[fd])  # at most a pipe buffer: every ready fifo gets its turn
+            self._resume_paused()
+            if self._idle():
+                break
+        for task in list(self.tasks.values()):
+            self._drop(task, unlink=False)
+
+    def _timeout(self) -> float:
+        if self.paused:
+            return max(0.0, min(s.paused_until for s in self.paused) - time.monotonic())
+        if not self.had_client:
+            return max(0.0, self.started + FIRST_CLIENT_WAIT - time.monotonic())
+        return -1
+
+    def _idle(self) -> bool:
+        """Nothing to serve and nobody to serve it for (the last run or agent went)."""
+        if self.tasks or self.clients:
+            return False
+        if not self.had_client and time.monotonic() < self.started + FIRST_CLIENT_WAIT:
+            return False
+        self._accept()  # a client that connected just now keeps the collector
+        return not self.clients
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # EMFILE and the like: the client's connect times out and it tries again
+            self.had_client = True
+            conn.setblocking(True)  # replies are one short line each; a client reads its reply
+            self.clients[conn.fileno()] = (conn, bytearray())
+            self.epoll.register(conn.fileno(), select.EPOLLIN)
+
+    def _serve_client(self, fd: int) -> None:
+        conn, pending = self.clients[fd]
         try:
-            # Read-write: the reader never sees end-of-file when a writer goes and comes back.
-            fifos[kind] = _open_entry(dir_fd, name, stat.S_IFIFO, os.O_RDWR | os.O_NONBLOCK)
-        except Refused as err:
-            sys.stdout.write(f"refused {_fifo_refusal(task, kind, name, err)}\n")
-            return
-        try:
-            fcntl.fcntl(fifos[kind], fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            data = conn.recv(65536)
         except OSError:
-            pass  # EPERM above pipe-max-size without CAP_SYS_RESOURCE: the default buffer works, slower
-    sinks = {fd: RotatingFile(dir_fd, f"{task}.{kind}", max_files, max_size, report) for kind, fd in fifos.items()}
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    buffer = bytearray(CHUNK)  # reused for every chunk when splice cannot be
+            data = b""
+        if not data:
+            self._close_client(fd)
+            return
+        pending += data
+        while (end := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            reply = self._handle(line)
+            try:
+                conn.sendall(reply.replace("\n", " ").encode(errors="replace") + b"\n")
+            except OSError:
+                self._close_client(fd)
+                return
+        if len(pending) > MAX_REQUEST:
+            self._close_client(fd)
+
+    def _close_client(self, fd: int) -> None:
+        conn, _ = self.clients.pop(fd)
+        self.epoll.unregister(fd)
+        conn.close()
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def _handle(self, line: bytes) -> str:
+        try:
+            request = json.loads(line)
+            op = request["op"]
+            if op == "ping":
+                return "ok"
+            key = (str(request["dir"]), str(request["task"]))
+            if op == "add":
+                return self._add(key, int(request["max_files"]), int(request["max_size"]), request.get("events"))
+            if op == "remove":
+                task = self.tasks.get(key)
+                if task is not None:
+                    self._drop(task, unlink=True)
+                return "ok"
+            return f"error unknown op {op!r}"
+        except (ValueError, KeyError, TypeError) as err:
+            return f"error the request {line[:200]!r} is not one the collector knows: {err}"
+
+    def _add(self, key: tuple[str, str], max_files: int, max_size: int, events: str | None) -> str:
+        logs_dir, name = key
+        if key in self.tasks:
+            return "ok"
+        try:
+            dir_fd = open_dir(logs_dir)
+        except Refused as err:
+            return f"refused {_dir_refusal(name, logs_dir, err)}"
+        except OSError as err:
+            return f'error the log collector for task "{name}" could not open "{logs_dir}": {err.strerror}'
+        task = _Task(logs_dir, name, dir_fd, Events(events))
+        fds: list[tuple[str, int]] = []
+        try:
+            for fifo, kind in zip(fifo_paths(logs_dir, name), ("stdout", "stderr"), strict=True):
+                fifo_name = os.path.basename(fifo)
+                try:
+                    # Read-write: the reader never sees end-of-file when a writer goes and comes back.
+                    fds.append((kind, _open_entry(dir_fd, fifo_name, stat.S_IFIFO, os.O_RDWR | os.O_NONBLOCK)))
+                except Refused as err:
+                    raise _Refusal(_fifo_refusal(name, kind, fifo_name, err)) from None
+                try:
+                    fcntl.fcntl(fds[-1][1], fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+                except OSError:
+                    pass  # EPERM above pipe-max-size without CAP_SYS_RESOURCE: the default buffer works, slower
+            for kind, fd in fds:
+                sink = RotatingFile(dir_fd, f"{name}.{kind}", max_files, max_size, task.report)
+                task.streams.append(_Stream(task, kind, fd, sink))
+        except (_Refusal, OSError) as err:
+            for stream in task.streams:
+                stream.sink.close()
+            for _kind, fd in fds:
+                os.close(fd)
+            os.close(dir_fd)
+            if isinstance(err, _Refusal):
+                return f"refused {err}"
+            return f'error the log collector for task "{name}" could not open its log files: {err.strerror}'
+        self.tasks[key] = task
+        for stream in task.streams:
+            self.streams[stream.fd] = stream
+            self.epoll.register(stream.fd, select.EPOLLIN)
+        return "ok"
+
+    def _drop(self, task: _Task, unlink: bool) -> None:
+        """Drain what the task's fifos still hold, then close them (and remove them: ``unlink``)."""
+        for stream in task.streams:
+            moved = 0
+            while moved < DRAIN_LIMIT:
+                got = self._pull(stream, draining=True)
+                if got <= 0:
+                    break
+                moved += got
+        for stream in task.streams:
+            if stream.fd in self.streams:
+                del self.streams[stream.fd]
+                self.epoll.unregister(stream.fd)
+            if stream in self.paused:
+                self.paused.remove(stream)
+            os.close(stream.fd)
+            stream.sink.close()
+            if unlink:
+                try:
+                    os.unlink(f".{task.name}.{stream.kind}.fifo", dir_fd=task.dir_fd)
+                except OSError:
+                    pass  # gone already
+        os.close(task.dir_fd)
+        del self.tasks[(task.logs_dir, task.name)]
+
+    # --- moving bytes ---------------------------------------------------------------------------
+
+    def _pull(self, stream: _Stream, draining: bool = False) -> int:
+        """One pull of up to a pipe buffer; the byte count, 0 when the fifo is empty, -1 on failure."""
+        if stream.paused_until and not draining:
+            return -1
+        try:
+            return stream.sink.pull(stream.fd, self.buffer)
+        except BlockingIOError:
+            return 0
+        except (OSError, Refused) as err:
+            why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            if why != stream.failed:  # one report per cause, not one per attempt
+                stream.failed = why
+                stream.task.report(
+                    f'the log collector could not write task "{stream.task.name}"\'s {stream.kind} to alloc/logs: '
+                    f"{why}; it tries again every {RETRY_AFTER:g}s and the task's writes wait meanwhile"
+                )
+            if not draining:
+                self._pause(stream)
+            return -1
+
+    def _pause(self, stream: _Stream) -> None:
+        """Out of epoll for a while: a fifo with bytes that cannot be written stays ready for ever."""
+        stream.paused_until = time.monotonic() + RETRY_AFTER
+        self.epoll.unregister(stream.fd)
+        self.paused.append(stream)
+
+    def _resume_paused(self) -> None:
+        now = time.monotonic()
+        for stream in [s for s in self.paused if s.paused_until <= now]:
+            self.paused.remove(stream)
+            stream.paused_until = 0.0
+            self.epoll.register(stream.fd, select.EPOLLIN)
+
+
+class _Refusal(Exception):
+    pass
+
+
+def _drain_wake(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _raise_fd_limit() -> None:
+    """Two fifos a task, two descriptors each kept: lift the soft open-file limit to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # the collector serves fewer tasks before a new one is refused with EMFILE
+
+
+def _take_lock(path: str) -> int | None:
+    """The collector's lock on ``<socket>.lock``; None when a live collector holds it and answers."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+    deadline = time.monotonic() + 5.0
     while True:
         try:
-            ready, _, _ = select.select([*sinks, wake_r], [], [], None if not stopping else 0)
-        except InterruptedError:
-            ready = []
-        got = False
-        for fd in ready:
-            if fd == wake_r:
-                os.read(wake_r, 64)
-                continue
-            try:
-                if sinks[fd].pull(fd, buffer):
-                    got = True
-            except BlockingIOError:
-                continue
-        if stopping and not got:
-            break
-    for fd, sink in sinks.items():
-        os.close(fd)
-        sink.close()
-    os.close(dir_fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        if _answers(path.removesuffix(".lock")) or time.monotonic() > deadline:
+            os.close(fd)
+            return None
+        time.sleep(0.01)  # a collector ending idle: its lock goes with it
 
 
-USAGE = "usage: logcollector.py --dir DIR --task NAME [--max-files N] [--max-size BYTES] [--events FILE]"
+def _answers(sock_path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(sock_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
-def parse_args(argv: list[str]) -> dict[str, str]:
-    """``--name value`` pairs (what spawn() passes); a usage line on anything else."""
-    known = {"--dir", "--task", "--max-files", "--max-size", "--events"}
-    if len(argv) % 2 or any(flag not in known for flag in argv[::2]):
-        sys.exit(USAGE)
-    args = dict(zip(argv[::2], argv[1::2], strict=True))
-    if "--dir" not in args or "--task" not in args:
-        sys.exit(USAGE)
-    for number in ("--max-files", "--max-size"):
-        if not args.get(number, "1").isdigit():
-            sys.exit(f"{number} must be a whole number; {USAGE}")
-    return args
+def _listen(sock_path: str) -> socket.socket:
+    """Bind the control socket, replacing a dead collector's socket file (we hold the lock)."""
+    directory, name = os.path.split(sock_path)
+    os.chdir(directory)  # a relative bind: a data dir path longer than sun_path's 108 bytes works too
+    try:
+        os.unlink(name)  # a dead collector's; unlink never follows a symlink
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # created 0600: nobody but us may ask the collector to read a path
+    try:
+        listener.bind(name)
+    finally:
+        os.umask(old)
+    os.chmod(name, 0o600)
+    listener.listen(LISTEN_BACKLOG)
+    listener.setblocking(False)
+    return listener
+
+
+def serve(sock_path: str) -> None:
+    lock = _take_lock(sock_path + ".lock")
+    if lock is None:
+        sys.stdout.write("busy\n")  # another collector serves this data dir: the client uses it
+        sys.stdout.flush()
+        return
+    _raise_fd_limit()
+    listener = _listen(sock_path)
+    ours = os.stat(os.path.basename(sock_path), follow_symlinks=False)
+    server = Server(listener)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    try:
+        server.run()
+    finally:
+        try:  # only our socket: a successor may have bound its own already
+            now = os.stat(os.path.basename(sock_path), follow_symlinks=False)
+            if (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino):
+                os.unlink(os.path.basename(sock_path))
+        except OSError:
+            pass
+        listener.close()
+        os.close(lock)
+
+
+USAGE = "usage: logcollector.py --serve SOCKET"
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    max_files, max_size = int(args.get("--max-files", "10")), int(args.get("--max-size", str(10 * MIB)))
-    _collect(args["--dir"], args["--task"], max_files, max_size, args.get("--events"))
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "--serve" or not os.path.isabs(args[1]):
+        sys.exit(USAGE)
+    serve(args[1])
 
 
 if __name__ == "__main__":

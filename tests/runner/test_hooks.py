@@ -159,8 +159,13 @@ def test_log_collection_hook_runs_a_collector_and_stops_it_at_postrun(world: tup
         with open(runner.logmon.stdout_fifo, "w") as fifo:  # what a driver does with the task's stdout
             fifo.write("hello from the task\n")
         hook.postrun(runner)
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
         assert (Path(alloc.alloc_dir) / "alloc" / "logs" / "t.stdout.0").read_text() == "hello from the task\n"
+        assert not os.path.lexists(runner.logmon.stdout_fifo), "the task's fifos are removed"
+        # The data dir's collector, serving nothing now and held by nobody, ends by itself.
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text():
+            assert time.monotonic() < deadline, "the idle collector kept running"
+            time.sleep(0.02)
     finally:
         alloc.node.close()
 

@@ -1,12 +1,12 @@
-"""Log collection hook: the task's stdout/stderr fifos and the detached collector that rotates
-them into ``alloc/logs/<task>.stdout.N`` (the task's ``logs {}`` limits), unless the task or its
-driver disables it. A recovered task adopts the collector a killed run left (or a new one when
-it died). What the collector refused (a planted symlink, say) becomes a task event."""
+"""Log collection hook: the task's stdout/stderr fifos, served by the data dir's one collector
+process that rotates them into ``alloc/logs/<task>.stdout.N`` (the task's ``logs {}`` limits),
+unless the task or its driver disables it. A recovered task is added again to the collector a
+killed run left (or to a new one when it died). What the collector refused (a planted symlink,
+say) becomes a task event, read by the one poller thread of this process for every task."""
 
 from __future__ import annotations
 
 import os
-import threading
 from typing import TYPE_CHECKING
 
 from driversdk.paths import UnsafePathError, check_name
@@ -16,8 +16,6 @@ from driversdk.runner.logcollect import MIB
 
 if TYPE_CHECKING:
     from driversdk.runner.taskrunner import TaskRunner
-
-EVENT_POLL = 0.5
 
 
 class LogCollectionHook(TaskHook):
@@ -29,13 +27,12 @@ class LogCollectionHook(TaskHook):
         if record is not None:
             if record.logmon_pid:
                 task.logmon = logcollect.Logmon(record.logmon_pid, *logcollect.fifo_paths(logs, task.task.name))
-            if (
-                task.logmon is not None
-                and record.state in ("running", "restarting")
-                and not logcollect.alive(task.logmon)
-            ):
-                task.logmon = self._spawn(task, logs)
-                task.alloc.state.set_logmon(task.alloc.alloc_id, task.task.name, task.logmon.pid)
+                if record.state in ("running", "restarting"):
+                    # Added again: a no-op for the collector that still serves it, everything for
+                    # one that replaced it (or a per-task collector of an older release, stopped).
+                    task.logmon = self._spawn(task, logs, legacy_pid=record.logmon_pid)
+                    if task.logmon.pid != record.logmon_pid:
+                        task.alloc.state.set_logmon(task.alloc.alloc_id, task.task.name, task.logmon.pid)
             return
         if task.task.logs_disabled or task.caps.disable_log_collection:
             return
@@ -45,24 +42,17 @@ class LogCollectionHook(TaskHook):
         task.logmon = self._spawn(task, logs)
 
     @staticmethod
-    def _spawn(task: TaskRunner, logs: str) -> logcollect.Logmon:
+    def _spawn(task: TaskRunner, logs: str, legacy_pid: int = 0) -> logcollect.Logmon:
         t = task.task
-        return logcollect.spawn(logs, t.name, t.logs_max_files, t.logs_max_file_size * MIB)
+        return logcollect.spawn(logs, t.name, t.logs_max_files, t.logs_max_file_size * MIB, legacy_pid=legacy_pid)
 
     def poststart(self, task: TaskRunner) -> None:
-        threading.Thread(target=self._report, args=(task, task.done), daemon=True, name="logmon-events").start()
+        if task.logmon is not None:
+            logcollect.watch_events(task.logmon, lambda sentence: task.event(f"event: {sentence}"))
 
     def postrun(self, task: TaskRunner) -> None:
         if task.logmon is not None:
+            logcollect.unwatch_events(task.logmon)
             logcollect.stop(task.logmon)
-            self._report(task)  # what the collector reported while draining
-
-    @staticmethod
-    def _report(task: TaskRunner, until: threading.Event | None = None) -> None:
-        """The collector outlives this process, so it reports through a file in the task's private
-        dir; with ``until``, keep polling it until that is set."""
-        while task.logmon is not None:
-            for sentence in logcollect.new_events(task.logmon):
+            for sentence in logcollect.new_events(task.logmon):  # what the collector reported while draining
                 task.event(f"event: {sentence}")
-            if until is None or until.wait(EVENT_POLL):
-                return
