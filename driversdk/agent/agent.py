@@ -89,6 +89,7 @@ class Agent:
         self.events = EventBuffer()
         self._gc: Any = None
         self.periodic: PeriodicDispatcher | None = None
+        self._logs_held = False
 
     # --- log and change index --------------------------------------------------------------------
 
@@ -128,6 +129,7 @@ class Agent:
         """Take the data dir, open the stores, launch (or reattach) the plugins, fingerprint them and
         recover the recorded jobs. Raises DataDirBusy when another agent has the data dir."""
         from driversdk.runner.allocgc import GCPolicy, PeriodicGC
+        from driversdk.runner import logcollect
         from driversdk.runner.drivermanager import DriverManager
         from driversdk.statedb import prepare_data_dir
 
@@ -135,6 +137,10 @@ class Agent:
         self.lock.acquire()
         try:
             self.node = _open_node(self.client.data_dir, self._state_write_failed)
+            # Every task's logs go through the data dir's one collector process (started with the
+            # first task that logs, or adopted from an agent before): held for the agent's life.
+            logcollect.acquire(self.client.data_dir)
+            self._logs_held = True
             self.jobs = JobStore(self.client.data_dir)
             self.tokens = TokenStore(self.client.data_dir) if self.settings.acl_enabled else None
             self.drivers = self.node.drivers = DriverManager(self.client, self.node.state, self.emit)
@@ -145,6 +151,7 @@ class Agent:
             self.periodic = PeriodicDispatcher(self._launch_child, self._child_running, self.log)
             self._recover()
         except BaseException:
+            self._release_logs()
             self.lock.release()
             raise
 
@@ -241,6 +248,7 @@ class Agent:
                 self.drivers._closing = True
                 for plugin in list(self.drivers._plugins.values()):
                     plugin.kill()
+        self._release_logs()  # the collector serves the tasks left running on; the next agent adopts it
         self.lock.release()
 
     def close(self) -> None:
@@ -256,7 +264,15 @@ class Agent:
             for store in (self.jobs, self.tokens):
                 if store is not None:
                     store.close()
+            self._release_logs()  # every job stopped: the collector, serving nothing, ends
             self.lock.release()
+
+    def _release_logs(self) -> None:
+        from driversdk.runner import logcollect
+
+        if self._logs_held:
+            self._logs_held = False
+            logcollect.release(self.client.data_dir)
 
     # --- what the API shows ------------------------------------------------------------------------
 

@@ -249,7 +249,7 @@ def run_jobs(
     if not jobs:
         return EXIT_REFUSED
     from driversdk.csi.cancel import CallCancelled
-    from driversdk.runner import interrupts
+    from driversdk.runner import interrupts, logcollect
     from driversdk.runner.allocrunner import NodeServices
     from driversdk.runner.drivermanager import DriverManager
 
@@ -278,6 +278,9 @@ def run_jobs(
     allocs: list[AllocRunner] = []
     bounds: list[int] = []  # where each batch's allocations end in ``allocs``
     collector: PeriodicGC | None = None
+    # The data dir's one log collector process serves every task of the run; held (and started on
+    # the first task that logs) until the run ends, then let go of (see logcollect.release).
+    logcollect.acquire(client.data_dir)
     try:
         plan = _plan(jobs, node)  # RunRefused: the CLI says so and exits EXIT_REFUSED
         # Terminal allocations of earlier runs are collected as Nomad's client does (allocgc).
@@ -342,6 +345,8 @@ def run_jobs(
                 node.close()  # the driver manager shuts down what is left (validation's unused plugins)
             except StateWriteError as err:
                 node.state_failed(err)
+            finally:
+                logcollect.release(client.data_dir)
         if node.state_failure is not None:
             raise node.state_failure
 
