@@ -1,4 +1,5 @@
-"""The exec task driver: one OCI bundle per task, run by runc under a supervisor that outlives us."""
+"""The exec task driver: one OCI bundle per task, started by ``runc run --detach`` under the state
+dir's shared supervisor, which outlives us."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from driversdk.taskkit.base import ExecRun, SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup
 from driversdk.taskkit.ids import check_user_allowed, lookup_user
 from driversdk.taskkit.recorded import RecordedDriver, Start
+from driversdk.taskkit.shared import Spawned
 from driversdk.taskkit.supervisor import SUPERVISOR_ENV, Launch
 from driversdk.taskkit.taskdirs import grant_task_dirs
 
@@ -62,19 +64,25 @@ def container_id_for(task_id: str) -> str:
     return "dsx-" + hashlib.sha256(task_id.encode()).hexdigest()[:24]
 
 
+PID_FILE = "container.pid"
+
+
 def runc_launch(runc: Runc, bundle: str, container_id: str, config: PluginConfig) -> Launch:
-    """The task's launch: ``runc run`` in the foreground under the kit's supervisor. --keep leaves
-    the stopped container (and its cgroup, where cgroup v1 counts OOM kills) for DestroyTask;
-    --no-pivot (the plugin's no_pivot_root) enters the root with MS_MOVE and chroot, which a root
-    file system on a ramdisk (initramfs) needs. runc reports a signalled task as 128 + N."""
+    """The task's launch: ``runc run --detach`` under the shared supervisor. No runc process
+    stays: runc starts the container, writes its init's host pid to the pid file and exits; the
+    init, re-parented to the supervisor (a child subreaper), is the task, and its own wait status
+    is recorded (a signal is a signal, not 128 + N). A detached container is never deleted by
+    runc: stopped, it (and its cgroup, where cgroup v1 counts OOM kills) stays for DestroyTask.
+    Without a console runc hands its stdio (the task's log fifos) to the init. --no-pivot (the
+    plugin's no_pivot_root) enters the root with MS_MOVE and chroot, which a root file system on
+    a ramdisk (initramfs) needs."""
     program = shutil.which(runc.path, path=SUPERVISOR_ENV["PATH"])
     if program is None:
         raise DriverError(f"runc binary {runc.path!r} was not found; install runc or set the plugin's runtime_path")
     pivot = ["--no-pivot"] if config.no_pivot_root else []
-    argv = runc.command("run", "--keep", *pivot, "--bundle", bundle, container_id)
-    return Launch(
-        path=os.path.abspath(program), argv=argv, env=dict(SUPERVISOR_ENV), cwd=bundle, signal_in_exit_code=True
-    )
+    pid_file = os.path.join(bundle, PID_FILE)
+    argv = runc.command("run", "--detach", "--pid-file", pid_file, *pivot, "--bundle", bundle, container_id)
+    return Launch(path=os.path.abspath(program), argv=argv, env=dict(SUPERVISOR_ENV), cwd=bundle, pid_file=pid_file)
 
 
 def is_supervisor(pid: int, state: DriverState) -> bool:
@@ -191,8 +199,14 @@ class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
         )
         return Start(state, build)
 
-    def started(self, state: DriverState, supervisor_pid: int, task_pid: int) -> DriverState:
-        return dataclasses.replace(state, supervisor_pid=supervisor_pid)
+    def started(self, state: DriverState, run: Spawned) -> DriverState:
+        return dataclasses.replace(
+            state,
+            supervisor_pid=run.supervisor.pid,
+            supervisor_start_time=run.supervisor.start_time,
+            task_pid=run.task.pid,
+            task_start_time=run.task.start_time,
+        )
 
     def record_of(self, state: DriverState) -> TaskRecord:
         return TaskRecord(

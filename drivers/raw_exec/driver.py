@@ -1,5 +1,5 @@
 """The raw_exec task driver: a host process per task, in its own process group and cgroup,
-under a small supervisor that outlives the plugin (launch.py)."""
+a child of the plugin state dir's shared supervisor, which outlives the plugin (launch.py serve)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from driversdk.taskkit.base import SupervisedTask
 from driversdk.taskkit.cgroups import TaskCgroup, unified_only
 from driversdk.taskkit.ids import check_user_allowed, lookup_user
 from driversdk.taskkit.recorded import RecordedDriver, Start
+from driversdk.taskkit.shared import Spawned
 from driversdk.taskkit.supervisor import Launch
 from driversdk.taskkit.taskdirs import grant_task_dirs
 
@@ -170,8 +171,14 @@ class RawExecDriver(RecordedDriver[RawState, TaskRecord]):
         )
         return Start(state, build)
 
-    def started(self, state: RawState, supervisor_pid: int, task_pid: int) -> RawState:
-        return dataclasses.replace(state, supervisor_pid=supervisor_pid, task_pid=task_pid)
+    def started(self, state: RawState, run: Spawned) -> RawState:
+        return dataclasses.replace(
+            state,
+            supervisor_pid=run.supervisor.pid,
+            supervisor_start_time=run.supervisor.start_time,
+            task_pid=run.task.pid,
+            task_start_time=run.task.start_time,
+        )
 
     def record_of(self, state: RawState) -> TaskRecord:
         return TaskRecord(

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from drivers.raw_exec.cgroups import RawCgroup
 from driversdk.taskkit.fields import decode_state, encode_state
+from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.shared import Spawned
 from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
@@ -29,6 +31,17 @@ class RawState:
     cgroup_parent: str
     cgroup_v1_override: dict[str, str] = field(default_factory=dict)
     cgroup_v2_override: str = ""
+    task_start_time: int = 0
+    """With ``task_pid``, the task's identity under the shared supervisor (0: a task started under
+    a supervisor of its own, by an earlier release, followed by ``supervisor_pid``)."""
+    supervisor_start_time: int = 0
+
+    @property
+    def shared_run(self) -> Spawned | None:
+        if not self.task_start_time:
+            return None
+        sup = ProcessIdentity(self.supervisor_pid, self.supervisor_start_time)
+        return Spawned(sup, ProcessIdentity(self.task_pid, self.task_start_time))
 
     @property
     def status_file(self) -> str:

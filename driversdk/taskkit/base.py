@@ -15,6 +15,8 @@ import logging
 import os
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,10 +26,12 @@ from driversdk import procwatch
 from driversdk.driver import DriverPlugin, ExecSession
 from driversdk.errors import DriverError, TaskStillRunningError
 from driversdk.exits import ExitSlot, supervised_exit
-from driversdk.model import ExecResult, ExitResult, TaskConfig, TaskHandle, TaskState, TaskStats, TaskStatus
+from driversdk.model import ExecResult, ExitResult, TaskConfig, TaskEvent, TaskHandle, TaskState, TaskStats, TaskStatus
 from driversdk.signals import signal_name
-from driversdk.taskkit import supervisor
+from driversdk.taskkit import shared, supervisor
 from driversdk.taskkit.cgroups import CgroupSample, CounterFiles, TaskCgroup
+from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.shared import Spawned
 from driversdk.taskkit.stats import task_stats
 from driversdk.taskkit.streaming import exit_result, run_session
 from driversdk.taskkit.taskmap import TaskMap
@@ -35,6 +39,9 @@ from driversdk.taskkit.taskmap import TaskMap
 log = logging.getLogger("driversdk.taskkit")
 
 KILL_WAIT = 10.0
+STATUS_WAIT = 10.0
+"""How long a task's exit waits for the shared supervisor's status file (it writes it on reaping)."""
+STATUS_POLL = 0.02
 
 
 class SupervisedState(Protocol):
@@ -51,6 +58,12 @@ class SupervisedState(Protocol):
 
     @property
     def spec_file(self) -> str: ...
+
+    @property
+    def shared_run(self) -> Spawned | None:
+        """The task and the shared supervisor that runs it; None for a task under a supervisor
+        of its own (ProcessDriver's, and tasks earlier releases started), followed by its pid."""
+        ...
 
     def encode(self) -> bytes: ...
 
@@ -110,6 +123,8 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
     def __init__(self) -> None:
         super().__init__()
         self.tasks: TaskMap[SupervisedTask[S]] = TaskMap()
+        self._supervisors: set[ProcessIdentity] = set()  # shared supervisors whose exit we watch
+        self._supervisors_lock = threading.Lock()
 
     # --- what a driver supplies -----------------------------------------------------------------
 
@@ -143,6 +158,13 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
         """Whether the task's supervisor still runs (not a process that reused its pid)."""
         return supervisor.is_supervisor(state.supervisor_pid, state.spec_file)
 
+    def is_supervised(self, state: S) -> bool:
+        """Whether the task runs under a living supervisor that will record its exit."""
+        run = state.shared_run
+        if run is None:
+            return self.is_supervisor(state)
+        return run.task.alive() and shared.is_server(run.supervisor)
+
     def driver_attributes(self, record: SupervisedTask[S]) -> dict[str, str]:
         return {}
 
@@ -163,6 +185,14 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
         not: its pid may have been reused by the time we look, so the watcher checks it is still
         this task's supervisor before and after pinning it with a pidfd."""
         state = record.state
+        run = state.shared_run
+        if run is not None:
+            # The task itself, never our child (the shared supervisor's), known by its start time.
+            self._watch_supervisor(run.supervisor)
+            procwatch.watch(
+                run.task.pid, lambda _code: self._task_gone(record, run), reap=False, identity=run.task.alive
+            )
+            return
 
         def exited(_returncode: int | None) -> None:
             # The task's exit is in the status file the supervisor wrote, not in its own status.
@@ -171,7 +201,53 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
         identity = None if own_child else lambda: self.is_supervisor(state)
         procwatch.watch(state.supervisor_pid, exited, reap=own_child, identity=identity)
 
-    def _exited(self, record: SupervisedTask[S]) -> None:
+    def _task_gone(self, record: SupervisedTask[S], run: Spawned) -> None:
+        """The task of a shared supervisor exited; the supervisor writes its status on reaping it,
+        a moment later. Waiting for that happens off the watcher thread, which serves every task."""
+        if supervisor.read_status(record.state.status_file) is not None:
+            self._exited(record)
+            return
+
+        def await_status() -> None:
+            deadline = time.monotonic() + STATUS_WAIT
+            while supervisor.read_status(record.state.status_file) is None:
+                if time.monotonic() > deadline or not shared.is_server(run.supervisor):
+                    if supervisor.read_status(record.state.status_file) is None:
+                        self._exited(record, supervisor_died=run.supervisor.pid)
+                        return
+                    break
+                time.sleep(STATUS_POLL)
+            self._exited(record)
+
+        threading.Thread(target=await_status, name=f"status-{record.task.id}", daemon=True).start()
+
+    def _watch_supervisor(self, identity: ProcessIdentity) -> None:
+        """Once per shared supervisor: when it dies, its tasks are killed, since nobody can record
+        how they end any more; each then ends with :meth:`_exited`'s 'exit status unknown'."""
+        with self._supervisors_lock:
+            if identity in self._supervisors:
+                return
+            self._supervisors.add(identity)
+
+        def died(_code: int | None) -> None:
+            orphans = []
+            for record in self.tasks.records():
+                run = record.state.shared_run
+                if run is not None and run.supervisor == identity and not record.exit.done:
+                    orphans.append(record)
+            if orphans:
+                log.error("task supervisor pid %d died; killing its %d task(s)", identity.pid, len(orphans))
+
+            def kill() -> None:
+                for orphan in orphans:
+                    with contextlib.suppress(DriverError, OSError):
+                        self.kill_all(orphan.state)
+
+            threading.Thread(target=kill, name=f"orphans-{identity.pid}", daemon=True).start()
+
+        procwatch.watch(identity.pid, died, reap=False, identity=lambda: shared.is_server(identity))
+
+    def _exited(self, record: SupervisedTask[S], *, supervisor_died: int = 0) -> None:
         """Runs on the watcher thread, which serves every task: it only reads two small files."""
         record.counter_files.close()  # no more samples: the stats stream ends with the task
         cgroup = record.cgroup
@@ -179,8 +255,22 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
         ended = supervised_exit(record.task, supervisor.read_status(record.state.status_file), oom)
         record.completed_at = ended.completed_at  # first: whoever sees the slot set may read it
         record.exit.set(ended.result)
-        if ended.event is not None:
-            self.emit_event(ended.event)
+        event = ended.event
+        if supervisor_died:
+            task = record.task
+            event = TaskEvent(
+                task_id=task.id,
+                alloc_id=task.alloc_id,
+                task_name=task.name,
+                message=(
+                    f"task {task.name!r} ended with its exit status unknown because the task supervisor "
+                    f"(pid {supervisor_died}) died; it was killed, since nothing could record how it ends"
+                ),
+                timestamp=ended.completed_at,
+                annotations={"exit_status": "unknown"},
+            )
+        if event is not None:
+            self.emit_event(event)
 
     # --- recovery ---------------------------------------------------------------------------------
 
@@ -192,7 +282,7 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
         # The host holds a handle: the task is "started" and this plugin its owner from now on.
         self.claim(state)
         finished = supervisor.read_status(state.status_file) is not None
-        if not finished and not self.is_supervisor(state):
+        if not finished and not self.is_supervised(state):
             # Nobody is left to report this task's exit: release what remains so the host's
             # follow-up start does not trip over it.
             self.kill_all(state)

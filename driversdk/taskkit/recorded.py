@@ -23,12 +23,13 @@ from typing import Generic, TypeVar
 
 from driversdk.errors import DriverError
 from driversdk.model import TaskConfig, TaskHandle
-from driversdk.taskkit import owner, supervisor
+from driversdk.taskkit import owner, shared, supervisor
 from driversdk.taskkit.base import S, SupervisedDriver
 from driversdk.taskkit.hostcfg import HostPluginConfig
 from driversdk.taskkit.logs import open_logs
 from driversdk.taskkit.owner import PeriodicPass, TaskRecord
 from driversdk.taskkit.reconcilecfg import ReconcileConfig
+from driversdk.taskkit.shared import Spawned
 from driversdk.taskkit.supervisor import SPEC_FILE, Launch
 
 log = logging.getLogger("driversdk.taskkit")
@@ -83,8 +84,8 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
         """The record of the task ``state`` describes, in phase "started" (its owner unset)."""
         raise NotImplementedError
 
-    def started(self, state: S, supervisor_pid: int, task_pid: int) -> S:
-        """``state`` of the task now running."""
+    def started(self, state: S, run: Spawned) -> S:
+        """``state`` of the task the shared supervisor now runs."""
         raise NotImplementedError
 
     def logs_disabled(self) -> bool:
@@ -169,7 +170,8 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
         try:
             launch = start.build()
             fds = open_logs(task.stdout_path, task.stderr_path, task=task.name, disabled=self.logs_disabled())
-            state = self.started(state, *supervisor.spawn(home, launch, *fds, task=task.name))
+            run = shared.spawn(self.plugin_state_dir, home, launch, *fds, task=task.name)
+            state = self.started(state, run)
             # From here the host gets the handle, and with it the duty to recover or destroy the task.
             owner.save(record.moved_to("started"))
         except BaseException:
@@ -183,11 +185,10 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
 
     def _roll_back(self, task: TaskConfig, state: S, record: R) -> None:
         """Remove what a failed start made; the start's own error is the one the host sees."""
-        if state.supervisor_pid:  # only saving the record failed: our child runs the task
+        run = state.shared_run
+        if run is not None and run.task.alive():  # only saving the record failed: the task runs
             with contextlib.suppress(ProcessLookupError):
-                os.kill(state.supervisor_pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(state.supervisor_pid, 0)
+                os.kill(run.task.pid, signal.SIGKILL)
         try:
             self.release_record(record, why="start failed")
         except (DriverError, OSError) as err:

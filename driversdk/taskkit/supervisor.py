@@ -53,6 +53,9 @@ class Launch:
     """A network namespace to enter (the allocation's, in group network mode)."""
     signal_in_exit_code: bool = False
     """The program reports its child's death by signal N as exit 128 + N (runc, a shell)."""
+    pid_file: str = ""
+    """The program is a launcher (``runc run --detach``): it starts the task, writes the task's pid
+    here and exits 0; the shared supervisor then follows that pid as the task."""
 
     def spec(self, status_file: str) -> dict[str, Any]:
         user = self.user
@@ -70,6 +73,7 @@ class Launch:
             "netns": self.netns,
             "status_file": status_file,
             "signal_in_exit_code": self.signal_in_exit_code,
+            "pid_file": self.pid_file,
         }
 
 
@@ -87,17 +91,24 @@ def launcher(mode: str, spec_file: str, *extra: str) -> list[str]:
     return [sys.executable, "-I", "-S", LAUNCH, mode, spec_file, *extra]
 
 
-def _reset_signals() -> list[int]:
+def default_signals() -> list[int]:
+    """Every signal a spawned supervisor starts with at its default action."""
     return [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+
+
+def write_spec(task_dir: str, launch: Launch) -> str:
+    """Write ``launch`` to ``task_dir``'s spec file (a new file); returns its path."""
+    spec_file = os.path.join(task_dir, SPEC_FILE)
+    fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(launch.spec(os.path.join(task_dir, STATUS_FILE)), fh)
+    return spec_file
 
 
 def spawn(task_dir: str, launch: Launch, stdout_fd: int, stderr_fd: int, *, task: str) -> tuple[int, int]:
     """Write ``launch`` to ``task_dir``'s spec file and start the supervisor; returns (supervisor
     pid, task pid) once the task's exec succeeded."""
-    spec_file = os.path.join(task_dir, SPEC_FILE)
-    fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(launch.spec(os.path.join(task_dir, STATUS_FILE)), fh)
+    spec_file = write_spec(task_dir, launch)
     read_end, write_end = os.pipe()
     if write_end == READY_FD:  # dup2 onto itself would keep close-on-exec set
         moved = os.dup(write_end)
@@ -118,7 +129,7 @@ def spawn(task_dir: str, launch: Launch, stdout_fd: int, stderr_fd: int, *, task
                 file_actions=file_actions,
                 setsid=True,
                 setsigmask=(),
-                setsigdef=_reset_signals(),
+                setsigdef=default_signals(),
             )
         except OSError as err:
             raise DriverError(
@@ -127,7 +138,7 @@ def spawn(task_dir: str, launch: Launch, stdout_fd: int, stderr_fd: int, *, task
             ) from None
         finally:
             os.close(write_end)
-        line = _read_ready(read_end, pid)
+        line = read_ready(read_end, pid)
     finally:
         os.close(read_end)
     kind, _, rest = line.strip().partition(" ")
@@ -139,7 +150,7 @@ def spawn(task_dir: str, launch: Launch, stdout_fd: int, stderr_fd: int, *, task
     raise DriverError(f"task {task!r} could not be started: {detail}")
 
 
-def _read_ready(fd: int, pid: int) -> str:
+def read_ready(fd: int, pid: int) -> str:
     data = b""
     deadline = time.monotonic() + READY_TIMEOUT
     # poll, not select: with a pidfd per watched task, fd numbers pass select's limit of 1024.

@@ -305,18 +305,22 @@ def test_exec_supervisor_and_task_have_clean_stdio_and_signals(harness: DriverHa
         assert time.monotonic() < deadline, "the container never reached running"
         time.sleep(0.05)
     task_pid = int(runc_state["pid"])
-    # The supervisor (and so runc, which relays the task's output) has stdin /dev/null and
-    # stdout/stderr on the task's fifos: never the plugin's handshake pipe or stderr.
+    # The shared supervisor has its stdio on /dev/null; the task (runc handed it its own stdio
+    # and exited) has stdin /dev/null and stdout/stderr on its fifos: never the plugin's
+    # handshake pipe or stderr.
     sup = state.supervisor_pid
-    assert os.readlink(f"/proc/{sup}/fd/0") == "/dev/null"
-    assert os.readlink(f"/proc/{sup}/fd/1") == task.stdout_path
-    assert os.readlink(f"/proc/{sup}/fd/2") == task.stderr_path
+    assert state.task_pid == task_pid
+    assert {os.readlink(f"/proc/{sup}/fd/{fd}") for fd in (0, 1, 2)} == {"/dev/null"}
+    assert os.readlink(f"/proc/{task_pid}/fd/0") == "/dev/null"
+    assert os.readlink(f"/proc/{task_pid}/fd/1") == task.stdout_path
+    assert os.readlink(f"/proc/{task_pid}/fd/2") == task.stderr_path
     plugin_pid = harness.client.process.pid
     plugin_stdio = {os.readlink(f"/proc/{plugin_pid}/fd/{fd}") for fd in (0, 1, 2)}
     task_stdio = {os.readlink(f"/proc/{task_pid}/fd/{fd}") for fd in (0, 1, 2)}
-    assert not plugin_stdio & task_stdio
-    runc_pid = int(Path(f"/proc/{task_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
-    for pid in (sup, runc_pid, task_pid):
+    assert not (plugin_stdio - {"/dev/null"}) & task_stdio
+    parent = int(Path(f"/proc/{task_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert parent == sup  # no runc process stays: the container's init is the supervisor's child
+    for pid in (sup, task_pid):
         status = _proc_status(pid)
         # Nothing ignored or blocked is inherited from the plugin (a SIG_IGN'd SIGINT would make
         # the task unstoppable by the default stop signal).
@@ -324,7 +328,7 @@ def test_exec_supervisor_and_task_have_clean_stdio_and_signals(harness: DriverHa
         # Bits for signals 1-31 only: glibc's posix_spawn leaves its two reserved internal signals
         # (32, 33; never used by programs, SIGRTMIN is 34) ignored in the child. The supervisor
         # ignores, on purpose, only the signals meant for its task's group or a hung-up terminal,
-        # and SIGXFSZ, as every Python program does; runc and the task start with none ignored.
+        # and SIGXFSZ, as every Python program does; the task starts with none ignored.
         ignored = int(status["SigIgn"], 16) & 0x7FFFFFFF
         kept = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ)
         deliberate = sum(1 << (s - 1) for s in kept)

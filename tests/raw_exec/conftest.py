@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +17,17 @@ import pytest
 from driversdk.taskkit.cgroups import cgroup_mounts
 from driversdk.testing import AllocDir, DriverHarness
 from tests.hostcheck import processes
+
+SERVE = "launch.py serve "
+IDLE_BOUND = 10.0  # the shared supervisor leaves IDLE_EXIT (2 s) after its last task
+
+
+def supervisors_gone(state_dir: Path, bound: float = IDLE_BOUND) -> list[str]:
+    """Wait for the shared supervisor of ``state_dir`` to exit on its own; what still runs."""
+    deadline = time.monotonic() + bound
+    while (left := processes(f"{SERVE}{state_dir}")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 PLUGIN = [sys.executable, "-m", "drivers.raw_exec"]
 
@@ -53,7 +65,8 @@ class Tracker:
             "cgroups": self.cgroups(),
             "task state": sorted(os.listdir(tasks)) if tasks.is_dir() else [],
             # Supervisors name their state dir; tasks run in (or below) the test's dirs.
-            "processes": processes(str(self.base)) + _cwd_under(str(self.base)),
+            # The state dir's shared supervisor is not a leak while it lingers idle: no_leaks waits for it.
+            "processes": [p for p in processes(str(self.base)) if SERVE not in p] + _cwd_under(str(self.base)),
         }
         return {k: v for k, v in found.items() if v}
 
@@ -91,6 +104,7 @@ def no_leaks(track: Tracker) -> Iterator[None]:
     left = track.leftovers()
     track.remove_cgroup_parent()
     assert not left, f"left behind: {left}"
+    assert not supervisors_gone(track.state_dir), "the shared task supervisor stayed with no task left"
 
 
 @pytest.fixture

@@ -1,0 +1,183 @@
+"""The shared task supervisor: one ``launch.py serve`` per plugin state dir runs every task.
+
+A process per task (a Python supervisor, plus a foreground ``runc run`` for exec) costs some
+20 MiB per task; a thousand tasks would not fit a node's budget. Instead the plugin asks one
+long-lived supervisor, over a 0600 unix socket in its state dir, to start each task: the request
+names the task's launch spec (written first, as for the per-task supervisor) and carries the
+task's stdout and stderr fds. The supervisor is a child subreaper, so every task (and the
+container init ``runc run --detach`` leaves behind) is its child; it writes each task's
+``exit_status`` when it reaps it, and outlives the plugin, whose successor adopts it by
+connecting to the same socket. With no task left and no request for a moment it exits; the next
+start brings up a fresh one.
+
+The plugin follows the task's own pid (pid plus start time, as pids are reused), not the
+supervisor's, and reads the status file once the task is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from driversdk import procwatch
+from driversdk.errors import DriverError
+from driversdk.taskkit import supervisor
+from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.supervisor import Launch
+
+SOCKET_NAME = "supervisor.sock"  # launch.py's
+SERVE = "serve"
+CONNECT_ATTEMPTS = 50
+RETRY_PAUSE = 0.1
+REPLY_TIMEOUT = 60.0
+"""``runc run --detach`` answers only once the container runs; under load that takes a while."""
+
+_start_lock = threading.Lock()  # one plugin thread brings a supervisor up at a time
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """A task the shared supervisor started."""
+
+    supervisor: ProcessIdentity
+    task: ProcessIdentity
+
+
+def is_server(identity: ProcessIdentity) -> bool:
+    """Whether ``identity`` is still a running shared supervisor (pid and start time, so not a
+    process that reused the pid)."""
+    if identity.pid <= 0 or not identity.alive():
+        return False
+    try:
+        with open(f"/proc/{identity.pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return argv[3:5] == [supervisor.LAUNCH.encode(), SERVE.encode()]
+
+
+def spawn(state_dir: str, task_dir: str, launch: Launch, stdout_fd: int, stderr_fd: int, *, task: str) -> Spawned:
+    """Have ``state_dir``'s shared supervisor (started when none answers) run ``launch`` with the
+    task's files in ``task_dir``, a dir of ``<state_dir>/tasks``."""
+    spec_file = supervisor.write_spec(task_dir, launch)
+    request = f"spawn {spec_file}\n".encode()
+    for _ in range(CONNECT_ATTEMPTS):
+        conn = _connect(state_dir)
+        if conn is None:
+            _start_server(state_dir, task=task)
+            continue
+        with conn:
+            peer = _peer(conn)
+            try:
+                socket.send_fds(conn, [request], [stdout_fd, stderr_fd])
+                reply = _read_line(conn)
+            except TimeoutError:
+                raise DriverError(
+                    f"task {task!r}: the task supervisor (pid {peer.pid}) did not answer within {REPLY_TIMEOUT:.0f}s",
+                    recoverable=True,
+                ) from None
+            except OSError:
+                reply = ""
+        if not reply:
+            # It was exiting (idle) with our connection queued: the request was never read.
+            time.sleep(RETRY_PAUSE)
+            continue
+        kind, _, rest = reply.strip().partition(" ")
+        words = rest.split()
+        if kind == "ok" and len(words) == 2 and all(w.isdigit() for w in words):
+            return Spawned(peer, ProcessIdentity(int(words[0]), int(words[1])))
+        detail = rest if kind == "err" and rest else f"the task supervisor answered {reply.strip()!r}"
+        raise DriverError(f"task {task!r} could not be started: {detail}")
+    raise DriverError(
+        f"task {task!r}: no task supervisor answered on {os.path.join(state_dir, SOCKET_NAME)}; "
+        "check that the plugin's state dir is writable",
+        recoverable=True,
+    )
+
+
+def _connect(state_dir: str) -> socket.socket | None:
+    # Through the dir's fd: a socket path is limited to 108 bytes, a state dir is not.
+    dirfd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(REPLY_TIMEOUT)
+        conn.connect(f"/proc/self/fd/{dirfd}/{SOCKET_NAME}")
+    except (FileNotFoundError, ConnectionRefusedError):
+        conn.close()
+        return None
+    finally:
+        os.close(dirfd)
+    return conn
+
+
+def _peer(conn: socket.socket) -> ProcessIdentity:
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.geteuid():  # the state dir is ours alone; a socket someone else bound is not asked
+        raise DriverError(f"the task supervisor socket in the state dir is served by uid {uid}, not this plugin's")
+    return ProcessIdentity.of(pid) or ProcessIdentity(pid, 0)
+
+
+def _read_line(conn: socket.socket) -> str:
+    data = b""
+    while b"\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace") if data.endswith(b"\n") else ""
+
+
+def _start_server(state_dir: str, *, task: str) -> None:
+    """Start ``launch.py serve`` (own session, stdio on /dev/null); returns once it listens or
+    found another one holding the state dir's supervisor lock."""
+    with _start_lock:
+        probe = _connect(state_dir)
+        if probe is not None:  # another thread of ours started it meanwhile
+            probe.close()
+            return
+        read_end, write_end = os.pipe()
+        if write_end == supervisor.READY_FD:
+            moved = os.dup(write_end)
+            os.close(write_end)
+            write_end = moved
+        actions: list[tuple[Any, ...]] = [
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_DUP2, write_end, supervisor.READY_FD),
+        ]
+        try:
+            try:
+                pid = os.posix_spawn(
+                    sys.executable,
+                    supervisor.launcher(SERVE, os.path.realpath(state_dir)),
+                    supervisor.launcher_env(),
+                    file_actions=actions,
+                    setsid=True,
+                    setsigmask=(),
+                    setsigdef=supervisor.default_signals(),
+                )
+            except OSError as err:
+                raise DriverError(
+                    f"task {task!r}: failed to start the task supervisor {sys.executable}: {err.strerror}",
+                    recoverable=True,
+                ) from None
+            finally:
+                os.close(write_end)
+            # Our child until we exit: the watcher reaps it, so no zombie stays when it ends.
+            procwatch.watch(pid, lambda _code: None, reap=True)
+            line = supervisor.read_ready(read_end, pid)
+        finally:
+            os.close(read_end)
+        if line.startswith(("ready", "busy")):
+            return
+        raise DriverError(f"task {task!r}: the task supervisor did not start: {line.strip() or 'it exited'}")
+
+
+__all__ = ["Spawned", "is_server", "spawn"]
