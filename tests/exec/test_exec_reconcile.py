@@ -199,7 +199,9 @@ def test_exec_half_started_container_and_half_created_network_are_removed(
     _wait_until(lambda: not track.leftovers(), BOUND, "removal of the abandoned task and network")
     assert not os.path.exists(netns_path(netns_name(alloc.alloc_id)))
     assert not net_record.exists() and not os.path.exists(record.path)
-    assert not _alive(state.supervisor_pid)  # the supervisor shell is gone too, not only the container
+    assert not _alive(state.task_pid)  # the container's init, not only runc's record of it
+    # The state dir's shared supervisor has no task left: it goes on its own.
+    _wait_until(lambda: not _alive(state.supervisor_pid), BOUND, "the idle shared supervisor's exit")
     _reconciler_lines(
         caplog,
         f"removed runc container {state.container_id} ",

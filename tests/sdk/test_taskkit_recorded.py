@@ -21,9 +21,10 @@ from driversdk.errors import ConfigError, DriverError
 from driversdk.hclspec import Spec
 from driversdk.model import ExitResult, TaskConfig, TaskHandle
 from driversdk.taskkit import owner
-from driversdk.taskkit.fields import encode_state
 from driversdk.taskkit.hostcfg import HostPluginConfig
+from driversdk.taskkit.owner import ProcessIdentity
 from driversdk.taskkit.recorded import RecordedDriver, Start
+from driversdk.taskkit.shared import Spawned
 from driversdk.taskkit.streaming import exit_result
 from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE, Launch
 from driversdk.testing import AllocDir
@@ -35,6 +36,14 @@ class State:
     home: str
     supervisor_pid: int
     started_at: float
+    task: ProcessIdentity = ProcessIdentity(0, 0)
+    supervisor_start_time: int = 0
+
+    @property
+    def shared_run(self) -> Spawned | None:
+        if not self.task.start_time:
+            return None
+        return Spawned(ProcessIdentity(self.supervisor_pid, self.supervisor_start_time), self.task)
 
     @property
     def status_file(self) -> str:
@@ -45,7 +54,7 @@ class State:
         return os.path.join(self.home, SPEC_FILE)
 
     def encode(self) -> bytes:
-        return encode_state(self, 1)
+        return json.dumps(dataclasses.asdict(self)).encode()
 
 
 @dataclass(frozen=True)
@@ -88,8 +97,10 @@ class Tiny(RecordedDriver[State, Record]):
     def record_of(self, state: State) -> Record:
         return Record("started", 0, 0, state.started_at, True, self.config.cgroup_parent, state.key, state.home)
 
-    def started(self, state: State, supervisor_pid: int, task_pid: int) -> State:
-        return dataclasses.replace(state, supervisor_pid=supervisor_pid)
+    def started(self, state: State, run: Spawned) -> State:
+        return dataclasses.replace(
+            state, supervisor_pid=run.supervisor.pid, supervisor_start_time=run.supervisor.start_time, task=run.task
+        )
 
     def task_config_schema(self) -> Spec:
         return hs.obj({"program": hs.attr("string"), "fail_build": hs.attr("bool")})
