@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -70,9 +71,11 @@ __all__ = [
 ]
 
 SOCKET_NAME = "logmon.sock"  # in the data dir, next to state.db
+FIFOS_FILE = "logmon.fifos"  # in the task's private dir, next to the events file
 START_TIMEOUT = 10.0
 # A remove drains what the task's fifos hold (up to logcollector.DRAIN_LIMIT) before it answers.
 REQUEST_TIMEOUT = 60.0
+CLOSE_WAIT = 2.0  # how long the last client waits for the idle collector to end
 EVENT_POLL = 0.5  # how often the one poller thread reads events files and looks at the collectors
 _SUN_PATH_MAX = 107
 
@@ -119,6 +122,7 @@ class _Served:
     max_files: int
     max_size: int
     keepers: list[int] = field(default_factory=list)
+    fifos: list[tuple[int, int]] = field(default_factory=list)  # (dev, ino) of the fifos we made
 
 
 class _CollectorGone(OSError):
@@ -138,6 +142,7 @@ class LogCollector:
         self._watch: socket.socket | None = None  # never written: its end says the collector went
         self._child: subprocess.Popen[bytes] | None = None
         self._served: dict[tuple[str, str], _Served] = {}
+        _live.add(self)
         _poller.start()
 
     # --- tasks ----------------------------------------------------------------------------------
@@ -162,7 +167,9 @@ class LogCollector:
             raise DriverError(_dir_refusal(task, logs_dir, err)) from None
         made: list[str] = []
         keepers: list[int] = []
+        identities = os.path.join(os.path.dirname(events), FIFOS_FILE)
         try:
+            known = _read_identities(identities)
             for fifo, kind in zip(fifo_paths(logs_dir, task), ("stdout", "stderr"), strict=True):
                 name = os.path.basename(fifo)
                 try:
@@ -171,12 +178,15 @@ class LogCollector:
                 except FileExistsError:
                     pass  # a restarted run adopts its task's fifos; the checks below see what is there
                 try:
-                    keepers.append(_open_entry(dir_fd, name, stat.S_IFIFO, os.O_RDWR | os.O_NONBLOCK))
+                    keepers.append(_open_entry(dir_fd, name, stat.S_IFIFO, os.O_RDWR | os.O_NONBLOCK, known))
                 except Refused as err:
                     raise DriverError(_fifo_refusal(task, kind, name, err)) from None
+            fifos = [(st.st_dev, st.st_ino) for st in map(os.fstat, keepers)]
+            if frozenset(fifos) != known:
+                _write_identities(identities, fifos)
             if legacy_pid:
                 _stop_legacy(legacy_pid, logs_dir)
-            served = _Served(Logmon(0, *fifo_paths(logs_dir, task), events), max_files, max_size, keepers)
+            served = _Served(Logmon(0, *fifo_paths(logs_dir, task), events), max_files, max_size, keepers, fifos)
             with self._lock:
                 _room_for_fds(2 * len(self._served) + 2)
                 reply = self._request(self._add_request(served))
@@ -222,13 +232,17 @@ class LogCollector:
         """Let go of the collector: it serves on what this process did not remove (an agent
         leaving its tasks running), and ends by itself once it serves nothing and nobody is left."""
         with self._lock:
+            idle = not self._served and self._conn is not None
             self._disconnect()
             for served in self._served.values():
                 _close_all(served.keepers)
             self._served.clear()
-            if self._child is not None and self._child.poll() is None:
-                _poller.reap(self._child)
-            self._child = None
+            child, self._child = self._child, None
+            pid = self.pid
+        if idle:  # it ends now unless another process uses it: give it a moment, so none is left behind
+            _wait_gone(pid, child, CLOSE_WAIT)
+        if child is not None and child.poll() is None:
+            _poller.reap(child)
 
     # --- the collector process ------------------------------------------------------------------
 
@@ -319,7 +333,7 @@ class LogCollector:
     def _add_request(served: _Served) -> dict[str, object]:
         logmon = served.logmon
         return {"op": "add", "dir": logmon.logs_dir, "task": logmon.task, "max_files": served.max_files,
-                "max_size": served.max_size, "events": logmon.events}  # fmt: skip
+                "max_size": served.max_size, "events": logmon.events, "fifos": served.fifos}  # fmt: skip
 
     def _start(self) -> None:
         args = [sys.executable, "-I", "-S", os.path.abspath(logcollector.__file__), "--serve", self.socket_path]
@@ -354,6 +368,18 @@ class LogCollector:
         self._conn = self._watch = None
 
 
+def _wait_gone(pid: int, child: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    if child is not None and child.pid == pid:
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        return
+    deadline = time.monotonic() + timeout
+    while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _read_line(conn: socket.socket) -> str:
     data = b""
     while not data.endswith(b"\n"):
@@ -380,6 +406,35 @@ def _connect_unix(path: str) -> socket.socket:
         conn.close()
         raise
     return conn
+
+
+def _read_identities(path: str) -> frozenset[tuple[int, int]]:
+    """The (dev, ino) of the fifos the runner made for the task, kept in its private dir: after a
+    restart those fifos belong to the task's user (runc chowns a task's stdio) and are still ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return frozenset()
+    try:
+        text = os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
+    known: set[tuple[int, int]] = set()
+    for line in text.splitlines():
+        dev, _, ino = line.partition(" ")
+        if dev.isdigit() and ino.isdigit():
+            known.add((int(dev), int(ino)))
+    return frozenset(known)
+
+
+def _write_identities(path: str, fifos: list[tuple[int, int]]) -> None:
+    temp = f"{path}.{os.getpid()}.{threading.get_ident()}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    try:
+        os.write(fd, "".join(f"{dev} {ino}\n" for dev, ino in fifos).encode())
+    finally:
+        os.close(fd)
+    os.replace(temp, path)
 
 
 def _close_all(fds: list[int]) -> None:
@@ -445,6 +500,7 @@ def _stop_legacy(pid: int, logs_dir: str, timeout: float = 5.0) -> None:
 # --- one collector client per data dir in this process ---------------------------------------
 
 _collectors: dict[str, LogCollector] = {}
+_live: weakref.WeakSet[LogCollector] = weakref.WeakSet()  # every client, looked after by the poller
 _holders: dict[str, int] = {}
 _registry_lock = threading.Lock()
 
@@ -546,9 +602,7 @@ class _Poller:
     def _run(self) -> None:
         while True:
             time.sleep(EVENT_POLL)
-            with _registry_lock:
-                collectors = list(_collectors.values())
-            for collector in collectors:
+            for collector in list(_live):
                 try:
                     collector.check()
                 except Exception:  # noqa: BLE001 - tried again next turn; the tasks' writes wait in their fifos

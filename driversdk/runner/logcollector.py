@@ -6,7 +6,8 @@ epoll loop over the control socket, its client connections and every served task
 thousand tasks cost one small process and no thread each. The control socket speaks one JSON
 object a line and answers one line each::
 
-    {"op": "add", "dir": LOGS_DIR, "task": NAME, "max_files": N, "max_size": BYTES, "events": PATH}
+    {"op": "add", "dir": LOGS_DIR, "task": NAME, "max_files": N, "max_size": BYTES, "events": PATH,
+     "fifos": [[DEV, INO], [DEV, INO]]}  (the fifos the runner made, owned by the task's user by now)
         -> "ok" (also when the task is served already: a recovering runner adds it again)
         -> "refused <sentence>" (a planted logs dir or fifo), "error <sentence>" (anything else)
     {"op": "remove", "dir": LOGS_DIR, "task": NAME} -> drains the fifos, closes and removes them -> "ok"
@@ -84,11 +85,13 @@ class Refused(DriverSDKError):
         return f"{self.what}; the collector did not write to it"
 
 
-def _check(st: os.stat_result, want: int) -> None:
+def _check(st: os.stat_result, want: int, known: frozenset[tuple[int, int]] = frozenset()) -> None:
     fmt = stat.S_IFMT(st.st_mode)
     if fmt != want:
         raise Refused(f"is {_KINDS.get(fmt, 'not a file')}", fmt)
-    if st.st_uid != os.geteuid():
+    # ``known``: inodes (dev, ino) the runner made itself. A task's fifo is handed to its user by
+    # runc (it chowns the task's stdio), so after a restart our own fifo is found owned by the task.
+    if st.st_uid != os.geteuid() and (st.st_dev, st.st_ino) not in known:
         raise Refused(f"is owned by uid {st.st_uid}, not by the collector", fmt)
     if st.st_nlink != 1:
         raise Refused("is a hard link to another file", fmt)
@@ -104,21 +107,23 @@ def open_dir(path: str) -> int:
         raise
 
 
-def _open_entry(dir_fd: int, name: str, want: int, flags: int) -> int:
+def _open_entry(
+    dir_fd: int, name: str, want: int, flags: int, known: frozenset[tuple[int, int]] = frozenset()
+) -> int:
     """Open ``name`` in the logs dir only when it is a ``want`` (S_IFREG, S_IFIFO) of ours."""
     # O_PATH opens nothing (no fifo blocks, no device node the task made wakes up) and with
     # O_NOFOLLOW pins the entry itself, symlink included: the checks and the real open below see
     # one inode, whatever the task renames meanwhile.
     pin = os.open(name, os.O_PATH | _NOFOLLOW, dir_fd=dir_fd)
     try:
-        _check(os.fstat(pin), want)
+        _check(os.fstat(pin), want, known)
         # Through /proc/self/fd the kernel reopens the pinned inode, not what the name means now
         # (that magic link is the one link followed here, so no O_NOFOLLOW on this open).
         fd = os.open(f"/proc/self/fd/{pin}", flags | os.O_CLOEXEC | os.O_NOCTTY)
     finally:
         os.close(pin)
     try:
-        _check(os.fstat(fd), want)
+        _check(os.fstat(fd), want, known)
     except Refused:
         os.close(fd)
         raise
@@ -444,7 +449,8 @@ class Server:
                 return "ok"
             key = (str(request["dir"]), str(request["task"]))
             if op == "add":
-                return self._add(key, int(request["max_files"]), int(request["max_size"]), request.get("events"))
+                known = frozenset((int(dev), int(ino)) for dev, ino in request.get("fifos", []))
+                return self._add(key, int(request["max_files"]), int(request["max_size"]), request.get("events"), known)
             if op == "remove":
                 task = self.tasks.get(key)
                 if task is not None:
@@ -454,7 +460,9 @@ class Server:
         except (ValueError, KeyError, TypeError) as err:
             return f"error the request {line[:200]!r} is not one the collector knows: {err}"
 
-    def _add(self, key: tuple[str, str], max_files: int, max_size: int, events: str | None) -> str:
+    def _add(
+        self, key: tuple[str, str], max_files: int, max_size: int, events: str | None, known: frozenset[tuple[int, int]]
+    ) -> str:
         logs_dir, name = key
         if key in self.tasks:
             return "ok"
@@ -471,7 +479,8 @@ class Server:
                 fifo_name = os.path.basename(fifo)
                 try:
                     # Read-write: the reader never sees end-of-file when a writer goes and comes back.
-                    fds.append((kind, _open_entry(dir_fd, fifo_name, stat.S_IFIFO, os.O_RDWR | os.O_NONBLOCK)))
+                    fd = _open_entry(dir_fd, fifo_name, stat.S_IFIFO, os.O_RDWR | os.O_NONBLOCK, known)
+                    fds.append((kind, fd))
                 except Refused as err:
                     raise _Refusal(_fifo_refusal(name, kind, fifo_name, err)) from None
                 try:

@@ -1,0 +1,226 @@
+"""One log collector process per data dir serves every task (issue 31): real collector processes,
+real fifos, real writer processes (``/bin/sh`` loops writing numbered lines, one write a line).
+
+Each test counts the collector processes of its data dir in /proc; the attacker test plants
+links as an exec task could (alloc/logs is the task's to write), and the kill tests use SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driversdk.runner import logcollect
+from driversdk.runner.run import log_files
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = b"root:host secret that no task may touch\n"
+WAIT = 30.0
+
+
+def collectors(data: Path) -> list[int]:
+    """Pids of the live log collector processes of ``data`` (zombies are not running)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if "logcollector.py" in cmdline and f"{data}/" in cmdline and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def until(condition: object, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def logs_dir(data: Path, alloc: str) -> Path:
+    path = data / "allocs" / alloc / "alloc" / "logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def collected(logs: Path, task: str, kind: str = "stdout") -> bytes:
+    """What the operator reads: the task's regular log files, oldest first."""
+    return b"".join(Path(p).read_bytes() for p in log_files(str(logs.parents[1]), task, kind))
+
+
+def writer(fifo: str, lines: int, tag: str) -> subprocess.Popen[bytes]:
+    """A task writing ``lines`` numbered lines into its fifo, one write(2) each (dash's echo)."""
+    script = 'i=0; while [ "$i" -lt "$1" ]; do echo "$2 $i"; i=$((i+1)); done'
+    return subprocess.Popen(["/bin/sh", "-c", f"exec >{fifo}; {script}", "sh", str(lines), tag])
+
+
+def endless_writer(fifo: str, stop: Path) -> subprocess.Popen[bytes]:
+    """A task writing numbered lines until ``stop`` exists, then END."""
+    script = f'exec >{fifo}; i=0; while [ ! -e {stop} ]; do echo "$i"; i=$((i+1)); done; echo END'
+    return subprocess.Popen(["/bin/sh", "-c", script])
+
+
+def numbered(data: bytes, tag: str, count: int) -> None:
+    """Every line ``<tag> <n>`` for n in 0..count-1, in order, none lost or doubled."""
+    lines = data.decode().splitlines()
+    assert len(lines) == count, (tag, len(lines), count)
+    for n, line in enumerate(lines):
+        assert line == f"{tag} {n}", (tag, n, line)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "data"
+    path.mkdir()
+    yield path
+    # Whatever a test served is removed by it; the collector, serving nothing and held by nobody, ends.
+    until(lambda: not collectors(path), "the idle collector ended")
+
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the collector checks files are root's")
+
+
+def test_twenty_tasks_are_served_by_one_collector_process(data: Path) -> None:
+    served = [(logs_dir(data, f"a{i % 5}"), f"t{i}") for i in range(20)]
+    logmons = [logcollect.spawn(str(logs), task, max_files=3, max_size=1000) for logs, task in served]
+    try:
+        assert len(collectors(data)) == 1, "one process for every task of the data dir"
+        assert len({m.pid for m in logmons}) == 1
+        for logmon, (_, task) in zip(logmons, served, strict=True):
+            with open(logmon.stdout_fifo, "w") as fifo:
+                fifo.write(f"hello from {task}\n")
+    finally:
+        for logmon in logmons:
+            logcollect.stop(logmon)
+    for logs, task in served:
+        assert collected(logs, task) == f"hello from {task}\n".encode()
+        assert not os.path.lexists(logcollect.fifo_paths(str(logs), task)[0]), "the fifos are removed"
+
+
+def test_a_hundred_writers_at_once_lose_no_line_across_rotated_files(data: Path) -> None:
+    tasks, lines = 100, 2000
+    served = [(logs_dir(data, f"a{i // 4}"), f"t{i}") for i in range(tasks)]
+    # Small files: each task's ~20 KB rotate through a dozen files, all kept.
+    logmons = [logcollect.spawn(str(logs), task, max_files=100, max_size=2048) for logs, task in served]
+    writers: list[subprocess.Popen[bytes]] = []
+    try:
+        assert len(collectors(data)) == 1
+        writers = [writer(m.stdout_fifo, lines, task) for m, (_, task) in zip(logmons, served, strict=True)]
+        assert [w.wait(timeout=120) for w in writers] == [0] * tasks
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
+        for logmon in logmons:
+            logcollect.stop(logmon)
+    for logs, task in served:
+        numbered(collected(logs, task), task, lines)
+        assert len(log_files(str(logs.parents[1]), task, "stdout")) > 5, "rotated by size"
+
+
+def test_a_killed_collector_is_replaced_and_no_line_of_any_task_is_lost(data: Path, tmp_path: Path) -> None:
+    served = [(logs_dir(data, "a1"), "one"), (logs_dir(data, "a2"), "two")]
+    logmons = [logcollect.spawn(str(logs), task, max_files=1000, max_size=64 * 1024) for logs, task in served]
+    stop = tmp_path / "stop"
+    writers = [endless_writer(m.stdout_fifo, stop) for m in logmons]
+    try:
+        until(lambda: all(len(collected(logs, task)) > 100_000 for logs, task in served), "both tasks write")
+        first = logmons[0].pid
+        os.kill(first, signal.SIGKILL)
+        before = [len(collected(logs, task)) for logs, task in served]
+        until(lambda: collectors(data) and first not in collectors(data), "a new collector took over")
+        # The new one copies on what the tasks wrote meanwhile (they waited on the full fifo).
+        until(
+            lambda: all(len(collected(logs, t)) > size + 1_000_000 for (logs, t), size in zip(served, before)),
+            "the tasks' writes go on",
+        )
+        stop.touch()
+        codes = [w.wait(timeout=60) for w in writers]
+        assert codes == [0, 0], f"a writer died (-13 is SIGPIPE): {codes}"
+        assert len(collectors(data)) == 1
+    finally:
+        stop.touch()
+        for w in writers:
+            w.kill()
+            w.wait()
+        for logmon in logmons:
+            logcollect.stop(logmon)
+    for logs, task in served:
+        lines = collected(logs, task).decode().splitlines()
+        assert lines[-1] == "END", task
+        assert lines[:-1] == [str(n) for n in range(len(lines) - 1)], f"{task}: a line was lost or doubled"
+        assert len(lines) > 100_000
+
+
+def test_an_attackers_planted_links_do_not_disturb_another_tasks_collection(data: Path, tmp_path: Path) -> None:
+    logs = logs_dir(data, "a1")  # one group: both tasks share alloc/logs
+    host = tmp_path / "host-secret"
+    host.write_bytes(SECRET)
+    # The attacker's files, planted before it writes: a symlink and a hard link to a host file.
+    (logs / "evil.stdout.0").symlink_to(host)
+    os.link(host, logs / "evil.stderr.0")
+    evil = logcollect.spawn(str(logs), "evil", max_files=100, max_size=1000)
+    good = logcollect.spawn(str(logs), "good", max_files=100, max_size=1000)
+    try:
+        assert len(collectors(data)) == 1 and evil.pid == good.pid
+        writers = [writer(evil.stdout_fifo, 3000, "evil"), writer(good.stdout_fifo, 3000, "good")]
+        writers.append(writer(evil.stderr_fifo, 300, "err"))
+        assert [w.wait(timeout=60) for w in writers] == [0, 0, 0]
+    finally:
+        logcollect.stop(evil)
+        logcollect.stop(good)
+    assert host.read_bytes() == SECRET, "the host file is untouched"
+    numbered(collected(logs, "good"), "good", 3000)
+    numbered(collected(logs, "evil"), "evil", 3000)
+    numbered(collected(logs, "evil", "stderr"), "err", 300)
+    good_events, _ = logcollect.read_events(good.events, 0)
+    evil_events, _ = logcollect.read_events(evil.events, 0)
+    assert good_events == [], "the other task's collection saw nothing of it"
+    assert sorted(evil_events) == [
+        'log file "evil.stderr.0" in alloc/logs is a hard link to another file; the collector did not write to it '
+        'and writes to "evil.stderr.1"',
+        'log file "evil.stdout.0" in alloc/logs was replaced by a symlink; the collector did not follow it and '
+        'writes to "evil.stdout.1"',
+    ]
+
+
+CLIENT = """
+import sys, time
+from driversdk.runner import logcollect
+logmon = logcollect.spawn(sys.argv[1], "web", max_files=5, max_size=100000)
+print(logmon.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_client_leaves_the_collector_to_the_next_one(data: Path) -> None:
+    logs = logs_dir(data, "a1")
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(logs)], stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert client.stdout is not None
+        pid = int(client.stdout.readline())
+        with open(logcollect.fifo_paths(str(logs), "web")[0], "w") as fifo:
+            fifo.write("before\n")
+    finally:
+        client.kill()  # SIGKILL: what a run or agent killed -9 leaves
+        client.wait()
+    assert collectors(data) == [pid], "the collector serves on"
+    logmon = logcollect.spawn(str(logs), "web", max_files=5, max_size=100000)  # the next run recovers the task
+    try:
+        assert logmon.pid == pid and collectors(data) == [pid], "adopted, no second collector"
+        with open(logmon.stdout_fifo, "w") as fifo:
+            fifo.write("after\n")
+    finally:
+        logcollect.stop(logmon)
+    assert collected(logs, "web") == b"before\nafter\n"
