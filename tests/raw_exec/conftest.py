@@ -29,6 +29,7 @@ def supervisors_gone(state_dir: Path, bound: float = IDLE_BOUND) -> list[str]:
         time.sleep(0.1)
     return left
 
+
 PLUGIN = [sys.executable, "-m", "drivers.raw_exec"]
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ class State:
     home: str
     supervisor_pid: int
     started_at: float
-    task: ProcessIdentity = ProcessIdentity(0, 0)
+    task: ProcessIdentity = field(default_factory=lambda: ProcessIdentity(0, 0))
     supervisor_start_time: int = 0
 
     @property
