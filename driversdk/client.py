@@ -300,6 +300,29 @@ class DriverClient:
             raise PluginCallError(resp.err, code="OK", call="WaitTask")
         return convert.exit_result_from_proto(resp.result)
 
+    def watch_task(self, task_id: str, on_done: Callable[[ExitResult | DriverSDKError], None]) -> None:
+        """WaitTask without a thread blocked on it: a host following a thousand tasks holds a
+        thousand pending calls, not a thousand threads. ``on_done`` gets the exit or the call's
+        failure exactly once, on gRPC's own callback thread: it must hand any slow work on."""
+        call = self._driver.WaitTask.future(driver_pb2.WaitTaskRequest(task_id=task_id))
+
+        def settled(finished: grpc.Future[driver_pb2.WaitTaskResponse]) -> None:
+            if finished.cancelled():  # the channel was closed under the call (the plugin was let go)
+                on_done(PluginCallError("WaitTask was cancelled: the plugin connection closed", code="CANCELLED",
+                                        call="WaitTask"))  # fmt: skip
+                return
+            try:
+                resp = finished.result()
+            except grpc.RpcError as err:
+                on_done(call_error(err, "WaitTask", self.name))
+                return
+            if resp.err:
+                on_done(PluginCallError(resp.err, code="OK", call="WaitTask"))
+                return
+            on_done(convert.exit_result_from_proto(resp.result))
+
+        call.add_done_callback(settled)
+
     def stop_task(self, task_id: str, timeout: float = 5.0, signal: str = "") -> None:
         req = driver_pb2.StopTaskRequest(task_id=task_id, timeout=convert.duration_to_proto(timeout), signal=signal)
         self._unary("StopTask", self._driver.StopTask, req)

@@ -272,20 +272,45 @@ class DriverManager:
             tracked = self._tasks.get(task_id)
             return tracked.client if tracked is not None else self.dispense(driver)
 
-    def wait_task(self, task_id: str) -> ExitResult:
-        """WaitTask; when the plugin dies meanwhile, relaunch it and RecoverTask (as Nomad's
-        driver manager and task runner do), so the task's real exit code is recorded and nothing
-        is left behind. Raises :class:`TaskLost` when the task cannot be followed any more."""
-        tracked = self._tasks[task_id]
-        while True:
-            client = tracked.client
-            try:
-                return client.wait_task(task_id)
-            except DriverSDKError as err:
-                if tracked.client is not client:
-                    continue  # another task saw the death first and recovered this one too
-                if self._closing or not client.process.exited_within(1.0):
-                    raise WaitFailed(f"wait failed: {err}") from None
+    def watch(self, task_id: str, on_outcome: Callable[[ExitResult | DriverSDKError], None]) -> None:
+        """:meth:`wait_task` with no thread held while the task runs: ``on_outcome`` gets the exit,
+        or :class:`TaskLost` / :class:`WaitFailed`, exactly once, on a short-lived thread of its
+        own (it may block: record the exit, wait out a restart delay). A plugin that dies meanwhile
+        is relaunched and the task recovered before the wait is asked for again."""
+        self._watch(task_id, self._tasks[task_id], on_outcome)
+
+    def _watch(
+        self, task_id: str, tracked: TrackedTask, on_outcome: Callable[[ExitResult | DriverSDKError], None]
+    ) -> None:
+        client = tracked.client
+
+        def settled(outcome: ExitResult | DriverSDKError) -> None:
+            # gRPC's callback thread serves every pending call: nothing slow happens on it.
+            threading.Thread(
+                target=self._settle_wait, args=(task_id, tracked, client, outcome, on_outcome),
+                daemon=True, name="task-exit",
+            ).start()  # fmt: skip
+
+        try:
+            client.watch_task(task_id, settled)
+        except DriverSDKError as err:
+            settled(err)
+
+    def _settle_wait(
+        self,
+        task_id: str,
+        tracked: TrackedTask,
+        client: DriverClient,
+        outcome: ExitResult | DriverSDKError,
+        on_outcome: Callable[[ExitResult | DriverSDKError], None],
+    ) -> None:
+        if isinstance(outcome, ExitResult):
+            on_outcome(outcome)
+            return
+        if tracked.client is client:
+            if self._closing or not client.process.exited_within(1.0):
+                on_outcome(WaitFailed(f"wait failed: {outcome}"))
+                return
             with self._lock:
                 if tracked.client is client:
                     try:
@@ -293,8 +318,11 @@ class DriverManager:
                     except DriverSDKError as err:
                         tracked.lost = f"could not be recovered after its driver plugin exited: {err}"
                         tracked.event(tracked.lost)
-            if tracked.lost:
-                raise TaskLost(tracked.lost)
+        # else: another task saw the death first and recovered this one too.
+        if tracked.lost:
+            on_outcome(TaskLost(tracked.lost))
+            return
+        self._watch(task_id, tracked, on_outcome)
 
     def _replace(self, driver: str, dead: DriverClient) -> DriverClient:
         """A fresh plugin in place of one that died, then RecoverTask for every task it ran.

@@ -23,7 +23,7 @@ from driversdk.errors import DriverSDKError, PluginCallError, StateWriteError
 from driversdk.model import Capabilities, ExitResult, LinuxResources, PortMapping, Resources, TaskConfig, TaskHandle
 from driversdk.mounts import Mount, MountRequest
 from driversdk.runner import logcollect, restarts, taskenv
-from driversdk.runner.drivermanager import TaskLost, TrackedTask, WaitFailed
+from driversdk.runner.drivermanager import TaskLost, TrackedTask
 from driversdk.runner.events import EventType, RunEvent, RunEventType, split_type
 from driversdk.runner.hooks import TaskHook
 from driversdk.runner.hooks.artifact import ArtifactHook
@@ -347,15 +347,16 @@ class TaskRunner:
             self.config.id,
             TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
         )
-        threading.Thread(target=self._wait, daemon=True, name=f"wait-{self.task.name}").start()
+        drivers.watch(self.config.id, self._wait)
         for hook in self.hooks:
             hook.poststart(self)
 
-    def _wait(self) -> None:
-        """The wait thread: its every failure reaches the run, never the thread's end alone."""
+    def _wait(self, outcome: ExitResult | DriverSDKError) -> None:
+        """The task's end, on the short-lived thread the driver manager gives it (no thread waits
+        while the task runs): its every failure reaches the run, never the thread's end alone."""
         final = True
         try:
-            final = self._wait_and_record()
+            final = self._wait_and_record(outcome)
         except StateWriteError as err:
             self._state_failed(err)
         except BaseException as err:  # a bug: the task must not stay "running" for ever
@@ -373,18 +374,17 @@ class TaskRunner:
         self.event(self.failure, type=RunEventType.FAILED, fails_task=True)
         self.alloc.node.stopping.set()
 
-    def _wait_and_record(self) -> bool:
-        """Wait for the task and record its end; False when it was started again (a new wait
-        thread follows it)."""
+    def _wait_and_record(self, outcome: ExitResult | DriverSDKError) -> bool:
+        """Record the task's end; False when it was started again (a new watch follows it)."""
         assert self.config is not None
-        try:
-            result = self.alloc.drivers.wait_task(self.config.id)
-        except TaskLost as err:  # the manager reported why
-            self.failure = str(err)
+        if isinstance(outcome, TaskLost):  # the manager reported why
+            self.failure = str(outcome)
             result = ExitResult(exit_code=1)
-        except WaitFailed as err:
-            self.event(str(err))
+        elif isinstance(outcome, DriverSDKError):  # WaitFailed: the plugin lives, the call failed
+            self.event(str(outcome))
             result = ExitResult(exit_code=1)
+        else:
+            result = outcome
         if self.failure and result.successful:
             result = ExitResult(exit_code=1, signal=result.signal)
         oom_detail = {"oom_killed": "true"} if result.oom_killed else {}
@@ -471,7 +471,7 @@ class TaskRunner:
 
     def _restart_after(self, result: ExitResult) -> ExitResult | None:
         """Apply the restart policy to an exit: None when the task was started again, else the
-        result it ends with. Runs in the wait thread; a stop() during the delay ends the task
+        result it ends with. Runs on the task-exit thread; a stop() during the delay ends the task
         with its last exit."""
         if self.tracker is None or self._stopping.is_set() or self.failure:
             return result
@@ -551,7 +551,7 @@ class TaskRunner:
             self.config.id,
             TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
         )
-        threading.Thread(target=self._wait, daemon=True, name=f"wait-{self.task.name}").start()
+        drivers.watch(self.config.id, self._wait)
 
     def _recover_restarting(self, record: TaskRecord) -> None:
         """The killed run was waiting to restart the task: the exited task is removed if it is
