@@ -128,8 +128,8 @@ class Agent:
     def start(self) -> None:
         """Take the data dir, open the stores, launch (or reattach) the plugins, fingerprint them and
         recover the recorded jobs. Raises DataDirBusy when another agent has the data dir."""
-        from driversdk.runner.allocgc import GCPolicy, PeriodicGC
         from driversdk.runner import logcollect
+        from driversdk.runner.allocgc import GCPolicy, PeriodicGC
         from driversdk.runner.drivermanager import DriverManager
         from driversdk.statedb import prepare_data_dir
 
@@ -186,6 +186,10 @@ class Agent:
                 health = DriverHealth(healthy, description, dict(facts.attributes), time.time_ns())
             except DriverSDKError as err:
                 health = DriverHealth(False, f"the {driver} plugin did not answer: {err}", updated=time.time_ns())
+            if not health.healthy:
+                # No task may use it (its facts refuse the job with the reason), so its process
+                # would only hold memory: raw_exec, disabled unless the operator enables it, costs
+                # as much as a driver in use. A task it still runs after a restart relaunches it.
                 self.drivers.release(driver)
         self.health[driver] = health
         self.log("info" if health.healthy else "warn", f"client.driver_mgr: driver {driver}: {health.description}")

@@ -605,7 +605,7 @@ class _Poller:
             for collector in list(_live):
                 try:
                     collector.check()
-                except Exception:  # noqa: BLE001 - tried again next turn; the tasks' writes wait in their fifos
+                except Exception:  # tried again next turn; the tasks' writes wait in their fifos
                     pass
             with self._lock:
                 watched = list(self._watched.values())
@@ -614,7 +614,7 @@ class _Poller:
                 for sentence in new_events(logmon):
                     try:
                         callback(sentence)
-                    except Exception:  # noqa: BLE001 - one task's report must not end everyone's
+                    except Exception:  # one task's report must not end everyone's
                         pass
 
 

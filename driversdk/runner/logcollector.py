@@ -107,9 +107,7 @@ def open_dir(path: str) -> int:
         raise
 
 
-def _open_entry(
-    dir_fd: int, name: str, want: int, flags: int, known: frozenset[tuple[int, int]] = frozenset()
-) -> int:
+def _open_entry(dir_fd: int, name: str, want: int, flags: int, known: frozenset[tuple[int, int]] = frozenset()) -> int:
     """Open ``name`` in the logs dir only when it is a ``want`` (S_IFREG, S_IFIFO) of ours."""
     # O_PATH opens nothing (no fifo blocks, no device node the task made wakes up) and with
     # O_NOFOLLOW pins the entry itself, symlink included: the checks and the real open below see
@@ -304,8 +302,6 @@ def _fifo_refusal(task: str, kind: str, name: str, err: Refused) -> str:
         f'the log collector for task "{task}" refused its {kind} fifo "{name}" in alloc/logs: it {err.what}, not '
         "the fifo the collector made; remove it and run the task again"
     )
-
-
 
 
 # Bytes a removed or stopping task's fifo is drained of at most: its writers are gone by then, but

@@ -142,7 +142,9 @@ def test_a_killed_collector_is_replaced_and_no_line_of_any_task_is_lost(data: Pa
         until(lambda: collectors(data) and first not in collectors(data), "a new collector took over")
         # The new one copies on what the tasks wrote meanwhile (they waited on the full fifo).
         until(
-            lambda: all(len(collected(logs, t)) > size + 1_000_000 for (logs, t), size in zip(served, before)),
+            lambda: all(
+                len(collected(logs, t)) > size + 1_000_000 for (logs, t), size in zip(served, before, strict=True)
+            ),
             "the tasks' writes go on",
         )
         stop.touch()
