@@ -6,8 +6,9 @@
 - :mod:`.recorded`: ``RecordedDriver``, exec's and raw_exec's base: the start sequence (record
   first, roll back on failure), the release DestroyTask and the reconciler share, recovery claims.
 - :mod:`.fields`: saved task state and records as JSON, older layouts' missing fields defaulted.
-- :mod:`.supervisor` and :mod:`.launch`: the one task supervisor, its typed ``Launch`` and its
-  status file, read by a plugin started after the one that launched the task.
+- :mod:`.supervisor` and :mod:`.launch`: the task supervisor, its typed ``Launch`` and its
+  status file, read by a plugin started after the one that launched the task; :mod:`.shared`:
+  one supervisor per plugin state dir (``launch.py serve``) running every task of exec and raw_exec.
 - :mod:`.ids`, :mod:`.cgroups`, :mod:`.taskdirs`, :mod:`.logs`, :mod:`.stats`: host users and
   denied ids, per-task cgroups, task dir grants, log fifos, cgroup stats.
 - :mod:`.owner`, :mod:`.reconcilecfg`: which plugin owns a task's on-disk state (so a plugin killed

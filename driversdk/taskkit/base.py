@@ -59,16 +59,18 @@ class SupervisedState(Protocol):
     @property
     def spec_file(self) -> str: ...
 
-    @property
-    def shared_run(self) -> Spawned | None:
-        """The task and the shared supervisor that runs it; None for a task under a supervisor
-        of its own (ProcessDriver's, and tasks earlier releases started), followed by its pid."""
-        ...
-
     def encode(self) -> bytes: ...
 
 
 S = TypeVar("S", bound=SupervisedState)
+
+
+def shared_run(state: SupervisedState) -> Spawned | None:
+    """The task and the shared supervisor running it, from a state that has a ``shared_run``
+    property (exec's, raw_exec's); None for a task under a supervisor of its own (ProcessDriver's,
+    tasks of earlier releases, a driver's state without the property), followed by that pid."""
+    run = getattr(state, "shared_run", None)
+    return run if isinstance(run, Spawned) else None
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
 
     def is_supervised(self, state: S) -> bool:
         """Whether the task runs under a living supervisor that will record its exit."""
-        run = state.shared_run
+        run = shared_run(state)
         if run is None:
             return self.is_supervisor(state)
         return run.task.alive() and shared.is_server(run.supervisor)
@@ -185,7 +187,7 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
         not: its pid may have been reused by the time we look, so the watcher checks it is still
         this task's supervisor before and after pinning it with a pidfd."""
         state = record.state
-        run = state.shared_run
+        run = shared_run(state)
         if run is not None:
             # The task itself, never our child (the shared supervisor's), known by its start time.
             self._watch_supervisor(run.supervisor)
@@ -232,7 +234,7 @@ class SupervisedDriver(DriverPlugin, Generic[S]):
         def died(_code: int | None) -> None:
             orphans = []
             for record in self.tasks.records():
-                run = record.state.shared_run
+                run = shared_run(record.state)
                 if run is not None and run.supervisor == identity and not record.exit.done:
                     orphans.append(record)
             if orphans:

@@ -11,6 +11,14 @@ the status file, which a relaunched plugin reads after re-attaching. A program t
 own child's death by signal N as exit ``128 + N`` (runc, a shell) is named so in the spec
 (``signal_in_exit_code``), and the status file then says which signal.
 
+``python -I -S launch.py serve <state dir>`` is the shared supervisor of a plugin state dir
+(``shared.py`` starts it, detached; it outlives plugins). A child subreaper listening on
+``<state dir>/supervisor.sock`` (0600), it forks each task a request names (a spec in
+``<state dir>/tasks/*/``, the task's stdout/stderr passed as fds) with the same set-up, answers
+``ok <pid> <start time>``, and writes each task's status file when it reaps it; a spec naming a
+``pid_file`` (``runc run --detach``) makes the pid written there the task. With no child and no
+request for IDLE_EXIT seconds it exits.
+
 ``python -I -S launch.py exec <spec> <argv...>`` does the same set-up in place and execs
 ``argv`` (ExecTask: a command in the task's cgroups, as its user, with its environment).
 

@@ -78,10 +78,6 @@ class ProcessState:
     def supervisor(self) -> ProcessIdentity:
         return ProcessIdentity(self.supervisor_pid, self.supervisor_start_time)
 
-    @property
-    def shared_run(self) -> None:
-        return None  # each task under a supervisor of its own: its state dir has no plugin-wide socket
-
     def encode(self) -> bytes:
         fields = dataclasses.asdict(self)
         del fields["result_file"]  # only a version-1 handle has one

@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 from driversdk.errors import DriverError
 from driversdk.model import TaskConfig, TaskHandle
 from driversdk.taskkit import owner, shared, supervisor
-from driversdk.taskkit.base import S, SupervisedDriver
+from driversdk.taskkit.base import S, SupervisedDriver, shared_run
 from driversdk.taskkit.hostcfg import HostPluginConfig
 from driversdk.taskkit.logs import open_logs
 from driversdk.taskkit.owner import PeriodicPass, TaskRecord
@@ -185,7 +185,7 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
 
     def _roll_back(self, task: TaskConfig, state: S, record: R) -> None:
         """Remove what a failed start made; the start's own error is the one the host sees."""
-        run = state.shared_run
+        run = shared_run(state)
         if run is not None and run.task.alive():  # only saving the record failed: the task runs
             with contextlib.suppress(ProcessLookupError):
                 os.kill(run.task.pid, signal.SIGKILL)
