@@ -127,7 +127,7 @@ def many_run(base: Path, tasks: int, lines: int) -> tuple[int, int, float, float
         subprocess.Popen(["/bin/sh", "-c", script, "sh", m.stdout_fifo, str(lines), task])
         for m, (_, task) in zip(logmons, served, strict=True)
     ]
-    rss = 0.0
+    rss = max((rss_mib(p) for p in pids), default=0.0)  # every task added, its files open
     while any(w.poll() is None for w in writers):
         rss = max([rss, *(rss_mib(p) for p in pids)])
         time.sleep(0.05)
