@@ -371,7 +371,7 @@ class Server:
                     self._accept()
                 elif fd in self.clients:
                     self._serve_client(fd)
-                elif fd in self.streams:
+                elif fd in self.streams and not self.streams[fd].paused_until:
                     self._pull(self.streams[fd])  # at most a pipe buffer: every ready fifo gets its turn
             self._resume_paused()
             if self._idle():
@@ -455,6 +455,8 @@ class Server:
             return f"error unknown op {op!r}"
         except (ValueError, KeyError, TypeError) as err:
             return f"error the request {line[:200]!r} is not one the collector knows: {err}"
+        except Exception as err:  # one task's request never ends the loop that serves every task
+            return f"error the log collector could not do {line[:200]!r}: {err}"
 
     def _add(
         self, key: tuple[str, str], max_files: int, max_size: int, events: str | None, known: frozenset[tuple[int, int]]
@@ -486,7 +488,7 @@ class Server:
             for kind, fd in fds:
                 sink = RotatingFile(dir_fd, f"{name}.{kind}", max_files, max_size, task.report)
                 task.streams.append(_Stream(task, kind, fd, sink))
-        except (_Refusal, OSError) as err:
+        except (_Refusal, Refused, OSError) as err:
             for stream in task.streams:
                 stream.sink.close()
             for _kind, fd in fds:
@@ -494,7 +496,8 @@ class Server:
             os.close(dir_fd)
             if isinstance(err, _Refusal):
                 return f"refused {err}"
-            return f'error the log collector for task "{name}" could not open its log files: {err.strerror}'
+            why = err.strerror if isinstance(err, OSError) else str(err)
+            return f'error the log collector for task "{name}" could not open its log files: {why}'
         self.tasks[key] = task
         for stream in task.streams:
             self.streams[stream.fd] = stream
@@ -511,11 +514,11 @@ class Server:
                     break
                 moved += got
         for stream in task.streams:
-            if stream.fd in self.streams:
-                del self.streams[stream.fd]
-                self.epoll.unregister(stream.fd)
+            self.streams.pop(stream.fd, None)
             if stream in self.paused:
-                self.paused.remove(stream)
+                self.paused.remove(stream)  # out of epoll already
+            else:
+                self.epoll.unregister(stream.fd)
             os.close(stream.fd)
             stream.sink.close()
             if unlink:

@@ -226,3 +226,33 @@ def test_a_killed_client_leaves_the_collector_to_the_next_one(data: Path) -> Non
     finally:
         logcollect.stop(logmon)
     assert collected(logs, "web") == b"before\nafter\n"
+
+
+def test_a_task_whose_disk_is_full_does_not_stop_the_others(data: Path) -> None:
+    full_logs = logs_dir(data, "a1")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(full_logs)], check=True)
+    full_writer: subprocess.Popen[bytes] | None = None
+    try:
+        full = logcollect.spawn(str(full_logs), "full", max_files=5, max_size=1_000_000)
+        ok_logs = logs_dir(data, "a2")
+        ok = logcollect.spawn(str(ok_logs), "ok", max_files=100, max_size=4096)
+        try:
+            full_writer = writer(full.stdout_fifo, 50_000, "full")  # ~600 KB into 64 KiB: ENOSPC
+            until(lambda: logcollect.read_events(full.events, 0)[0], "the full disk is reported")
+            ok_writer = writer(ok.stdout_fifo, 5000, "ok")
+            assert ok_writer.wait(timeout=60) == 0
+            assert collectors(data) == [ok.pid], "the same collector serves on"
+        finally:
+            if full_writer is not None:
+                full_writer.kill()  # blocked on its full fifo: nothing of it was dropped
+                full_writer.wait()
+            logcollect.stop(full)
+            logcollect.stop(ok)
+        numbered(collected(ok_logs, "ok"), "ok", 5000)
+        [sentence] = logcollect.read_events(full.events, 0)[0]
+        assert sentence == (
+            'the log collector could not write task "full"\'s stdout to alloc/logs: No space left on device; it '
+            "tries again every 1s and the task's writes wait meanwhile"
+        )
+    finally:
+        subprocess.run(["umount", "-l", str(full_logs)], check=False)
