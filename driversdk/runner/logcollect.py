@@ -142,7 +142,8 @@ class LogCollector:
         self._watch: socket.socket | None = None  # never written: its end says the collector went
         self._child: subprocess.Popen[bytes] | None = None
         self._served: dict[tuple[str, str], _Served] = {}
-        _live.add(self)
+        with _live_lock:
+            _live.add(self)
         _poller.start()
 
     # --- tasks ----------------------------------------------------------------------------------
@@ -501,6 +502,7 @@ def _stop_legacy(pid: int, logs_dir: str, timeout: float = 5.0) -> None:
 
 _collectors: dict[str, LogCollector] = {}
 _live: weakref.WeakSet[LogCollector] = weakref.WeakSet()  # every client, looked after by the poller
+_live_lock = threading.Lock()
 _holders: dict[str, int] = {}
 _registry_lock = threading.Lock()
 
@@ -602,20 +604,28 @@ class _Poller:
     def _run(self) -> None:
         while True:
             time.sleep(EVENT_POLL)
-            for collector in list(_live):
+            try:
+                self._turn()
+            except Exception:  # the thread must outlive anything one turn meets; the next one tries again
+                pass
+
+    def _turn(self) -> None:
+        with _live_lock:
+            collectors = list(_live)
+        for collector in collectors:
+            try:
+                collector.check()
+            except Exception:  # tried again next turn; the tasks' writes wait in their fifos
+                pass
+        with self._lock:
+            watched = list(self._watched.values())
+            self._zombies = [z for z in self._zombies if z.poll() is None]
+        for logmon, callback in watched:
+            for sentence in new_events(logmon):
                 try:
-                    collector.check()
-                except Exception:  # tried again next turn; the tasks' writes wait in their fifos
+                    callback(sentence)
+                except Exception:  # one task's report must not end everyone's
                     pass
-            with self._lock:
-                watched = list(self._watched.values())
-                self._zombies = [z for z in self._zombies if z.poll() is None]
-            for logmon, callback in watched:
-                for sentence in new_events(logmon):
-                    try:
-                        callback(sentence)
-                    except Exception:  # one task's report must not end everyone's
-                        pass
 
 
 _poller = _Poller()
