@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,15 +94,20 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the collector checks 
 
 def test_twenty_tasks_are_served_by_one_collector_process(data: Path) -> None:
     served = [(logs_dir(data, f"a{i % 5}"), f"t{i}") for i in range(20)]
+    threads = threading.active_count()
     logmons = [logcollect.spawn(str(logs), task, max_files=3, max_size=1000) for logs, task in served]
     try:
         assert len(collectors(data)) == 1, "one process for every task of the data dir"
         assert len({m.pid for m in logmons}) == 1
+        for logmon in logmons:  # what the log hook does for each task it starts
+            logcollect.watch_events(logmon, lambda _sentence: None)
+        assert threading.active_count() <= threads + 1, "one poller thread for every task's events, not one each"
         for logmon, (_, task) in zip(logmons, served, strict=True):
             with open(logmon.stdout_fifo, "w") as fifo:
                 fifo.write(f"hello from {task}\n")
     finally:
         for logmon in logmons:
+            logcollect.unwatch_events(logmon)
             logcollect.stop(logmon)
     for logs, task in served:
         assert collected(logs, task) == f"hello from {task}\n".encode()
