@@ -218,6 +218,7 @@ class Server:
         self.running: dict[int, dict[str, Any]] = {}  # task pid -> spec
         self.launching: dict[int, tuple[Any, dict[str, Any]]] = {}  # launcher pid -> (connection, spec)
         self.unknown: dict[int, tuple[int, int, float]] = {}  # pid -> (wait status, start time, when reaped)
+        self.quitting: list[Any] = []  # connections of `quit` requests, answered `bye` on the way out
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -236,6 +237,12 @@ class Server:
                 self.reply(conn, f"err requests are taken from uid {os.geteuid()} only\n")
                 return
             kind, _, spec_path = msg.decode(errors="replace").strip().partition(" ")
+            if kind == "quit":  # the plugin destroyed its last task: leave now when nothing else runs
+                if self.idle():
+                    self.quitting.append(conn)  # answered once the socket is gone
+                else:
+                    self.reply(conn, "busy\n")
+                return
             if kind != "spawn" or len(fds) != 2:
                 self.reply(conn, "err a request is `spawn <spec>` with the task's stdout and stderr fds\n")
                 return
@@ -427,7 +434,7 @@ def serve(base: str) -> int:
                 conn, _ = listener.accept()
                 conn.setblocking(True)
                 server.handle(conn)
-        if not events and server.idle():
+        if server.quitting or (not events and server.idle()):
             break
     # Unlink first: a plugin that connects from now on starts a new supervisor; one whose
     # connection was queued but never accepted sees it closed unanswered and retries.
@@ -435,6 +442,8 @@ def serve(base: str) -> int:
         if os.stat(address).st_ino == bound:
             os.unlink(address)
     listener.close()
+    for conn in server.quitting:
+        server.reply(conn, "bye\n")
     return 0
 
 

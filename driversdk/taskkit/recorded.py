@@ -118,6 +118,25 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
 
     def shutdown(self) -> None:
         self._reconciler.stop()
+        self._release_supervisor(self.plugin_state_dir)
+
+    def _state_dir_of(self, state: S) -> str:
+        """The plugin state dir a task lives in (a recovered task may live in an earlier config's)."""
+        return os.path.dirname(os.path.dirname(self.record_of(state).directory))
+
+    def _release_supervisor(self, state_dir: str) -> None:
+        """With no task of ours left in ``state_dir``, its shared supervisor need not wait for its
+        idle timeout: it leaves now unless it still runs another plugin's tasks. While tasks run it
+        stays, through plugin restarts, by design."""
+        if any(self._state_dir_of(t.state) == state_dir for t in self.tasks.records()):
+            return
+        if os.path.isdir(state_dir):
+            shared.release(state_dir)
+
+    def destroy_task(self, task_id: str, force: bool) -> None:
+        state_dir = self._state_dir_of(self.tasks.get(task_id).state)
+        super().destroy_task(task_id, force)
+        self._release_supervisor(state_dir)
 
     def tracked_keys(self) -> set[str]:
         """What the reconciler must leave alone: every task this plugin tracks."""

@@ -17,6 +17,7 @@ supervisor's, and reads the status file once the task is gone.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import sys
@@ -36,6 +37,7 @@ SERVE = "serve"
 CONNECT_ATTEMPTS = 50
 RETRY_PAUSE = 0.1
 REPLY_TIMEOUT = 60.0
+QUIT_WAIT = 5.0
 """``runc run --detach`` answers only once the container runs; under load that takes a while."""
 
 _start_lock = threading.Lock()  # one plugin thread brings a supervisor up at a time
@@ -99,6 +101,36 @@ def spawn(state_dir: str, task_dir: str, launch: Launch, stdout_fd: int, stderr_
         "check that the plugin's state dir is writable",
         recoverable=True,
     )
+
+
+def release(state_dir: str) -> None:
+    """Ask ``state_dir``'s supervisor to leave now if it supervises nothing (this plugin destroyed
+    its last task; another plugin of the state dir may still have some: then it stays), and wait
+    for it to be gone. Left alone it would leave by itself once idle for a moment."""
+    conn = _connect(state_dir)
+    if conn is None:
+        return
+    with conn:
+        try:
+            peer = _peer(conn)
+            conn.settimeout(QUIT_WAIT)
+            conn.sendall(b"quit\n")
+            if _read_line(conn).strip() != "bye":
+                return
+        except (OSError, DriverError):
+            return
+    try:
+        pidfd = os.pidfd_open(peer.pid)
+    except ProcessLookupError:
+        return
+    try:
+        if peer.alive():
+            # Readable once it exited (a zombie too): after the bye only its exit is left.
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            poller.poll(QUIT_WAIT * 1000)
+    finally:
+        os.close(pidfd)
 
 
 def _connect(state_dir: str) -> socket.socket | None:
@@ -180,4 +212,4 @@ def _start_server(state_dir: str, *, task: str) -> None:
         raise DriverError(f"task {task!r}: the task supervisor did not start: {line.strip() or 'it exited'}")
 
 
-__all__ = ["Spawned", "is_server", "spawn"]
+__all__ = ["Spawned", "is_server", "release", "spawn"]
