@@ -233,7 +233,12 @@ class LogCollector:
         """Let go of the collector: it serves on what this process did not remove (an agent
         leaving its tasks running), and ends by itself once it serves nothing and nobody is left."""
         with self._lock:
-            idle = not self._served and self._conn is not None
+            idle = False
+            if not self._served and self._conn is not None:
+                try:  # only the last user waits for it to end (another run may be using it)
+                    idle = self._send({"op": "bye"}) == "ok last"
+                except OSError:
+                    pass
             self._disconnect()
             for served in self._served.values():
                 _close_all(served.keepers)
@@ -377,8 +382,17 @@ def _wait_gone(pid: int, child: subprocess.Popen[bytes] | None, timeout: float) 
             pass
         return
     deadline = time.monotonic() + timeout
-    while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+    while pid and _running(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an adopted collector is reaped by whoever its parent became)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def _read_line(conn: socket.socket) -> str:

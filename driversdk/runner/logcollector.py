@@ -12,6 +12,7 @@ object a line and answers one line each::
         -> "refused <sentence>" (a planted logs dir or fifo), "error <sentence>" (anything else)
     {"op": "remove", "dir": LOGS_DIR, "task": NAME} -> drains the fifos, closes and removes them -> "ok"
     {"op": "ping"} -> "ok"
+    {"op": "bye"} -> "ok last" when no task is served and no other process is connected, else "ok"
 
 A ready fifo moves at most one pipe buffer (1 MiB) a loop turn, so a task flooding its stdout
 cannot starve the others; a task whose files cannot be written (EIO, a full disk) is paused and
@@ -340,6 +341,7 @@ class Server:
         self.tasks: dict[tuple[str, str], _Task] = {}
         self.streams: dict[int, _Stream] = {}
         self.clients: dict[int, tuple[socket.socket, bytearray]] = {}
+        self.peers: dict[int, int] = {}  # client fd -> the pid of the process on the other end
         self.paused: list[_Stream] = []
         self.buffer = bytearray(CHUNK)  # reused for every chunk when splice cannot be
         self.stopping = False
@@ -406,6 +408,7 @@ class Server:
             self.had_client = True
             conn.setblocking(True)  # replies are one short line each; a client reads its reply
             self.clients[conn.fileno()] = (conn, bytearray())
+            self.peers[conn.fileno()] = _peer_pid(conn)
             self.epoll.register(conn.fileno(), select.EPOLLIN)
 
     def _serve_client(self, fd: int) -> None:
@@ -421,7 +424,7 @@ class Server:
         while (end := pending.find(b"\n")) >= 0:
             line = bytes(pending[:end])
             del pending[: end + 1]
-            reply = self._handle(line)
+            reply = self._handle(line, self.peers.get(fd, 0))
             try:
                 conn.sendall(reply.replace("\n", " ").encode(errors="replace") + b"\n")
             except OSError:
@@ -432,17 +435,21 @@ class Server:
 
     def _close_client(self, fd: int) -> None:
         conn, _ = self.clients.pop(fd)
+        self.peers.pop(fd, None)
         self.epoll.unregister(fd)
         conn.close()
 
     # --- requests -------------------------------------------------------------------------------
 
-    def _handle(self, line: bytes) -> str:
+    def _handle(self, line: bytes, peer: int) -> str:
         try:
             request = json.loads(line)
             op = request["op"]
             if op == "ping":
                 return "ok"
+            if op == "bye":  # "last": the collector ends once this client goes (it waits for that)
+                others = any(pid != peer for pid in self.peers.values())
+                return "ok" if self.tasks or others else "ok last"
             key = (str(request["dir"]), str(request["task"]))
             if op == "add":
                 known = frozenset((int(dev), int(ino)) for dev, ino in request.get("fifos", []))
@@ -567,6 +574,13 @@ class Server:
 
 class _Refusal(Exception):
     pass
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    try:
+        return int.from_bytes(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4], sys.byteorder)
+    except OSError:
+        return 0
 
 
 def _drain_wake(fd: int) -> None:

@@ -220,6 +220,11 @@ def test_a_killed_client_leaves_the_collector_to_the_next_one(data: Path) -> Non
         pid = int(client.stdout.readline())
         with open(logcollect.fifo_paths(str(logs), "web")[0], "w") as fifo:
             fifo.write("before\n")
+        # Another process (a second run on the data dir) comes and goes: the collector serves on.
+        other = logcollect.spawn(str(logs_dir(data, "a2")), "other", max_files=5, max_size=100000)
+        assert other.pid == pid
+        logcollect.stop(other)
+        assert collectors(data) == [pid]
     finally:
         client.kill()  # SIGKILL: what a run or agent killed -9 leaves
         client.wait()
