@@ -7,6 +7,7 @@ links as an exec task could (alloc/logs is the task's to write), and the kill te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -267,3 +268,63 @@ def test_a_task_whose_disk_is_full_does_not_stop_the_others(data: Path) -> None:
         )
     finally:
         subprocess.run(["umount", "-l", str(full_logs)], check=False)
+
+
+def test_the_control_socket_protocol_and_sigterm_drains_every_fifo(data: Path) -> None:
+    """The collector on its own, spoken to as the runner does: one JSON line, one reply line."""
+    import json
+    import socket
+
+    logs = logs_dir(data, "a1")
+    sock_path = str(data / logcollect.SOCKET_NAME)
+    server = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(ROOT / "driversdk/runner/logcollector.py"), "--serve", sock_path],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    conn = socket.socket(socket.AF_UNIX)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        assert os.stat(sock_path).st_mode & 0o777 == 0o600
+        conn.connect(sock_path)
+        replies = conn.makefile("rb")
+
+        def ask(**request: object) -> str:
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            return replies.readline().decode().rstrip("\n")
+
+        fifos = logcollect.fifo_paths(str(logs), "web")
+        for fifo in fifos:
+            os.mkfifo(fifo, 0o600)
+        add = {"op": "add", "dir": str(logs), "task": "web", "max_files": 100, "max_size": 10_000, "events": ""}
+        assert ask(op="ping") == "ok"
+        assert ask(**add) == "ok"
+        assert ask(**add) == "ok", "adding a served task again is harmless"
+        (logs / ".evil.stdout.fifo").symlink_to(tmp := data / "host-fifo")
+        os.mkfifo(tmp)
+        assert ask(**(add | {"task": "evil"})) == (
+            'refused the log collector for task "evil" refused its stdout fifo ".evil.stdout.fifo" in alloc/logs: '
+            "it is a symlink, not the fifo the collector made; remove it and run the task again"
+        )
+        assert ask(op="dance").startswith("error ")
+        # Stopped, the collector cannot read: what the task writes waits in the fifo, then SIGTERM.
+        os.kill(server.pid, signal.SIGSTOP)
+        payload = b"".join(b"line %d\n" % n for n in range(20000))  # 208 KB: within the 1 MiB fifo
+        fd = os.open(fifos[0], os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            assert os.write(fd, payload) == len(payload)
+        finally:
+            os.close(fd)
+        os.kill(server.pid, signal.SIGTERM)
+        os.kill(server.pid, signal.SIGCONT)
+        assert server.wait(timeout=WAIT) == 0
+        assert collected(logs, "web") == payload, "everything the fifo held was written out before the exit"
+        assert not os.path.exists(sock_path), "the socket goes with its collector"
+    finally:
+        conn.close()
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+        for fifo in logcollect.fifo_paths(str(logs), "web"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fifo)
