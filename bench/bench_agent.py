@@ -12,8 +12,10 @@ interleaved round by round, medians printed; nothing here is asserted.
    process and leaves nothing behind) beside ``docker run --rm``.
 3. A job status round trip beside ``docker ps``: ``driversdk job status`` once that verb exists,
    else a stdlib client process doing ``GET /v1/jobs`` (labelled so).
-4. The agent with ``--count`` (default 1000) allocations of an exec ``sleep 3600`` job: RSS of the
-   agent and of every driversdk process (the agent, its plugins, the log collectors), and medians
+4. The agent with ``--count`` (default 1000) allocations of an exec ``sleep 3600`` job: RSS and
+   threads of the agent, RSS of every driversdk process (the agent, its plugins, the log collector,
+   the task supervisor, any runc left per task), the API's answer time while the job starts and
+   stops beside idle (issue 31's goals printed beside each figure), and medians
    of ``GET /v1/jobs`` and ``GET /v1/allocation/:id`` with one probe allocation running (before)
    and with the count running too (after); the time until all run and the teardown (stop and
    purge until the job is gone). Refused, with a sentence, when the machine has not the memory.
@@ -39,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,10 +60,20 @@ IMAGE = "driversdk-test/busybox:local"
 SCRIPT = "echo hello"
 GOAL_RUN_RATIO = 1.5
 GOAL_STATUS_RATIO = 2.0
-# What one exec allocation is expected to cost at most, for the memory check before part 4: its log
-# collector and the exec driver's task supervisor (two Python processes, ~11 MiB each, measured
-# with this script at --count 100) and the agent's share.
-MIB_PER_ALLOC = 24
+# What one exec allocation is expected to cost at most, for the memory check before part 4: the
+# task itself (sleep), its share of the agent, the plugin, the shared log collector and supervisor.
+MIB_PER_ALLOC = 2
+GOAL_NODE_RSS_MIB = 300
+GOAL_ALL_RUNNING_S = 60
+GOAL_TEARDOWN_S = 30
+GOAL_API_RATIO = 2.0
+# Measured with this script at --count 200 on the 2-core test machine at 142658d (the last commit
+# before issue 31's work), and issue 31's own figure for 1000 (bench_scale.py, a bare run).
+BEFORE_31 = (
+    "count 200: all running 13.8 s, teardown 10.6 s, agent 93 MiB, all driversdk 4632 MiB in 406 processes "
+    "(201 log collectors 2111 MiB, 201 task supervisors 2280 MiB, 3 plugins 148 MiB; the 200 runc not counted "
+    "then); count 1000 (issue 31): all running 58 s, about 10.7 GB"
+)
 MIB_HEADROOM = 1024
 TERMINAL = ("complete", "failed", "lost")
 # The checkout under test, with bytecode written (see bench_run.py). NOMAD_* of the caller's shell
@@ -320,10 +333,10 @@ def available_mib() -> int:
     return 0
 
 
-def driversdk_processes(agent_pid: int, data: Path) -> set[int]:
-    """The agent, its Python descendants (the plugins), and the log collectors and task supervisors
-    of its data dir (detached, found by the data dir in their command line). The tasks are the
-    job's, not ours."""
+def driversdk_processes(agent_pid: int, dirs: tuple[Path, ...]) -> set[int]:
+    """The agent, its Python descendants (the plugins), and every process, Python or not, whose
+    command line names the agent's data dir or the exec driver's state dir: the log collector, the
+    task supervisor and any runc left per task. The tasks are the job's, not ours (``sleep``)."""
     tree = _children()
     found, todo = set(), [agent_pid]
     while todo:
@@ -331,9 +344,10 @@ def driversdk_processes(agent_pid: int, data: Path) -> set[int]:
         if _python(pid):
             found.add(pid)
         todo.extend(tree.get(pid, []))
-    needle = str(data)
+    needles = [str(d) for d in dirs]
     for name in filter(str.isdigit, os.listdir("/proc")):
-        if _python(int(name)) and needle in _cmdline(int(name)):
+        line = _cmdline(int(name))
+        if any(needle in line for needle in needles):
             found.add(int(name))
     return found
 
@@ -346,7 +360,16 @@ def kind(pid: int, agent_pid: int) -> str:
         return "log collectors"
     if "taskkit" in line:
         return "task supervisors"
+    if not _python(pid):
+        return os.path.basename(line.split(" ", 1)[0]) or "other"
     return "driver plugins"
+
+
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
 
 
 def breakdown(pids: set[int], agent_pid: int) -> str:
@@ -354,6 +377,34 @@ def breakdown(pids: set[int], agent_pid: int) -> str:
     for pid in pids:
         kinds.setdefault(kind(pid, agent_pid), []).append(_rss_kib(pid))
     return ", ".join(f"{name} {len(v)} ({sum(v) / 1024:.0f} MiB)" for name, v in sorted(kinds.items()))
+
+
+class Sampler:
+    """GET one allocation over and over on a thread of its own while the job starts or stops:
+    the API's answer time under that load, beside the same request on an idle agent."""
+
+    def __init__(self, client: AgentClient, path: str) -> None:
+        self.client, self.path = client, path
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            start = time.perf_counter()
+            self.client.get(self.path)
+            self.samples.append(time.perf_counter() - start)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else 0.0
 
 
 def latency(call: Callable[[], Any], n: int) -> float:
@@ -399,13 +450,16 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
     with running_agent(work, "scale") as agent:
         client = agent.client()
         assert agent.proc is not None
+        agent_pid = agent.proc.pid
+        dirs = (agent.data, work / "scale-exec")
 
         kinds: list[str] = []
 
-        def rss() -> tuple[float, float, int]:
-            pids = driversdk_processes(agent.proc.pid, agent.data)  # type: ignore[union-attr]
-            kinds.append(breakdown(pids, agent.proc.pid))  # type: ignore[union-attr]
-            return _rss_kib(agent.proc.pid) / 1024, sum(_rss_kib(p) for p in pids) / 1024, len(pids)  # type: ignore[union-attr]
+        def rss() -> tuple[float, float, int, int]:
+            pids = driversdk_processes(agent_pid, dirs)
+            kinds.append(breakdown(pids, agent_pid))
+            total = sum(_rss_kib(p) for p in pids) / 1024
+            return _rss_kib(agent_pid) / 1024, total, len(pids), threads_of(agent_pid)
 
         register(client, probe_job)
         probe = wait_running(client, "probe", 1, 120)[0]["ID"]
@@ -414,8 +468,9 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
         before_jobs = latency(lambda: client.get("/v1/jobs"), samples)
         before_alloc = latency(lambda: client.get(f"/v1/allocation/{probe}"), samples)
         begin = time.monotonic()
-        register(client, big_job)
-        allocs = wait_running(client, "sleepers", count, max(600.0, count * 2.0))
+        with Sampler(agent.client(), f"/v1/allocation/{probe}") as starting:
+            register(client, big_job)
+            allocs = wait_running(client, "sleepers", count, max(600.0, count * 2.0))
         all_running = time.monotonic() - begin
         time.sleep(2.0)
         after = rss()
@@ -425,17 +480,18 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
         after_other = latency(lambda: client.get(f"/v1/allocation/{some}"), samples)
         after_list = latency(lambda: client.get("/v1/job/sleepers/allocations"), max(3, samples // 10))
         stop_at = time.monotonic()
-        client.request("DELETE", "/v1/job/sleepers", {"purge": "true"})
-        while any(j["ID"] == "sleepers" for j in client.get("/v1/jobs") or []):
-            time.sleep(0.1)
+        with Sampler(agent.client(), f"/v1/allocation/{probe}") as stopping:
+            client.request("DELETE", "/v1/job/sleepers", {"purge": "true"})
+            while any(j["ID"] == "sleepers" for j in client.get("/v1/jobs") or []):
+                time.sleep(0.1)
         teardown = time.monotonic() - stop_at
         left = rss()
     print(f"4. the agent with a count = {count} exec job (sleep 3600), one probe allocation beside it")
-    print(f"   all {count} running after {all_running:.1f} s; stop + purge until the job is gone {teardown:.1f} s")
     print(
-        f"   {'':<22}{'agent RSS':>12}{'driversdk RSS':>16}{'processes':>11}{'GET /v1/jobs':>15}{'GET /v1/alloc':>15}"
+        f"   {'':<22}{'agent RSS':>12}{'threads':>9}{'driversdk RSS':>16}{'processes':>11}"
+        f"{'GET /v1/jobs':>15}{'GET /v1/alloc':>15}"
     )
-    for label, (agent_mib, all_mib, n), jobs_s, alloc_s in (
+    for label, (agent_mib, all_mib, n, threads), jobs_s, alloc_s in (
         ("before (probe only)", before, before_jobs, before_alloc),
         (f"after ({count} running)", after, after_jobs, after_alloc),
         ("after the stop", left, None, None),
@@ -443,7 +499,7 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
         timing = (
             f"{jobs_s * 1000:12.1f} ms{alloc_s * 1000:12.1f} ms" if jobs_s is not None and alloc_s is not None else ""
         )
-        print(f"   {label:<22}{agent_mib:8.1f} MiB{all_mib:12.1f} MiB{n:11d}{timing}")
+        print(f"   {label:<22}{agent_mib:8.1f} MiB{threads:9d}{all_mib:12.1f} MiB{n:11d}{timing}")
     print(f"   after: GET /v1/allocation/:id of one of the {count}: {after_other * 1000:.1f} ms; "
           f"GET /v1/job/sleepers/allocations ({count} stubs): {after_list * 1000:.1f} ms")  # fmt: skip
     for label, text in zip(("before", "after", "after the stop"), kinds, strict=True):
@@ -451,7 +507,24 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
     print(
         f"   (medians of {samples} requests each over the unix socket; driversdk RSS: the agent, its plugins, the log"
     )
-    print("    collectors and the exec driver's task supervisors; the tasks themselves not counted)")
+    print("    collector, the exec driver's task supervisor and any runc process; the tasks themselves not counted)")
+    print(f"   goals (issue 31), count = {count}:")
+    ratio_start = starting.median() / before_alloc if before_alloc else 0.0
+    ratio_stop = stopping.median() / before_alloc if before_alloc else 0.0
+    for what, figure, goal, unit in (
+        ("all driversdk processes' RSS, all running", after[1], GOAL_NODE_RSS_MIB, "MiB"),
+        ("time until all running", all_running, GOAL_ALL_RUNNING_S, "s"),
+        ("teardown: stop + purge until the job is gone", teardown, GOAL_TEARDOWN_S, "s"),
+        (f"GET /v1/allocation/:id while starting ({len(starting.samples)} samples) / idle", ratio_start,
+         GOAL_API_RATIO, "x"),
+        (f"GET /v1/allocation/:id while stopping ({len(stopping.samples)} samples) / idle", ratio_stop,
+         GOAL_API_RATIO, "x"),
+    ):  # fmt: skip
+        print(f"     {what:<66}{figure:9.1f} {unit:<4} goal <= {goal:g}  {verdict(figure, goal)}")
+    print(f"     (medians: idle {before_alloc * 1000:.1f} ms, starting {starting.median() * 1000:.1f} ms, "
+          f"stopping {stopping.median() * 1000:.1f} ms)")  # fmt: skip
+    print(f"   before issue 31 (a log collector and a task supervisor per task, and a runc per exec task):"
+          f" {BEFORE_31}")  # fmt: skip
 
 
 def remove_cgroup_parents() -> None:

@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 # How long shutdown() waits for each state store's current write before it gives up on taking it.
 SHUTDOWN_LOCK_WAIT = 30.0
+# How long the node's attributes (host, storage: /proc/self/mountinfo, which grows with every
+# task's mounts) are served before they are read again. Every allocation in an answer names the
+# node: read per allocation, 1000 of them made one list request take seconds and stalled the API.
+NODE_INFO_TTL = 15.0
 
 
 class JobInvalid(ConfigError):
@@ -79,6 +83,8 @@ class Agent:
         self.tokens: TokenStore | None = None
         self.facts: dict[str, DriverFacts] = {}
         self.health: dict[str, DriverHealth] = {}
+        self._node_lock = threading.Lock()
+        self._node_cache: tuple[float, dict[str, dict[str, str]], Node] | None = None
         self.runners: dict[str, JobRunner] = {}
         self._registering: dict[str, threading.Lock] = {}
         self.started_at = time.time()
@@ -281,10 +287,19 @@ class Agent:
     # --- what the API shows ------------------------------------------------------------------------
 
     def node_info(self) -> Node:
+        """The node as the API shows it, read again at most every NODE_INFO_TTL seconds (Nomad
+        fingerprints on an interval too) and whenever a driver's health changed."""
         from driversdk.runner import nodeattrs
 
         drivers = {name: h.attributes for name, h in self.health.items()}
-        return nodeattrs.node(self.client, drivers)
+        with self._node_lock:
+            cached = self._node_cache
+            if cached is not None and cached[1] == drivers and time.monotonic() - cached[0] < NODE_INFO_TTL:
+                return cached[2]
+        node = nodeattrs.node(self.client, drivers)
+        with self._node_lock:
+            self._node_cache = (time.monotonic(), drivers, node)
+        return node
 
     def ports_of(self, alloc_id: str) -> list[dict[str, Any]]:
         """The ports given to a live allocation of this agent (Nomad's AllocatedPorts)."""

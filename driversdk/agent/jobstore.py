@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driversdk.errors import StateWriteError
-from driversdk.statedb import open_state
+from driversdk.statedb import connect, open_state
 
 
 class JobStatus(enum.StrEnum):
@@ -52,8 +52,13 @@ _COLUMNS = "id, spec, status, stop, submit_time, version, create_index, modify_i
 
 class JobStore:
     def __init__(self, data_dir: str) -> None:
-        self._db = open_state(os.path.join(data_dir, "state.db"))
+        path = os.path.join(data_dir, "state.db")
+        self._db = open_state(path)
         self._lock = threading.Lock()
+        # Reads (every API answer naming a job) on a connection of their own: in WAL mode they
+        # see the last commit without queueing behind the writes (and fsyncs) of a registration.
+        self._reader = connect(path)
+        self._read_lock = threading.Lock()
 
     def _record(self, row: tuple[Any, ...]) -> JobRecord:
         return JobRecord(row[0], json.loads(row[1]), JobStatus(row[2]), bool(row[3]), *row[4:])
@@ -101,13 +106,13 @@ class JobStore:
         return record, changed
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM agent_jobs WHERE id=?", (job_id,)).fetchone()
+        with self._read_lock:
+            row = self._reader.execute(f"SELECT {_COLUMNS} FROM agent_jobs WHERE id=?", (job_id,)).fetchone()
         return self._record(row) if row is not None else None
 
     def all(self) -> list[JobRecord]:
-        with self._lock:
-            rows = self._db.execute(f"SELECT {_COLUMNS} FROM agent_jobs ORDER BY id").fetchall()
+        with self._read_lock:
+            rows = self._reader.execute(f"SELECT {_COLUMNS} FROM agent_jobs ORDER BY id").fetchall()
         return [self._record(r) for r in rows]
 
     def set_status(self, job_id: str, status: JobStatus) -> None:
@@ -138,5 +143,7 @@ class JobStore:
             return self._next_index() - 1
 
     def close(self) -> None:
+        with self._read_lock:
+            self._reader.close()
         with self._lock:
             self._db.close()
