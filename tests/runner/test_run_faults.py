@@ -287,9 +287,12 @@ def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
 
 
 def _exec_task_processes(tmp_path: Path) -> list[str]:
-    """The exec task supervisors (driversdk.taskkit's launch.py running `runc run` on a bundle) under this
-    test's state dir."""
-    return [p for p in processes(str(tmp_path / "exec-state")) if "launch.py supervise " in p]
+    """The running exec tasks (runc containers, run under the state dir's one shared supervisor) whose
+    bundle is under this test's state dir."""
+    listed = subprocess.run(["runc", "list", "-f", "json"], capture_output=True, text=True).stdout
+    under = str(tmp_path / "exec-state") + "/"
+    containers = json.loads(listed or "null") or []
+    return [c["id"] for c in containers if c["status"] == "running" and str(c.get("bundle", "")).startswith(under)]
 
 
 @pytest.mark.usefixtures("kill_orphans_if_failed")
