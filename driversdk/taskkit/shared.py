@@ -72,7 +72,8 @@ def spawn(state_dir: str, task_dir: str, launch: Launch, stdout_fd: int, stderr_
     for _ in range(CONNECT_ATTEMPTS):
         conn = _connect(state_dir)
         if conn is None:
-            _start_server(state_dir, task=task)
+            if not _start_server(state_dir, task=task):
+                time.sleep(RETRY_PAUSE)  # the one holding the lock is on its way out
             continue
         with conn:
             peer = _peer(conn)
@@ -165,14 +166,14 @@ def _read_line(conn: socket.socket) -> str:
     return data.decode(errors="replace") if data.endswith(b"\n") else ""
 
 
-def _start_server(state_dir: str, *, task: str) -> None:
-    """Start ``launch.py serve`` (own session, stdio on /dev/null); returns once it listens or
-    found another one holding the state dir's supervisor lock."""
+def _start_server(state_dir: str, *, task: str) -> bool:
+    """Start ``launch.py serve`` (own session, stdio on /dev/null); returns once it listens (True)
+    or found another one holding the state dir's supervisor lock (False)."""
     with _start_lock:
         probe = _connect(state_dir)
         if probe is not None:  # another thread of ours started it meanwhile
             probe.close()
-            return
+            return True
         read_end, write_end = os.pipe()
         if write_end == supervisor.READY_FD:
             moved = os.dup(write_end)
@@ -208,7 +209,7 @@ def _start_server(state_dir: str, *, task: str) -> None:
         finally:
             os.close(read_end)
         if line.startswith(("ready", "busy")):
-            return
+            return line.startswith("ready")
         raise DriverError(f"task {task!r}: the task supervisor did not start: {line.strip() or 'it exited'}")
 
 
