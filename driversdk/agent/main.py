@@ -18,6 +18,7 @@ import threading
 from driversdk.agent.agent import Agent
 from driversdk.agent.httpserver import Listeners
 from driversdk.agent.settings import AgentSettings
+from driversdk.mallocarenas import limit_malloc_arenas
 
 # Plugin log files: each plugin's lines, kept across agent restarts (the agent's own stderr is
 # not), rotated at this size with this many old files kept.
@@ -61,6 +62,7 @@ def _plugin_logging(agent: Agent) -> None:
 
 def run_agent(settings: AgentSettings, allow_unauthenticated_loopback: bool = False) -> int:
     settings.check(allow_unauthenticated_loopback)
+    limit_malloc_arenas()  # before the agent's threads: see driversdk.mallocarenas
     agent = Agent(settings)
     if settings.ephemeral_data_dir:
         # A fixed path in the shared temp dir: another local user may have made it first (their
