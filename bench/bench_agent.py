@@ -380,20 +380,29 @@ def breakdown(pids: set[int], agent_pid: int) -> str:
 
 
 class Sampler:
-    """GET one allocation over and over on a thread of its own while the job starts or stops:
-    the API's answer time under that load, beside the same request on an idle agent."""
+    """GET one allocation over and over on a thread of its own while the job starts or stops: the
+    API's answer time under that load, beside the same request on an idle agent. Every other
+    request is made at nice -10 (as root): on a machine whose cores the job's start saturates, a
+    client at the default priority also waits for a core after each write and read, so the two
+    medians tell the agent's answer time from the client's own wait."""
 
     def __init__(self, client: AgentClient, path: str) -> None:
         self.client, self.path = client, path
         self.samples: list[float] = []
+        self.favoured: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
+        me = threading.get_native_id()
+        favoured = False
         while not self._stop.wait(0.05):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, me, -10 if favoured else 0)
             start = time.perf_counter()
             self.client.get(self.path)
-            self.samples.append(time.perf_counter() - start)
+            (self.favoured if favoured else self.samples).append(time.perf_counter() - start)
+            favoured = not favoured
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -405,6 +414,9 @@ class Sampler:
 
     def median(self) -> float:
         return statistics.median(self.samples) if self.samples else 0.0
+
+    def favoured_median(self) -> float:
+        return statistics.median(self.favoured) if self.favoured else 0.0
 
 
 def latency(call: Callable[[], Any], n: int) -> float:
@@ -522,7 +534,9 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
     ):  # fmt: skip
         print(f"     {what:<66}{figure:9.1f} {unit:<4} goal <= {goal:g}  {verdict(figure, goal)}")
     print(f"     (medians: idle {before_alloc * 1000:.1f} ms, starting {starting.median() * 1000:.1f} ms, "
-          f"stopping {stopping.median() * 1000:.1f} ms)")  # fmt: skip
+          f"stopping {stopping.median() * 1000:.1f} ms; a client at nice -10: starting "
+          f"{starting.favoured_median() * 1000:.1f} ms, stopping "
+          f"{stopping.favoured_median() * 1000:.1f} ms)")  # fmt: skip
     print(f"   before issue 31 (a log collector and a task supervisor per task, and a runc per exec task):"
           f" {BEFORE_31}")  # fmt: skip
 
