@@ -289,9 +289,13 @@ def test_run_and_plugin_killed_inside_start_task_adopt_the_container(
 def _exec_task_processes(tmp_path: Path) -> list[str]:
     """The running exec tasks (runc containers, run under the state dir's one shared supervisor) whose
     bundle is under this test's state dir."""
-    listed = subprocess.run(["runc", "list", "-f", "json"], capture_output=True, text=True).stdout
+    # `runc list` fails when another test's container goes while it reads: the next listing works.
+    for _ in range(5):
+        listed = subprocess.run(["runc", "list", "-f", "json"], capture_output=True, text=True)
+        if listed.returncode == 0:
+            break
     under = str(tmp_path / "exec-state") + "/"
-    containers = json.loads(listed or "null") or []
+    containers = json.loads(listed.stdout or "null") or []
     return [c["id"] for c in containers if c["status"] == "running" and str(c.get("bundle", "")).startswith(under)]
 
 
