@@ -73,7 +73,8 @@ def test_a_recovered_allocation_whose_setup_fails_ends_what_the_killed_run_left(
     finally:
         if killed.poll() is None:
             killed.kill()
-    assert processes(str(Path(alloc_dir) / "alloc" / "logs")), "the killed run's log collector runs on"
+    # The data dir's one collector (its control socket names the data dir) serves the task on.
+    assert processes(str(data / "logmon.sock")), "the killed run's log collector runs on"
     # The task (which sees the alloc dir) swapped alloc/tmp for a file, or for a symlink to a host
     # dir: the allocation's setup fails with a sentence when the next run recovers it, before its
     # task is followed again, and nothing is done through the link.
