@@ -1,4 +1,9 @@
-"""The ``driversdk`` command line."""
+"""The ``driversdk`` command line.
+
+Each command's module is imported when that command runs, and a command line whose command is
+plain to see (``driversdk [--debug] [--client F] [--data-dir D] COMMAND ...``) is parsed by a parser
+holding that command alone: the agent's verbs are a few milliseconds' round trip, and building
+every command's parser (or importing every command's module) would cost more than that."""
 
 from __future__ import annotations
 
@@ -6,32 +11,15 @@ import argparse
 import atexit
 import os
 import sys
-import threading
-from collections.abc import Sequence
-from typing import Any, NoReturn
 
-from driversdk.cli import acl as acl_verbs
-from driversdk.cli import alloc as alloc_verbs
-from driversdk.cli import job as job_verbs
-from driversdk.cli import node as node_verbs
-from driversdk.cli import volume as volume_verbs
-from driversdk.cli.agentcmd import cmd_agent
-from driversdk.cli.datadir import cmd_logs, cmd_status, cmd_system_gc
-from driversdk.cli.jobfile import _JOB_HCL1, _JOB_JSON, cmd_run, cmd_validate
-from driversdk.cli.plugins import cmd_plugin_package, cmd_plugin_probe, cmd_plugin_test
-from driversdk.cli.volume import (
-    cmd_plugin_status,
-    cmd_volume_create,
-    cmd_volume_delete,
-    cmd_volume_deregister,
-    cmd_volume_detach,
-    cmd_volume_register,
-    cmd_volume_snapshot_create,
-    cmd_volume_snapshot_delete,
-    cmd_volume_snapshot_list,
-    cmd_volume_status,
-)
+from driversdk.cli.parsing import Parser
 from driversdk.errors import DriverSDKError
+
+# Not typing.TYPE_CHECKING: importing typing costs a verb ~2 ms (type checkers know this spelling).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn
 
 
 class _Version(argparse.Action):
@@ -61,7 +49,7 @@ def _where(prefix: str = "") -> argparse.ArgumentParser:
     It is a parent of the top-level parser, of the `volume` and `plugin` groups and of each data-dir
     sub-command, so the options go before or after the sub-command. SUPPRESS as the default: a
     sub-parser's default would otherwise overwrite what was given before it."""
-    where = argparse.ArgumentParser(add_help=False)
+    where = Parser(add_help=False)
     group = where.add_argument_group("data dir")
     group.add_argument(
         "--client",
@@ -90,21 +78,13 @@ def _count(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # The top level keeps what it is given apart (global_client, global_data_dir): `run` and
-    # `validate` have a --client of their own whose default would overwrite it; main() merges.
-    parser = argparse.ArgumentParser(
-        prog="driversdk",
-        description="Nomad-compatible task-driver plugins in Python.",
-        epilog="exit status: 0 success; 1 a task failed, the checked thing is invalid or the command "
-        "could not do its work (one sentence on stderr); 2 the command line was refused before "
-        "anything started; 130 interrupted.",
-        parents=[_where("global_")],
-    )
-    parser.add_argument("--version", action=_Version, help="the SDK's version and the plugin API it speaks")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
-    where = _where()
-    sub = parser.add_subparsers(dest="cmd", required=True)
+# One builder per command word, in the order `driversdk --help` lists them.
+
+
+def _plugin(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.plugins import cmd_plugin_package, cmd_plugin_probe, cmd_plugin_test
+    from driversdk.cli.volume import add_agent_flags, cmd_plugin_status
+
     plugin = sub.add_parser("plugin", parents=[where], help="work with driver plugin binaries")
     plugin_sub = plugin.add_subparsers(dest="plugin_cmd", required=True)
     probe = plugin_sub.add_parser(
@@ -137,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     ptest.add_argument("--verbose", action="store_true", help="show the plugin's log lines (grpc's debug too)")
     ptest.add_argument("command", nargs="+", help="the plugin command line (after --)")
     ptest.set_defaults(func=cmd_plugin_test)
+    pstatus = plugin_sub.add_parser("status", parents=[where], help="CSI plugins registered on this client")
+    pstatus.add_argument("--json", action="store_true")
+    pstatus.set_defaults(func=cmd_plugin_status)
+    add_agent_flags(pstatus)
+
+
+def _validate(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.jobfile import _JOB_HCL1, _JOB_JSON, cmd_validate
+
     validate = sub.add_parser("validate", help="check a job before any task starts")
     validate.add_argument("job", help="the job file (HCL)")
     # Not the data-dir parent: validate reads the client config, and a --data-dir would be ignored.
@@ -154,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-var-file", "--var-file", action="append", metavar="FILE", help="variable values (HCL, or JSON if .json)"
     )
     validate.set_defaults(func=cmd_validate)
+
+
+def _run(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.jobfile import _JOB_HCL1, _JOB_JSON, cmd_run
 
     run = sub.add_parser("run", help="run jobs' tasks on this machine (exit 0 ok, 1 a task failed, 2 refused)")
     run.add_argument("job", nargs="+", help="the job file(s) (HCL); one process runs them all, one plugin per driver")
@@ -179,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-token", "--token", dest="api_token", metavar="TOKEN", help="ACL token (default: NOMAD_TOKEN)")
     run.set_defaults(func=cmd_run)
 
+
+def _agent(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.agentcmd import cmd_agent
+
     agent = sub.add_parser(
         "agent", help="run the agent: owns this node's plugins, jobs and allocations, serves Nomad's HTTP API"
     )
@@ -197,12 +194,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the HTTP API on a loopback TCP address without ACLs (any local user may then use it)",
     )
     agent.set_defaults(func=cmd_agent)
-    # Nomad's everyday verbs, each the agent's client through its HTTP API.
-    for verbs in (job_verbs, alloc_verbs, node_verbs, acl_verbs):
-        verbs.add_parsers(sub, where)
+
+
+def _verbs(module: str) -> Callable[[Any, argparse.ArgumentParser], None]:
+    """Nomad's everyday verbs, each the agent's client through its HTTP API."""
+
+    def build(sub: Any, where: argparse.ArgumentParser) -> None:
+        __import__(module)
+        sys.modules[module].add_parsers(sub, where)
+
+    return build
+
+
+def _status(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.datadir import cmd_status
+
     status = sub.add_parser("status", parents=[where], help="tasks started by `driversdk run` on this client")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+
+def _logs(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.datadir import cmd_logs
+
     logs = sub.add_parser("logs", parents=[where], help="print a task's collected stdout (or --stderr)")
     logs.add_argument("task")
     logs.add_argument("--alloc", help="allocation id (prefix); default: the newest run of the task")
@@ -211,14 +225,29 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing while the task runs")
     logs.set_defaults(func=cmd_logs)
 
+
+def _system(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.datadir import cmd_system_gc
+
     system = sub.add_parser("system", parents=[where], help="maintenance of this client's data dir")
     system_sub = system.add_subparsers(dest="system_cmd", required=True)
     gc = system_sub.add_parser("gc", parents=[where], help="garbage-collect every terminal allocation now")
     gc.set_defaults(func=cmd_system_gc)
 
-    pstatus = plugin_sub.add_parser("status", parents=[where], help="CSI plugins registered on this client")
-    pstatus.add_argument("--json", action="store_true")
-    pstatus.set_defaults(func=cmd_plugin_status)
+
+def _volume(sub: Any, where: argparse.ArgumentParser) -> None:
+    from driversdk.cli.volume import (
+        add_agent_flags,
+        cmd_volume_create,
+        cmd_volume_delete,
+        cmd_volume_deregister,
+        cmd_volume_detach,
+        cmd_volume_register,
+        cmd_volume_snapshot_create,
+        cmd_volume_snapshot_delete,
+        cmd_volume_snapshot_list,
+        cmd_volume_status,
+    )
 
     volume = sub.add_parser("volume", parents=[where], help="register and inspect CSI volumes on this client")
     vsub = volume.add_subparsers(dest="volume_cmd", required=True)
@@ -266,8 +295,68 @@ def build_parser() -> argparse.ArgumentParser:
     slist.add_argument("--secret", action="append", metavar="KEY=VALUE")
     slist.add_argument("--json", action="store_true")
     slist.set_defaults(func=cmd_volume_snapshot_list)
-    volume_verbs.add_agent_flags(pstatus, register, vstatus, dereg, create, delete, detach, screate, sdelete, slist)
+    add_agent_flags(register, vstatus, dereg, create, delete, detach, screate, sdelete, slist)
+
+
+_COMMANDS: dict[str, Callable[[Any, argparse.ArgumentParser], None]] = {
+    "plugin": _plugin,
+    "validate": _validate,
+    "run": _run,
+    "agent": _agent,
+    "job": _verbs("driversdk.cli.job"),
+    "alloc": _verbs("driversdk.cli.alloc"),
+    "node": _verbs("driversdk.cli.node"),
+    "acl": _verbs("driversdk.cli.acl"),
+    "status": _status,
+    "logs": _logs,
+    "system": _system,
+    "volume": _volume,
+}
+
+
+class _OneCommandParser(Parser):
+    """The top level with one command's parser: what the top level refuses, it refuses as the whole
+    parser does (its usage names every command)."""
+
+    def error(self, message: str) -> NoReturn:
+        build_parser().error(message)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command, or ``command``'s alone."""
+    # The top level keeps what it is given apart (global_client, global_data_dir): `run` and
+    # `validate` have a --client of their own whose default would overwrite it; main() merges.
+    parser = (Parser if command is None else _OneCommandParser)(
+        prog="driversdk",
+        description="Nomad-compatible task-driver plugins in Python.",
+        epilog="exit status: 0 success; 1 a task failed, the checked thing is invalid or the command "
+        "could not do its work (one sentence on stderr); 2 the command line was refused before "
+        "anything started; 130 interrupted.",
+        parents=[_where("global_")],
+    )
+    parser.add_argument("--version", action=_Version, help="the SDK's version and the plugin API it speaks")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
+    where = _where()
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    for name, add in _COMMANDS.items():
+        if command is None or name == command:
+            add(sub, where)
     return parser
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command of a plain command line: only the data-dir options and --debug before it (as
+    given, not abbreviated), else None (the whole parser reads it)."""
+    at = 0
+    while at < len(argv):
+        word = argv[at]
+        if word == "--debug" or word.startswith(("--client=", "--data-dir=")):
+            at += 1
+        elif word in ("--client", "--data-dir") and at + 1 < len(argv) and not argv[at + 1].startswith("-"):
+            at += 2
+        else:
+            return word if word in _COMMANDS else None
+    return None
 
 
 # Which of --client / --data-dir each command reads; the others refuse them (exit 2) rather than
@@ -275,36 +364,36 @@ def build_parser() -> argparse.ArgumentParser:
 DATA_DIR_OPTIONS = ("client", "data_dir")
 
 
-_TAKES: dict[Any, tuple[str, ...]] = {
-    cmd_validate: ("client",),
-    cmd_run: ("client",),
-    cmd_status: DATA_DIR_OPTIONS,
-    cmd_logs: DATA_DIR_OPTIONS,
-    cmd_system_gc: DATA_DIR_OPTIONS,
-    cmd_plugin_status: DATA_DIR_OPTIONS,
-    cmd_volume_register: DATA_DIR_OPTIONS,
-    cmd_volume_status: DATA_DIR_OPTIONS,
-    cmd_volume_deregister: DATA_DIR_OPTIONS,
-    cmd_volume_create: DATA_DIR_OPTIONS,
-    cmd_volume_delete: DATA_DIR_OPTIONS,
-    cmd_volume_detach: DATA_DIR_OPTIONS,
-    cmd_volume_snapshot_create: DATA_DIR_OPTIONS,
-    cmd_volume_snapshot_delete: DATA_DIR_OPTIONS,
-    cmd_volume_snapshot_list: DATA_DIR_OPTIONS,
+_TAKES: dict[str, tuple[str, ...]] = {  # by the command function's name
+    "cmd_validate": ("client",),
+    "cmd_run": ("client",),
+    "cmd_status": DATA_DIR_OPTIONS,
+    "cmd_logs": DATA_DIR_OPTIONS,
+    "cmd_system_gc": DATA_DIR_OPTIONS,
+    "cmd_plugin_status": DATA_DIR_OPTIONS,
+    "cmd_volume_register": DATA_DIR_OPTIONS,
+    "cmd_volume_status": DATA_DIR_OPTIONS,
+    "cmd_volume_deregister": DATA_DIR_OPTIONS,
+    "cmd_volume_create": DATA_DIR_OPTIONS,
+    "cmd_volume_delete": DATA_DIR_OPTIONS,
+    "cmd_volume_detach": DATA_DIR_OPTIONS,
+    "cmd_volume_snapshot_create": DATA_DIR_OPTIONS,
+    "cmd_volume_snapshot_delete": DATA_DIR_OPTIONS,
+    "cmd_volume_snapshot_list": DATA_DIR_OPTIONS,
     # The agent's verbs: the data dir names the local agent's socket (and a stop while it is down).
-    job_verbs.cmd_job_status: DATA_DIR_OPTIONS,
-    job_verbs.cmd_job_stop: DATA_DIR_OPTIONS,
-    alloc_verbs.cmd_alloc_status: DATA_DIR_OPTIONS,
-    alloc_verbs.cmd_alloc_logs: DATA_DIR_OPTIONS,
-    node_verbs.cmd_node_status: DATA_DIR_OPTIONS,
-    acl_verbs.cmd_acl_bootstrap: DATA_DIR_OPTIONS,
+    "cmd_job_status": DATA_DIR_OPTIONS,
+    "cmd_job_stop": DATA_DIR_OPTIONS,
+    "cmd_alloc_status": DATA_DIR_OPTIONS,
+    "cmd_alloc_logs": DATA_DIR_OPTIONS,
+    "cmd_node_status": DATA_DIR_OPTIONS,
+    "cmd_acl_bootstrap": DATA_DIR_OPTIONS,
 }
 
 
 def _merge_where(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Apply a --client / --data-dir given before the sub-command, and refuse one given to a command
     that would not read it."""
-    takes = _TAKES.get(args.func, ())
+    takes = _TAKES.get(args.func.__name__, ())
     for name in DATA_DIR_OPTIONS:
         flag = "--" + name.replace("_", "-")
         early = getattr(args, "global_" + name, None)
@@ -338,8 +427,9 @@ def _print_traceback() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_word(words))
+    args = parser.parse_args(words)
     _merge_where(parser, args)
     try:
         code: int = args.func(args)
@@ -390,7 +480,9 @@ def entry() -> NoReturn:
     (logging's flush, weakref finalizers) have run and no thread of ours is left. With a
     non-daemon thread still running, the interpreter exits as usual, waiting for it."""
     code = main()
-    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+    # No threading module loaded, no thread of ours (a verb does not load it).
+    threading = sys.modules.get("threading")
+    if threading and any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
