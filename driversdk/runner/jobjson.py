@@ -160,7 +160,7 @@ def _body(obj: dict[str, Any], spec: jobschema.Block, block: str) -> Body:
             continue  # Go's zero values of what is unset: `nomad job inspect` writes them all
         if block == "network" and low in ("reservedports", "dynamicports"):
             ports = value if isinstance(value, list) else [value]
-            body.setdefault("port", []).extend(_value(ports, jobschema.GROUP_PORT, "port"))
+            body.blocks("port").extend(_value(ports, jobschema.GROUP_PORT, "port"))
             continue
         labelled = BY_LABEL.get((block, low))
         child = spec.fields.get(labelled or "")

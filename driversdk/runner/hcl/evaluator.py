@@ -24,12 +24,12 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeAlias
 
 from driversdk.errors import DriverSDKError
-from driversdk.runner.hcl.functions import LAZY, FunctionError
+from driversdk.runner.hcl.functions import LAZY, Func, FunctionError
 from driversdk.runner.hcl.tree import Token, Tree
 from driversdk.runner.hcl.values import (
     ANY,
@@ -38,6 +38,7 @@ from driversdk.runner.hcl.values import (
     STRING,
     ConvertError,
     Type,
+    Value,
     convert,
     to_bool,
     to_number,
@@ -55,6 +56,9 @@ from driversdk.runner.hcllimits import (
     LimitError,
 )
 
+if TYPE_CHECKING:
+    import lark
+
 
 class EvalError(DriverSDKError):
     """An expression that cannot be evaluated: where (line), which expression, and why."""
@@ -66,7 +70,7 @@ class EvalError(DriverSDKError):
         super().__init__(f"line {line}: {reason}" + (f" (in {expr})" if expr else ""))
 
 
-class Body(dict[str, Any]):
+class Body(dict[str, Value]):
     """An evaluated block body: a dict, plus the line of the block and of each key."""
 
     line: int = 0
@@ -75,6 +79,16 @@ class Body(dict[str, Any]):
         super().__init__()
         self.line = line
         self.lines: dict[str, int] = {}
+
+    def blocks(self, kind: str) -> list[Value]:
+        """The list that holds this body's ``kind`` blocks, started on the first one. The caller
+        has made sure ``kind`` names no argument here."""
+        found = self.get(kind)
+        if isinstance(found, list):
+            return found
+        started: list[Value] = []
+        self[kind] = started
+        return started
 
 
 @dataclass
@@ -174,9 +188,11 @@ def _parse_uncached(text: str, keep: bool) -> Tree:
     return tree
 
 
-def _shallow_enough(root: Any) -> None:
+def _shallow_enough(root: lark.Tree[lark.Token]) -> None:
     """Refuse a lark tree deeper than MAX_TREE_DEPTH before anything walks it recursively."""
-    pending: list[tuple[Any, int]] = [(root, 1)]
+    from lark import Tree as LarkTree
+
+    pending: list[tuple[LarkTree[lark.Token], int]] = [(root, 1)]
     while pending:
         node, depth = pending.pop()
         if depth > MAX_TREE_DEPTH:
@@ -185,10 +201,10 @@ def _shallow_enough(root: Any) -> None:
             raise LimitError(
                 f"the expressions nest more than {MAX_TREE_DEPTH // 2} levels deep; flatten them", line=line
             )
-        pending.extend((child, depth + 1) for child in node.children if hasattr(child, "data"))
+        pending.extend((child, depth + 1) for child in node.children if isinstance(child, LarkTree))
 
 
-def kids(node: Tree) -> list[Any]:
+def kids(node: Tree) -> list[Tree | Token]:
     """Children without newline/comment trees."""
     return [c for c in node.children if not (isinstance(c, Tree) and c.data == "new_line_or_comment")]
 
@@ -197,7 +213,7 @@ def trees(node: Tree) -> list[Tree]:
     return [c for c in kids(node) if isinstance(c, Tree)]
 
 
-def name_of(node: Any) -> str:
+def name_of(node: Tree | Token) -> str:
     """An identifier, keyword or literal_value used as a name."""
     if isinstance(node, Token):
         return str(node)
@@ -220,7 +236,7 @@ def _decode(raw: str) -> str:
     return _ESCAPE_RE.sub(one, raw)
 
 
-def line_of(node: Any) -> int:
+def line_of(node: Tree | Token) -> int:
     if isinstance(node, Token):
         return node.line or 0
     meta = getattr(node, "meta", None)
@@ -230,11 +246,11 @@ def line_of(node: Any) -> int:
 class Scope:
     """Names visible to an expression: ``var``, ``local`` and iterators; functions by name."""
 
-    def __init__(self, variables: dict[str, Any], functions: dict[str, Callable[..., Any]]) -> None:
+    def __init__(self, variables: dict[str, Value], functions: Mapping[str, Func]) -> None:
         self.variables = variables
         self.functions = functions
 
-    def child(self, **names: Any) -> Scope:
+    def child(self, **names: Value) -> Scope:
         return Scope({**self.variables, **names}, self.functions)
 
 
@@ -245,7 +261,7 @@ class Evaluator:
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def text(self, node: Any) -> str:
+    def text(self, node: Tree | Token) -> str:
         """An expression's source text; for a block its header, for an argument its name."""
         if isinstance(node, Token):
             return str(node)
@@ -259,13 +275,13 @@ class Evaluator:
             return ""
         return " ".join(self.source.text[meta.start_pos : meta.end_pos].split())
 
-    def line(self, node: Any) -> int:
+    def line(self, node: Tree | Token) -> int:
         return line_of(node) + self.source.line_offset
 
-    def fail(self, node: Any, reason: str) -> EvalError:
+    def fail(self, node: Tree | Token, reason: str) -> EvalError:
         return EvalError(self.line(node), self.text(node), reason)
 
-    def over(self, node: Any, err: LimitError) -> LimitError:
+    def over(self, node: Tree | Token, err: LimitError) -> LimitError:
         """``err`` with the line and expression of ``node`` when it has none yet."""
         if err.line is None:
             return LimitError(err.reason, self.line(node), self.text(node))
@@ -273,7 +289,7 @@ class Evaluator:
 
     # --- expressions -----------------------------------------------------------------------------
 
-    def value(self, node: Any, scope: Scope) -> Any:
+    def value(self, node: Tree | Token, scope: Scope) -> Value:
         if isinstance(node, Token):
             raise self.fail(node, f"unexpected {node.type}")
         method = getattr(self, "e_" + node.data, None)
@@ -288,47 +304,48 @@ class Evaluator:
         try:
             if budget.nesting > MAX_NESTING:
                 raise self.over(node, LimitError(f"expressions nest more than {MAX_NESTING} deep; flatten them"))
-            return method(node, scope)
+            result: Value = method(node, scope)
+            return result
         finally:
             budget.nesting -= 1
 
-    def e_expr_term(self, node: Tree, scope: Scope) -> Any:
+    def e_expr_term(self, node: Tree, scope: Scope) -> Value:
         inner = trees(node)
         return self.value(inner[0], scope)
 
-    def e_identifier(self, node: Tree, scope: Scope) -> Any:
+    def e_identifier(self, node: Tree, scope: Scope) -> Value:
         name = str(node.children[0])
         if name in scope.variables:
             return scope.variables[name]
         return "${" + name + "}"
 
-    def e_keyword(self, node: Tree, scope: Scope) -> Any:
+    def e_keyword(self, node: Tree, scope: Scope) -> Value:
         return self.e_identifier(node, scope)
 
-    def e_literal_value(self, node: Tree, scope: Scope) -> Any:
+    def e_literal_value(self, node: Tree, scope: Scope) -> bool | None:
         return {"true": True, "false": False, "null": None}[str(node.children[0])]
 
-    def e_int_lit(self, node: Tree, scope: Scope) -> Any:
+    def e_int_lit(self, node: Tree, scope: Scope) -> int | float:
         try:
             return self.bounded(int(str(node.children[0])), node)
         except ValueError:  # more digits than Python converts
             raise self.over(node, LimitError(f"the number has more than {MAX_INT_BITS} bits")) from None
 
-    def bounded(self, n: Any, node: Any) -> Any:
+    def bounded(self, n: int | float, node: Tree) -> int | float:
         """A number within MAX_INT_BITS: products of products of locals would grow without end."""
         if isinstance(n, int) and not isinstance(n, bool) and n.bit_length() > MAX_INT_BITS:
             raise self.over(node, LimitError(f"the number has more than {MAX_INT_BITS} bits; use smaller numbers"))
         return n
 
-    def e_float_lit(self, node: Tree, scope: Scope) -> Any:
+    def e_float_lit(self, node: Tree, scope: Scope) -> int | float:
         number = float(str(node.children[0]))
         return int(number) if number.is_integer() and abs(number) < 2**63 else number
 
-    def e_tuple(self, node: Tree, scope: Scope) -> Any:
+    def e_tuple(self, node: Tree, scope: Scope) -> list[Value]:
         return [self.value(c, scope) for c in trees(node)]
 
-    def e_object(self, node: Tree, scope: Scope) -> Any:
-        out: dict[str, Any] = {}
+    def e_object(self, node: Tree, scope: Scope) -> dict[str, Value]:
+        out: dict[str, Value] = {}
         for elem in trees(node):
             key_node, value_node = trees(elem)
             key = self.object_key(key_node, scope)
@@ -350,7 +367,7 @@ class Evaluator:
         except ConvertError as err:
             raise self.fail(key_node, f"an object key must be a string: {err}") from None
 
-    def e_conditional(self, node: Tree, scope: Scope) -> Any:
+    def e_conditional(self, node: Tree, scope: Scope) -> Value:
         cond, yes, no = trees(node)
         try:
             chosen = truthy(self.value(cond, scope))
@@ -358,7 +375,7 @@ class Evaluator:
             raise self.fail(cond, f"the condition is not a bool: {err}") from None
         return self.value(yes if chosen else no, scope)
 
-    def e_unary_op(self, node: Tree, scope: Scope) -> Any:
+    def e_unary_op(self, node: Tree, scope: Scope) -> Value:
         op = next(c for c in node.children if isinstance(c, Token))
         value = self.value(trees(node)[0], scope)
         try:
@@ -368,7 +385,7 @@ class Evaluator:
         except ConvertError as err:
             raise self.fail(node, f"invalid operand: {err}") from None
 
-    def e_binary_op(self, node: Tree, scope: Scope) -> Any:
+    def e_binary_op(self, node: Tree, scope: Scope) -> Value:
         lhs_node, term = trees(node)[:2]
         op_node, rhs_node = trees(term)
         op = next(c for c in op_node.children if isinstance(c, Token)).type
@@ -443,7 +460,7 @@ class Evaluator:
             return "${" + self.text(node) + "}"
         return None
 
-    def e_get_attr_expr_term(self, node: Tree, scope: Scope) -> Any:
+    def e_get_attr_expr_term(self, node: Tree, scope: Scope) -> Value:
         literal = self._unknown_root(node, scope)
         if literal is not None:
             return literal
@@ -460,7 +477,7 @@ class Evaluator:
                 raise self.fail(node, f'there is no {kind} named "{name}"{hint}')
         return self.get_attr(base, attr, node)
 
-    def get_attr(self, base: Any, attr: Tree, where: Tree) -> Any:
+    def get_attr(self, base: Value, attr: Tree, where: Tree) -> Value:
         name = name_of(trees(attr)[0])
         if isinstance(base, dict):
             if name not in base:
@@ -470,16 +487,16 @@ class Evaluator:
             raise self.fail(where, f'cannot read attribute "{name}" of null')
         raise self.fail(where, f'cannot read attribute "{name}" of a {type_name(base)}')
 
-    def e_index_expr_term(self, node: Tree, scope: Scope) -> Any:
+    def e_index_expr_term(self, node: Tree, scope: Scope) -> Value:
         literal = self._unknown_root(node, scope)
         if literal is not None:
             return literal
         base_node, index = trees(node)
         return self.index(self.value(base_node, scope), index, scope, node)
 
-    def index(self, base: Any, index: Tree, scope: Scope, where: Tree) -> Any:
+    def index(self, base: Value, index: Tree, scope: Scope, where: Tree) -> Value:
         if index.data == "short_index":
-            key: Any = int(str(index.children[-1]))
+            key: Value = int(str(index.children[-1]))
         else:
             key = self.value(trees(index)[0], scope)
         if isinstance(base, list):
@@ -500,7 +517,7 @@ class Evaluator:
             return base[k]
         raise self.fail(where, f"cannot index a {type_name(base)}")
 
-    def _splat(self, node: Tree, scope: Scope) -> Any:
+    def _splat(self, node: Tree, scope: Scope) -> list[Value]:
         base_node, splat = trees(node)
         base = self.value(base_node, scope)
         items = base if isinstance(base, list) else ([] if base is None else [base])
@@ -521,7 +538,7 @@ class Evaluator:
 
     # --- functions -------------------------------------------------------------------------------
 
-    def e_function_call(self, node: Tree, scope: Scope) -> Any:
+    def e_function_call(self, node: Tree, scope: Scope) -> Value:
         parts = kids(node)
         names = [p for p in parts if isinstance(p, Tree) and p.data == "identifier"]
         name = "::".join(str(n.children[0]) for n in names)
@@ -564,7 +581,7 @@ class Evaluator:
         except (ValueError, OverflowError, ArithmeticError) as err:
             raise self.fail(node, f"{name}(): {err}") from None
 
-    def lazy(self, name: str, node: Tree, arg_nodes: list[Tree], scope: Scope) -> Any:
+    def lazy(self, name: str, node: Tree, arg_nodes: list[Tree], scope: Scope) -> Value:
         if name == "can":
             if len(arg_nodes) != 1:
                 raise self.fail(node, "can() takes exactly one argument")
@@ -592,7 +609,7 @@ class Evaluator:
         cond = next((p for p in parts if p.data == "for_cond"), None)
         body = [p for p in parts[1:] if p.data != "for_cond"]
         if isinstance(collection, dict):
-            pairs: list[tuple[Any, Any]] = sorted(collection.items())
+            pairs: list[tuple[str | int, Value]] = [*sorted(collection.items())]
         elif isinstance(collection, list):
             pairs = list(enumerate(collection))
         else:
@@ -608,12 +625,13 @@ class Evaluator:
                     continue
             yield inner, body
 
-    def e_for_tuple_expr(self, node: Tree, scope: Scope) -> Any:
+    def e_for_tuple_expr(self, node: Tree, scope: Scope) -> list[Value]:
         return [self.value(body[0], inner) for inner, body in self._for(node, scope)]
 
-    def e_for_object_expr(self, node: Tree, scope: Scope) -> Any:
+    def e_for_object_expr(self, node: Tree, scope: Scope) -> dict[str, Value]:
         group = any(isinstance(c, Token) and c.type == "ELLIPSIS" for c in node.children)
-        out: dict[str, Any] = {}
+        out: dict[str, Value] = {}
+        groups: dict[str, list[Value]] = {}  # with ``...``: every value of a key, in order
         for inner, body in self._for(node, scope):
             try:
                 key = to_string(self.value(body[0], inner))
@@ -621,27 +639,27 @@ class Evaluator:
                 raise self.fail(body[0], f"an object key must be a string: {err}") from None
             value = self.value(body[1], inner)
             if group:
-                out.setdefault(key, []).append(value)
+                groups.setdefault(key, []).append(value)
             elif key in out:
                 raise self.fail(node, f'duplicate object key "{key}"; add ... after the value to group them')
             else:
                 out[key] = value
-        return out
+        return {**groups} if group else out
 
     # --- templates -------------------------------------------------------------------------------
 
-    def e_string(self, node: Tree, scope: Scope) -> Any:
+    def e_string(self, node: Tree, scope: Scope) -> Value:
         parts = [p.children[0] for p in trees(node)]
         return self.template(parts, scope, node)
 
-    def e_template_string(self, node: Tree, scope: Scope) -> Any:
+    def e_template_string(self, node: Tree, scope: Scope) -> str:
         raw = str(node.children[0])
         return _decode(raw[2:-2])
 
-    def e_interpolation(self, node: Tree, scope: Scope) -> Any:
+    def e_interpolation(self, node: Tree, scope: Scope) -> Value:
         return self.value(trees(node)[0], scope)
 
-    def template(self, parts: list[Any], scope: Scope, node: Tree) -> Any:
+    def template(self, parts: list[Tree | Token], scope: Scope, node: Tree) -> Value:
         """A quoted string's parts: literal text tokens and interpolation/directive trees."""
         items = [p for p in parts]
         if len(items) == 1 and isinstance(items[0], Tree) and items[0].data == "interpolation":
@@ -655,7 +673,7 @@ class Evaluator:
             raise self.over(node, err) from None
         return text
 
-    def render(self, nodes: list[Any], scope: Scope, node: Any = None) -> str:
+    def render(self, nodes: list[_Piece], scope: Scope, node: Tree) -> str:
         out: list[str] = []
         length = 0
 
@@ -667,34 +685,32 @@ class Evaluator:
                 raise self.over(node, LimitError(f"the template would be more than {MAX_STRING_CHARS} characters"))
 
         for item in nodes:
-            kind = item[0]
-            if kind == "lit":
-                add(item[1])
-            elif kind == "interp":
-                value = self.value(item[1], scope)
-                add(self.stringify(value, item[1]))
-            elif kind == "if":
-                _, cond, yes, no = item
+            if isinstance(item, _Lit):
+                add(item.text)
+            elif isinstance(item, _Interp):
+                value = self.value(item.expr, scope)
+                add(self.stringify(value, item.expr))
+            elif isinstance(item, _If):
                 try:
-                    chosen = truthy(self.value(cond, scope))
+                    chosen = truthy(self.value(item.cond, scope))
                 except ConvertError as err:
-                    raise self.fail(cond, f"the %{{if}} condition is not a bool: {err}") from None
-                add(self.render(yes if chosen else no, scope, node))
-            elif kind == "for":
-                _, names, coll_node, body = item
+                    raise self.fail(item.cond, f"the %{{if}} condition is not a bool: {err}") from None
+                add(self.render(item.yes if chosen else item.no, scope, node))
+            else:
+                names, coll_node, body = item.names, item.collection, item.body
                 coll = self.value(coll_node, scope)
                 if isinstance(coll, dict):
-                    pairs: list[tuple[Any, Any]] = sorted(coll.items())
+                    pairs: list[tuple[str | int, Value]] = [*sorted(coll.items())]
                 elif isinstance(coll, list):
                     pairs = list(enumerate(coll))
                 else:
                     raise self.fail(coll_node, f"%{{for}} needs a list or map, not {type_name(coll)}")
                 for key, value in pairs:
-                    bound = {names[0]: key, names[1]: value} if len(names) == 2 else {names[0]: value}
+                    bound: dict[str, Value] = {names[0]: key, names[1]: value} if len(names) == 2 else {names[0]: value}
                     add(self.render(body, scope.child(**bound), node))
         return _apply_strips("".join(out))
 
-    def stringify(self, value: Any, node: Any) -> str:
+    def stringify(self, value: Value, node: Tree | Token) -> str:
         if value is None:
             raise self.fail(node, "the value is null, which cannot be part of a string")
         try:
@@ -704,13 +720,13 @@ class Evaluator:
                 node, f"a {type_name(value)} cannot be part of a string; use jsonencode() or join()"
             ) from None
 
-    def e_heredoc_template(self, node: Tree, scope: Scope) -> Any:
+    def e_heredoc_template(self, node: Tree, scope: Scope) -> Value:
         return self.heredoc(node, scope, trim=False)
 
-    def e_heredoc_template_trim(self, node: Tree, scope: Scope) -> Any:
+    def e_heredoc_template_trim(self, node: Tree, scope: Scope) -> Value:
         return self.heredoc(node, scope, trim=True)
 
-    def heredoc(self, node: Tree, scope: Scope, *, trim: bool) -> Any:
+    def heredoc(self, node: Tree, scope: Scope, *, trim: bool) -> Value:
         raw = str(node.children[0])
         first_nl = raw.index("\n")
         lines = raw[first_nl + 1 :].split("\n")
@@ -742,7 +758,7 @@ def _tidy(n: int | float) -> int | float:
     return n
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: Value, b: Value) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -764,7 +780,7 @@ def _literal(node: Tree) -> bool:
     return False
 
 
-def _did_you_mean(name: str, options: dict[str, Any]) -> str:
+def _did_you_mean(name: str, options: dict[str, Value]) -> str:
     from difflib import get_close_matches
 
     close = get_close_matches(name, [str(k) for k in options], n=1)
@@ -780,10 +796,46 @@ def _apply_strips(text: str) -> str:
     return re.sub(re.escape(_STRIP_RIGHT) + r"\s*", "", text)
 
 
-def _nest(items: list[Any], ev: Evaluator, node: Tree) -> list[Any]:
-    """Flat template parts → nested (lit / interp / if / for) items."""
-    root: list[Any] = []
-    stack: list[tuple[str, list[Any], Any]] = [("root", root, None)]
+@dataclass
+class _Lit:
+    """Literal text of a template (or a strip marker, removed with the space beside it)."""
+
+    text: str
+
+
+@dataclass
+class _Interp:
+    """``${expr}``: the expression's value, as a string."""
+
+    expr: Tree
+
+
+@dataclass
+class _If:
+    """``%{if cond}yes%{else}no%{endif}``."""
+
+    cond: Tree
+    yes: list[_Piece] = field(default_factory=list)
+    no: list[_Piece] = field(default_factory=list)
+
+
+@dataclass
+class _For:
+    """``%{for names in collection}body%{endfor}``."""
+
+    names: list[str]
+    collection: Tree
+    body: list[_Piece] = field(default_factory=list)
+
+
+_Piece: TypeAlias = _Lit | _Interp | _If | _For
+
+
+def _nest(items: list[Tree | Token], ev: Evaluator, node: Tree) -> list[_Piece]:
+    """Flat template parts → nested (lit / interp / if / for) pieces."""
+    root: list[_Piece] = []
+    # Open directives, innermost last: which, where its text goes now, and the %{if} it belongs to.
+    stack: list[tuple[str, list[_Piece], _If | None]] = [("root", root, None)]
 
     def strips(directive: Tree) -> tuple[bool, bool]:
         toks = [c for c in directive.children if isinstance(c, Token)]
@@ -791,40 +843,39 @@ def _nest(items: list[Any], ev: Evaluator, node: Tree) -> list[Any]:
         right = len(toks) > 1 and toks[-2].type == "STRIP_MARKER"
         return left, right
 
-    def emit_strips(target: list[Any], directive: Tree, before: bool) -> None:
+    def emit_strips(target: list[_Piece], directive: Tree, before: bool) -> None:
         left, right = strips(directive)
         if before and left:
-            target.append(("lit", _STRIP_LEFT))
+            target.append(_Lit(_STRIP_LEFT))
         if not before and right:
-            target.append(("lit", _STRIP_RIGHT))
+            target.append(_Lit(_STRIP_RIGHT))
 
     for part in items:
         current = stack[-1][1]
         if isinstance(part, Token):
             raw = str(part)
             if part.type == "ESCAPED_INTERPOLATION" or part.type == "ESCAPED_DIRECTIVE":
-                current.append(("lit", raw[1:]))
+                current.append(_Lit(raw[1:]))
             else:
-                current.append(("lit", _decode(raw)))
+                current.append(_Lit(_decode(raw)))
             continue
         kind = part.data
         if kind == "interpolation":
-            current.append(("interp", trees(part)[0]))
+            current.append(_Interp(trees(part)[0]))
         elif kind == "template_if_start":
             emit_strips(current, part, True)
-            yes: list[Any] = []
-            no: list[Any] = []
-            item = ["if", trees(part)[0], yes, no]
-            current.append(item)
-            stack.append(("if", yes, item))
-            emit_strips(yes, part, False)
+            branch = _If(trees(part)[0])
+            current.append(branch)
+            stack.append(("if", branch.yes, branch))
+            emit_strips(branch.yes, part, False)
         elif kind == "template_else":
             if stack[-1][0] != "if":
                 raise ev.fail(node, "%{else} without a matching %{if}")
             emit_strips(current, part, True)
-            _, _, item = stack.pop()
-            stack.append(("else", item[3], item))
-            emit_strips(item[3], part, False)
+            _, _, opened = stack.pop()
+            if opened is not None:  # always: an "if" entry holds its _If
+                stack.append(("else", opened.no, opened))
+                emit_strips(opened.no, part, False)
         elif kind == "template_endif":
             if stack[-1][0] not in ("if", "else"):
                 raise ev.fail(node, "%{endif} without a matching %{if}")
@@ -835,10 +886,10 @@ def _nest(items: list[Any], ev: Evaluator, node: Tree) -> list[Any]:
             emit_strips(current, part, True)
             names = [str(t.children[0]) for t in trees(part) if t.data == "identifier"]
             coll = [t for t in trees(part) if t.data != "identifier"][-1]
-            body: list[Any] = []
-            current.append(("for", names, coll, body))
-            stack.append(("for", body, None))
-            emit_strips(body, part, False)
+            loop = _For(names, coll)
+            current.append(loop)
+            stack.append(("for", loop.body, None))
+            emit_strips(loop.body, part, False)
         elif kind == "template_endfor":
             if stack[-1][0] != "for":
                 raise ev.fail(node, "%{endfor} without a matching %{for}")
@@ -847,7 +898,7 @@ def _nest(items: list[Any], ev: Evaluator, node: Tree) -> list[Any]:
             emit_strips(stack[-1][1], part, False)
     if len(stack) != 1:
         raise ev.fail(node, f"%{{{stack[-1][0]}}} is not closed")
-    return [tuple(i) if isinstance(i, list) else i for i in root]
+    return root
 
 
 def heredoc_as_string(body: str) -> str:
@@ -930,7 +981,7 @@ def type_expr(node: Tree, ev: Evaluator) -> Type:
     raise ev.fail(node, "this is not a type constraint")
 
 
-def convert_or_fail(value: Any, t: Type, ev: Evaluator, node: Any, what: str) -> Any:
+def convert_or_fail(value: Value, t: Type, ev: Evaluator, node: Tree | Token, what: str) -> Value:
     try:
         return convert(value, t)
     except ConvertError as err:

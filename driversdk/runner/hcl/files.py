@@ -29,9 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from driversdk.runner.hcl.values import ConvertError, to_string
+from driversdk.runner.hcl.values import ConvertError, Value, to_string
 from driversdk.runner.hcllimits import MAX_READ_FILE_BYTES, Budget
 
 FILES_OFF = (
@@ -81,7 +80,7 @@ class FileReader:
             raise self.error(self.policy.refusal or FILES_OFF)
         return self.policy.root
 
-    def _parts(self, arg: Any) -> tuple[str, list[str]]:
+    def _parts(self, arg: Value) -> tuple[str, list[str]]:
         """The components of ``arg`` below the root, or a refusal naming the path."""
         root = self._root()
         try:
@@ -113,7 +112,7 @@ class FileReader:
         return text, [] if rel == "." else rel.split("/")
 
     @contextmanager
-    def _at(self, arg: Any, *, want_dir: bool = False) -> Iterator[tuple[str, int | None, os.stat_result]]:
+    def _at(self, arg: Value, *, want_dir: bool = False) -> Iterator[tuple[str, int | None, os.stat_result]]:
         """An O_PATH descriptor of what ``arg`` names below the root (None when it does not
         exist), its stat, never through a symlink."""
         shown, parts = self._parts(arg)
@@ -152,7 +151,7 @@ class FileReader:
 
     # --- the functions ---------------------------------------------------------------------------
 
-    def read(self, arg: Any) -> bytes:
+    def read(self, arg: Value) -> bytes:
         with self._at(arg) as (shown, fd, info):
             if fd is None:
                 raise self.error(f"there is no file {shown!r} below the job file's directory {self._root()}")
@@ -190,13 +189,13 @@ class FileReader:
         self.budget.read(total)
         return b"".join(chunks)
 
-    def exists(self, arg: Any) -> bool:
+    def exists(self, arg: Value) -> bool:
         """Whether a regular file is there; refused (not false) for a path outside the root or
         through a symlink, so the answer says nothing about the rest of the host."""
         with self._at(arg) as (_, fd, info):
             return fd is not None and stat.S_ISREG(info.st_mode)
 
-    def fileset(self, path: Any, pattern: Any) -> list[str]:
+    def fileset(self, path: Value, pattern: Value) -> list[str]:
         try:
             glob = to_string(pattern)
         except ConvertError as err:

@@ -21,7 +21,7 @@ import math
 import os
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +29,8 @@ from driversdk.errors import DriverSDKError
 from driversdk.runner.hcl.files import FILES_OFF, FileReader
 from driversdk.runner.hcl.values import (
     ConvertError,
+    Type,
+    Value,
     convert,
     number_text,
     parse_number,
@@ -50,37 +52,38 @@ class FunctionError(DriverSDKError, ValueError):
     """A call that cannot be evaluated (a bad argument, a function driversdk cannot run)."""
 
 
-Func = Callable[..., Any]
+# A function a job file calls: evaluated arguments in, a value out.
+Func = Callable[..., Value]
 
 
-def _str(v: Any) -> str:
+def _str(v: Value) -> str:
     try:
         return to_string(v)
     except ConvertError as err:
         raise FunctionError(str(err)) from None
 
 
-def _num(v: Any) -> int | float:
+def _num(v: Value) -> int | float:
     try:
         return to_number(v)
     except ConvertError as err:
         raise FunctionError(str(err)) from None
 
 
-def _int(v: Any) -> int:
+def _int(v: Value) -> int:
     n = _num(v)
     if isinstance(n, float) and not n.is_integer():
         raise FunctionError(f"a whole number is required, not {number_text(n)}")
     return int(n)
 
 
-def _list(v: Any) -> list[Any]:
+def _list(v: Value) -> list[Value]:
     if not isinstance(v, list):
         raise FunctionError(f"a list is required, not {type_name(v)}")
     return v
 
 
-def _map(v: Any) -> dict[str, Any]:
+def _map(v: Value) -> dict[str, Value]:
     if not isinstance(v, dict):
         raise FunctionError(f"a map is required, not {type_name(v)}")
     return v
@@ -95,7 +98,7 @@ def _whole(n: float) -> int | float:
 _VERB = re.compile(r"%(?:\[(\d+)\])?([-+# 0]*)(\d+|\*)?(?:\.(\d+))?([a-zA-Z%])")
 
 
-def _format(fmt: Any, *args: Any) -> str:
+def _format(fmt: Value, *args: Value) -> str:
     """Go's fmt verbs as cty's format function accepts them: %v %s %q %d %f %e %g %t %x %X %o %b %%."""
     text = _str(fmt)
     out: list[str] = []
@@ -148,22 +151,23 @@ def _format(fmt: Any, *args: Any) -> str:
     return "".join(out)
 
 
-def _formatlist(fmt: Any, *args: Any) -> list[str]:
+def _formatlist(fmt: Value, *args: Value) -> list[Value]:
     lengths = {len(a) for a in args if isinstance(a, list)}
     if len(lengths) > 1:
         raise FunctionError("all list arguments must have the same length")
     n = lengths.pop() if lengths else 1
-    out: list[str] = []
+    out: list[Value] = []
     total = 0
     for i in range(n):
-        out.append(_format(fmt, *[a[i] if isinstance(a, list) else a for a in args]))
-        total += len(out[-1])
+        piece = _format(fmt, *[a[i] if isinstance(a, list) else a for a in args])
+        out.append(piece)
+        total += len(piece)
         if total > MAX_VALUE_CHARS:
             raise LimitError(f"formatlist's result would be more than {MAX_VALUE_CHARS} characters")
     return out
 
 
-def _indent(spaces: Any, text: Any) -> str:
+def _indent(spaces: Value, text: Value) -> str:
     width = _int(spaces)
     source = _str(text)
     string_fits(len(source) + max(0, width) * source.count("\n"), "indent's result")
@@ -172,7 +176,7 @@ def _indent(spaces: Any, text: Any) -> str:
     return "\n".join([lines[0], *[pad + line if line else line for line in lines[1:]]])
 
 
-def _regex_replace(s: Any, pattern: Any, repl: Any) -> str:
+def _regex_replace(s: Value, pattern: Value, repl: Value) -> str:
     # Go's $1 / ${name} references become Python's \g<…>.
     py_repl = re.sub(r"\$\{?(\w+)\}?", lambda m: f"\\g<{m.group(1)}>", _str(repl).replace("\\", "\\\\"))
     text = _str(s)
@@ -190,7 +194,7 @@ def _regex_replace(s: Any, pattern: Any, repl: Any) -> str:
         raise FunctionError(f"invalid regular expression: {err}") from None
 
 
-def _replace(s: Any, old: Any, new: Any) -> str:
+def _replace(s: Value, old: Value, new: Value) -> str:
     old_s = _str(old)
     if len(old_s) > 1 and old_s.startswith("/") and old_s.endswith("/"):
         return _regex_replace(s, old_s[1:-1], new)
@@ -200,7 +204,7 @@ def _replace(s: Any, old: Any, new: Any) -> str:
     return text.replace(old_s, new_s)
 
 
-def _substr(s: Any, offset: Any, length: Any) -> str:
+def _substr(s: Value, offset: Value, length: Value) -> str:
     text = _str(s)
     start = _int(offset)
     if start < 0:
@@ -210,20 +214,20 @@ def _substr(s: Any, offset: Any, length: Any) -> str:
     return text[start:] if n < 0 else text[start : start + n]
 
 
-def _title(s: Any) -> str:
+def _title(s: Value) -> str:
     return re.sub(r"(^|\s)(\S)", lambda m: m.group(1) + m.group(2).upper(), _str(s))
 
 
-def _trim(s: Any, chars: Any) -> str:
+def _trim(s: Value, chars: Value) -> str:
     return _str(s).strip(_str(chars))
 
 
-def _split(sep: Any, s: Any) -> list[str]:
+def _split(sep: Value, s: Value) -> list[Value]:
     text = _str(s)
-    return [] if text == "" else text.split(_str(sep))
+    return [] if text == "" else [*text.split(_str(sep))]
 
 
-def _join(sep: Any, *lists: Any) -> str:
+def _join(sep: Value, *lists: Value) -> str:
     items = [v for lst in lists for v in _list(lst)]
     if any(v is None for v in items):
         raise FunctionError("join cannot join null elements")
@@ -233,14 +237,14 @@ def _join(sep: Any, *lists: Any) -> str:
     return glue.join(parts)
 
 
-def _chomp(s: Any) -> str:
+def _chomp(s: Value) -> str:
     return re.sub(r"(\r\n|\n|\r)+$", "", _str(s))
 
 
 # --- numbers -------------------------------------------------------------------------------------
 
 
-def _parseint(s: Any, base: Any) -> int:
+def _parseint(s: Value, base: Value) -> int:
     b = _int(base)
     if b < 2 or b > 62:
         raise FunctionError("base must be a whole number between 2 and 62")
@@ -250,8 +254,8 @@ def _parseint(s: Any, base: Any) -> int:
         raise FunctionError(f"cannot parse {_str(s)!r} as a base {b} integer") from None
 
 
-def _minmax(pick: Callable[..., Any]) -> Func:
-    def run(*numbers: Any) -> Any:
+def _minmax(pick: Callable[[Iterator[int | float]], int | float]) -> Func:
+    def run(*numbers: Value) -> Value:
         if not numbers:
             raise FunctionError("needs at least one number")
         return pick(_num(n) for n in numbers)
@@ -262,21 +266,21 @@ def _minmax(pick: Callable[..., Any]) -> Func:
 # --- collections ---------------------------------------------------------------------------------
 
 
-def _coalesce(*values: Any) -> Any:
+def _coalesce(*values: Value) -> Value:
     for v in values:
         if v is not None and v != "":
             return v
     raise FunctionError("no non-null, non-empty-string arguments")
 
 
-def _coalescelist(*lists: Any) -> Any:
+def _coalescelist(*lists: Value) -> Value:
     for lst in lists:
         if _list(lst):
             return lst
     return []
 
 
-def _chunklist(lst: Any, size: Any) -> list[Any]:
+def _chunklist(lst: Value, size: Value) -> list[Value]:
     items = _list(lst)
     n = _int(size)
     if n < 0:
@@ -286,15 +290,15 @@ def _chunklist(lst: Any, size: Any) -> list[Any]:
     return [items[i : i + n] for i in range(0, len(items), n)]
 
 
-def _identity(v: Any) -> str:
+def _identity(v: Value) -> str:
     """What makes two values the same element of a set (1 and true, 1 and "1" are not)."""
     return json.dumps(v, sort_keys=True)
 
 
-def _distinct(lst: Any) -> list[Any]:
+def _distinct(lst: Value) -> list[Value]:
     # By a key, in linear time: a list compared element by element is quadratic.
     seen: set[str] = set()
-    out: list[Any] = []
+    out: list[Value] = []
     for v in _list(lst):
         key = _identity(v)
         if key not in seen:
@@ -303,7 +307,7 @@ def _distinct(lst: Any) -> list[Any]:
     return out
 
 
-def _element(lst: Any, index: Any) -> Any:
+def _element(lst: Value, index: Value) -> Value:
     items = _list(lst)
     if not items:
         raise FunctionError("cannot use element function with an empty list")
@@ -313,14 +317,16 @@ def _element(lst: Any, index: Any) -> Any:
     return items[i % len(items)]
 
 
-def _flatten(lst: Any) -> list[Any]:
-    out: list[Any] = []
+def _flatten(lst: Value) -> list[Value]:
+    out: list[Value] = []
     pending = [iter(_list(lst))]
     while pending:
-        v = next(pending[-1], _END)
-        if v is _END:
+        try:
+            v = next(pending[-1])
+        except StopIteration:
             pending.pop()
-        elif isinstance(v, list):
+            continue
+        if isinstance(v, list):
             pending.append(iter(v))
         else:
             out.append(v)
@@ -328,32 +334,29 @@ def _flatten(lst: Any) -> list[Any]:
     return out
 
 
-_END = object()
-
-
-def _index(lst: Any, value: Any) -> int:
+def _index(lst: Value, value: Value) -> int:
     items = _list(lst)
     if value not in items:
         raise FunctionError("item not found")
     return items.index(value)
 
 
-def _keys(m: Any) -> list[str]:
-    return sorted(_map(m))
+def _keys(m: Value) -> list[Value]:
+    return [*sorted(_map(m))]
 
 
-def _values(m: Any) -> list[Any]:
+def _values(m: Value) -> list[Value]:
     d = _map(m)
     return [d[k] for k in sorted(d)]
 
 
-def _length(v: Any) -> int:
+def _length(v: Value) -> int:
     if isinstance(v, str | list | dict):
         return len(v)
     raise FunctionError(f"cannot take the length of {type_name(v)}")
 
 
-def _lookup(m: Any, key: Any, *default: Any) -> Any:
+def _lookup(m: Value, key: Value, *default: Value) -> Value:
     d = _map(m)
     k = _str(key)
     if k in d:
@@ -363,15 +366,15 @@ def _lookup(m: Any, key: Any, *default: Any) -> Any:
     raise FunctionError(f'the given key "{k}" does not identify an element in this map')
 
 
-def _merge(*maps: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _merge(*maps: Value) -> dict[str, Value]:
+    out: dict[str, Value] = {}
     for m in maps:
         if m is not None:
             out.update(_map(m))
     return out
 
 
-def _range(*args: Any) -> list[Any]:
+def _range(*args: Value) -> list[Value]:
     nums = [_num(a) for a in args]
     start: int | float
     end: int | float
@@ -386,7 +389,7 @@ def _range(*args: Any) -> list[Any]:
         raise FunctionError("range needs one to three numbers")
     if step == 0:
         raise FunctionError("step must not be zero")
-    out: list[Any] = []
+    out: list[Value] = []
     v = start
     while (v < end if step > 0 else v > end) and len(out) < 1024:
         out.append(_whole(v))
@@ -396,7 +399,7 @@ def _range(*args: Any) -> list[Any]:
     return out
 
 
-def _slice(lst: Any, start: Any, end: Any) -> list[Any]:
+def _slice(lst: Value, start: Value, end: Value) -> list[Value]:
     items = _list(lst)
     a, b = _int(start), _int(end)
     if a < 0 or b > len(items) or a > b:
@@ -404,23 +407,23 @@ def _slice(lst: Any, start: Any, end: Any) -> list[Any]:
     return items[a:b]
 
 
-def _sort(lst: Any) -> list[str]:
-    return sorted(_str(v) for v in _list(lst))
+def _sort(lst: Value) -> list[Value]:
+    return [*sorted(_str(v) for v in _list(lst))]
 
 
-def _setproduct(*sets: Any) -> list[Any]:
+def _setproduct(*sets: Value) -> list[Value]:
     count = 1
     for s in sets:
         count *= len(_list(s))
     elements_fit(count * (len(sets) + 1), "setproduct's result")  # each tuple and its elements
-    out: list[list[Any]] = [[]]
+    out: list[list[Value]] = [[]]
     for s in sets:
         out = [[*prev, v] for prev in out for v in _list(s)]
-    return out if sets else []
+    return [*out] if sets else []
 
 
 def _setop(op: str) -> Func:
-    def run(first: Any, *rest: Any) -> list[Any]:
+    def run(first: Value, *rest: Value) -> list[Value]:
         result = _distinct(first)
         for other in rest:
             items = _list(other)
@@ -435,22 +438,22 @@ def _setop(op: str) -> Func:
     return run
 
 
-def _zipmap(keys: Any, values: Any) -> dict[str, Any]:
+def _zipmap(keys: Value, values: Value) -> dict[str, Value]:
     ks, vs = _list(keys), _list(values)
     if len(ks) != len(vs):
         raise FunctionError("the keys and values lists must have the same length")
     return {_str(k): v for k, v in zip(ks, vs, strict=True)}
 
 
-def _concat(*lists: Any) -> list[Any]:
+def _concat(*lists: Value) -> list[Value]:
     return [v for lst in lists for v in _list(lst)]
 
 
-def _compact(lst: Any) -> list[str]:
+def _compact(lst: Value) -> list[Value]:
     return [_str(v) for v in _list(lst) if v is not None and v != ""]
 
 
-def _reverse(v: Any) -> Any:
+def _reverse(v: Value) -> Value:
     if isinstance(v, str):
         return v[::-1]
     return list(reversed(_list(v)))
@@ -459,14 +462,16 @@ def _reverse(v: Any) -> Any:
 # --- encoding ------------------------------------------------------------------------------------
 
 
-def _jsondecode(s: Any) -> Any:
+def _jsondecode(s: Value) -> Value:
     try:
         return _plain(json.loads(_str(s)))
     except ValueError as err:
         raise FunctionError(f"invalid JSON: {err}") from None
 
 
-def _plain(v: Any, depth: int = 0, count: list[int] | None = None) -> Any:
+def _plain(
+    v: Any, depth: int = 0, count: list[int] | None = None
+) -> Value:  # v: json.loads / yaml.safe_load's document
     """A decoded document as HCL values; a YAML document whose aliases repeat a part many times
     ("billion laughs") is refused by the count of elements it copies to, not built."""
     count = count if count is not None else [0]
@@ -480,14 +485,15 @@ def _plain(v: Any, depth: int = 0, count: list[int] | None = None) -> Any:
         return [_plain(x, depth + 1, count) for x in v]
     if isinstance(v, dict):
         return {str(k): _plain(x, depth + 1, count) for k, x in v.items()}
-    return v
+    scalar: Value = v  # None, bool, int, str, or what only YAML makes (see YAMLOnly)
+    return scalar
 
 
-def _jsonencode(v: Any) -> str:
+def _jsonencode(v: Value) -> str:
     return json.dumps(v, separators=(",", ":"), sort_keys=True)
 
 
-def _yamldecode(s: Any) -> Any:
+def _yamldecode(s: Value) -> Value:
     try:
         import yaml
     except ImportError:
@@ -498,7 +504,7 @@ def _yamldecode(s: Any) -> Any:
         raise FunctionError(f"invalid YAML: {err}") from None
 
 
-def _yamlencode(v: Any) -> str:
+def _yamlencode(v: Value) -> str:
     try:
         import yaml
     except ImportError:
@@ -506,27 +512,28 @@ def _yamlencode(v: Any) -> str:
     return str(yaml.safe_dump(v, sort_keys=True, default_flow_style=False))
 
 
-def _csvdecode(s: Any) -> list[dict[str, str]]:
+def _csvdecode(s: Value) -> list[Value]:
     rows = list(csv.reader(io.StringIO(_str(s))))
     if not rows:
         raise FunctionError("missing header line")
     header = rows[0]
-    out = []
+    out: list[Value] = []
     for row in rows[1:]:
         if len(row) != len(header):
             raise FunctionError("a row has a different number of fields than the header")
-        out.append(dict(zip(header, row, strict=True)))
+        record: dict[str, Value] = dict(zip(header, row, strict=True))
+        out.append(record)
     return out
 
 
-def _b64decode(s: Any) -> str:
+def _b64decode(s: Value) -> str:
     try:
         return base64.b64decode(_str(s), validate=True).decode("utf-8")
     except (ValueError, UnicodeDecodeError):
         raise FunctionError("the string is not valid base64 of UTF-8 text") from None
 
 
-def _urlencode(s: Any) -> str:
+def _urlencode(s: Value) -> str:
     from urllib.parse import quote_plus
 
     return quote_plus(_str(s))
@@ -539,14 +546,14 @@ def _hash(name: str) -> Func:
 # --- network -------------------------------------------------------------------------------------
 
 
-def _net(prefix: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _net(prefix: Value) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     try:
         return ipaddress.ip_network(_str(prefix), strict=False)
     except ValueError as err:
         raise FunctionError(f"invalid CIDR expression: {err}") from None
 
 
-def _cidrhost(prefix: Any, num: Any) -> str:
+def _cidrhost(prefix: Value, num: Value) -> str:
     net = _net(prefix)
     n = _int(num)
     size = net.num_addresses
@@ -555,14 +562,14 @@ def _cidrhost(prefix: Any, num: Any) -> str:
     return str(net[n])
 
 
-def _cidrnetmask(prefix: Any) -> str:
+def _cidrnetmask(prefix: Value) -> str:
     net = _net(prefix)
     if net.version != 4:
         raise FunctionError("only IPv4 prefixes have a netmask")
     return str(net.netmask)
 
 
-def _cidrsubnet(prefix: Any, newbits: Any, netnum: Any) -> str:
+def _cidrsubnet(prefix: Value, newbits: Value, netnum: Value) -> str:
     net = _net(prefix)
     subnets = list(net.subnets(prefixlen_diff=_int(newbits))) if _int(newbits) <= 16 else []
     n = _int(netnum)
@@ -571,9 +578,9 @@ def _cidrsubnet(prefix: Any, newbits: Any, netnum: Any) -> str:
     return str(subnets[n])
 
 
-def _cidrsubnets(prefix: Any, *newbits: Any) -> list[str]:
+def _cidrsubnets(prefix: Value, *newbits: Value) -> list[Value]:
     net = _net(prefix)
-    out = []
+    out: list[Value] = []
     current = int(net.network_address)
     for bits in newbits:
         length = net.prefixlen + _int(bits)
@@ -590,7 +597,7 @@ def _cidrsubnets(prefix: Any, *newbits: Any) -> list[str]:
 # --- time ----------------------------------------------------------------------------------------
 
 
-def _rfc3339(s: Any) -> datetime:
+def _rfc3339(s: Value) -> datetime:
     try:
         return datetime.fromisoformat(_str(s).replace("Z", "+00:00"))
     except ValueError:
@@ -605,7 +612,7 @@ _DATE_TOKENS = [
 ]  # fmt: skip
 
 
-def _formatdate(fmt: Any, ts: Any) -> str:
+def _formatdate(fmt: Value, ts: Value) -> str:
     when = _rfc3339(ts)
     text = _str(fmt)
     out = []
@@ -635,7 +642,7 @@ def _formatdate(fmt: Any, ts: Any) -> str:
     return "".join(out)
 
 
-def _timeadd(ts: Any, duration: Any) -> str:
+def _timeadd(ts: Value, duration: Value) -> str:
     from driversdk.durations import parse_duration
     from driversdk.errors import ConfigError
 
@@ -657,7 +664,7 @@ def _files(reader: FileReader | None) -> dict[str, Func]:
     sentence = (reader.policy.refusal if reader is not None else "") or FILES_OFF
 
     def refused(name: str) -> Func:
-        def run(*_: Any) -> Any:
+        def run(*_: Value) -> Value:
             raise FunctionError(sentence)
 
         return run
@@ -671,7 +678,7 @@ def _files(reader: FileReader | None) -> dict[str, Func]:
         names = ("abspath", "pathexpand", "file", "filebase64", "fileexists", "fileset")
         return {**common, **{name: refused(name) for name in names}}
 
-    def file(p: Any) -> str:
+    def file(p: Value) -> str:
         try:
             return reader.read(p).decode("utf-8")
         except UnicodeDecodeError:
@@ -684,18 +691,18 @@ def _files(reader: FileReader | None) -> dict[str, Func]:
         "file": file,
         "filebase64": lambda p: base64.b64encode(reader.read(p)).decode(),
         "fileexists": reader.exists,
-        "fileset": reader.fileset,
+        "fileset": lambda path, pattern: [*reader.fileset(path, pattern)],
     }
 
 
 def _unsupported(name: str) -> Func:
-    def run(*_: Any) -> Any:
+    def run(*_: Value) -> Value:
         raise FunctionError(f"{name}() is a Nomad function driversdk cannot evaluate; compute the value elsewhere")
 
     return run
 
 
-def _convert(value: Any, t: Any) -> Any:
+def _convert(value: Value, t: Type) -> Value:
     # The evaluator passes the parsed type constraint as the second argument.
     try:
         return convert(value, t)
@@ -785,7 +792,7 @@ def table(files: FileReader | None) -> dict[str, Func]:
     return funcs
 
 
-def _uuid_ns(ns: Any) -> uuid.UUID:
+def _uuid_ns(ns: Value) -> uuid.UUID:
     known = {
         "dns": uuid.NAMESPACE_DNS,
         "url": uuid.NAMESPACE_URL,

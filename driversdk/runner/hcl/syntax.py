@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
 
 # Terminals that start an expression: lark expecting one of these means "a value belongs here".
 _EXPRESSION_START = {"INT_LITERAL", "FLOAT_LITERAL", "DBLQUOTE", "LSQB", "LPAR", "TRUE", "FALSE", "NULL", "MINUS"}
@@ -37,7 +36,7 @@ def describe(err: Exception, text: str) -> SyntaxFacts:
     """``err`` (lark's UnexpectedToken, UnexpectedCharacters or UnexpectedEOF) in HCL's terms."""
     line: int | None = _int(getattr(err, "line", None))
     column: int | None = _int(getattr(err, "column", None))
-    token: Any = getattr(err, "token", None)
+    token: object = getattr(err, "token", None)  # lark's Token, read by its text and type
     kind = str(getattr(token, "type", "")) if token is not None else ""
     value = str(token) if token is not None else str(getattr(err, "char", ""))
     expected = {str(e) for e in (getattr(err, "expected", None) or getattr(err, "allowed", None) or ())}
@@ -143,7 +142,7 @@ def _quote(text: str, limit: int = 80) -> str:
     return f"`{out if len(out) <= limit else out[:limit] + '…'}`"
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 

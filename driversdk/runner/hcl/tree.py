@@ -9,9 +9,12 @@ it stands in the text; a token's type, text and line. Only a text never parsed b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from driversdk.errors import DriverSDKError
+
+if TYPE_CHECKING:
+    import lark
 
 
 class Token(str):
@@ -74,13 +77,15 @@ class Tree:
 _NO_META = (0, -1, -1)
 
 
-def from_lark(node: Any) -> Tree:
+def from_lark(node: lark.Tree[lark.Token]) -> Tree:
     """Copy a lark tree (with propagated positions) into these classes."""
+    from lark import Tree as LarkTree  # loaded already: the tree comes from lark's parser
+
     meta = node.meta
     where = _NO_META if meta.empty else (int(meta.line), int(meta.start_pos), int(meta.end_pos))
     children: list[Tree | Token] = []
     for child in node.children:
-        if hasattr(child, "data"):
+        if isinstance(child, LarkTree):
             children.append(from_lark(child))
         else:  # a lark Token: a str with its type and position
             children.append(Token(str(child.type), str(child), int(child.line or 0)))
@@ -89,10 +94,11 @@ def from_lark(node: Any) -> Tree:
 
 # On disk a tree is JSON: a rule is [name, line, start, end, children...], a token is
 # [type, text, line]. Both are lists; a rule's second item is an int, a token's a str.
+Plain: TypeAlias = list["str | int | Plain"]
 
 
-def to_plain(node: Tree) -> list[Any]:
-    out: list[Any] = [node.data, node.meta.line, node.meta.start_pos, node.meta.end_pos]
+def to_plain(node: Tree) -> Plain:
+    out: Plain = [node.data, node.meta.line, node.meta.start_pos, node.meta.end_pos]
     for child in node.children:
         if isinstance(child, Tree):
             out.append(to_plain(child))
@@ -105,7 +111,7 @@ class TreeFormatError(DriverSDKError):
     """A stored tree that is not one this module wrote (the cache then parses afresh)."""
 
 
-def from_plain(item: Any) -> Tree:
+def from_plain(item: object) -> Tree:
     """The tree :func:`to_plain` wrote; TreeFormatError for anything else."""
     if not isinstance(item, list) or len(item) < 4:
         raise TreeFormatError("a rule is a list of at least four items")

@@ -1,20 +1,32 @@
 """HCL values as plain Python, type constraints, and the conversions cty applies.
 
-Values are ``None``, ``bool``, ``int``/``float`` (HCL numbers), ``str``, ``list`` (tuples, lists
-and sets) and ``dict`` (objects and maps). A type constraint is a small tuple:
-``("string",)``, ``("number",)``, ``("bool",)``, ``("any",)``, ``("list", T)``, ``("set", T)``,
-``("map", T)``, ``("tuple", [T, …])`` or ``("object", {name: T})``.
+Values (:data:`Value`) are ``None``, ``bool``, ``int``/``float`` (HCL numbers), ``str``, ``list``
+(tuples, lists and sets) and ``dict`` with string keys (objects and maps). A type constraint
+(:data:`Type`) is a small tuple: ``("string",)``, ``("number",)``, ``("bool",)``, ``("any",)``,
+``("list", T)``, ``("set", T)``, ``("map", T)``, ``("tuple", [T, …])`` or ``("object", {name: T})``.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from datetime import date
+from typing import TypeAlias
 
 from driversdk.errors import DriverSDKError
 
-Type = tuple[Any, ...]
+# What PyYAML's safe_load makes that HCL has no value for — timestamps (date, datetime), !!binary
+# (bytes), !!set (set) and !!omap/!!pairs (lists of tuples) — and yamldecode() hands on unchanged.
+# Their insides are YAML as PyYAML built it, never read here: ``object``. No other function, and
+# no expression, makes one; conversions and operators refuse them by their type.
+YAMLOnly: TypeAlias = date | bytes | set[object] | tuple[object, ...]
+
+# An evaluated HCL value, as the evaluator, the functions and the job body hold it.
+Value: TypeAlias = bool | int | float | str | list["Value"] | dict[str, "Value"] | YAMLOnly | None
+
+# A type constraint: its kind, then for list/set/map the element type, for tuple the element
+# types, for object the attribute types.
+Type: TypeAlias = tuple[str] | tuple[str, "Type | list[Type] | dict[str, Type]"]
 
 STRING: Type = ("string",)
 NUMBER: Type = ("number",)
@@ -28,7 +40,7 @@ class ConvertError(DriverSDKError, ValueError):
     """A value that cannot become the wanted type; the message says why, in a few words."""
 
 
-def type_name(value: Any) -> str:
+def type_name(value: Value) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -46,16 +58,17 @@ def type_name(value: Any) -> str:
 
 def show_type(t: Type) -> str:
     kind = t[0]
-    if kind in ("list", "set", "map"):
-        return f"{kind}({show_type(t[1])})"
-    if kind == "tuple":
-        return "tuple([" + ", ".join(show_type(e) for e in t[1]) + "])"
-    if kind == "object":
-        return "object({" + ", ".join(f"{k} = {show_type(v)}" for k, v in t[1].items()) + "})"
+    inner = t[1] if len(t) == 2 else None
+    if kind in ("list", "set", "map") and isinstance(inner, tuple):
+        return f"{kind}({show_type(inner)})"
+    if kind == "tuple" and isinstance(inner, list):
+        return "tuple([" + ", ".join(show_type(e) for e in inner) + "])"
+    if kind == "object" and isinstance(inner, dict):
+        return "object({" + ", ".join(f"{k} = {show_type(v)}" for k, v in inner.items()) + "})"
     return str(kind)
 
 
-def type_of(value: Any) -> Type:
+def type_of(value: Value) -> Type:
     """The type a variable's default gives it when no ``type`` is declared."""
     if value is None:
         return ANY
@@ -91,7 +104,7 @@ def parse_number(text: str) -> int | float:
     return int(number) if number.is_integer() and abs(number) < 2**63 else number
 
 
-def to_string(value: Any) -> str:
+def to_string(value: Value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -101,7 +114,7 @@ def to_string(value: Any) -> str:
     raise ConvertError(f"a string is required, not {type_name(value)}")
 
 
-def to_bool(value: Any) -> bool:
+def to_bool(value: Value) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -113,7 +126,7 @@ def to_bool(value: Any) -> bool:
     raise ConvertError(f"a bool is required, not {type_name(value)}")
 
 
-def to_number(value: Any) -> int | float:
+def to_number(value: Value) -> int | float:
     if isinstance(value, bool):
         raise ConvertError("a number is required, not bool")
     if isinstance(value, int | float):
@@ -123,9 +136,10 @@ def to_number(value: Any) -> int | float:
     raise ConvertError(f"a number is required, not {type_name(value)}")
 
 
-def convert(value: Any, t: Type) -> Any:
+def convert(value: Value, t: Type) -> Value:
     """``value`` as type ``t``, converted as cty converts (``"3"`` → 3, ``5`` → ``"5"``)."""
     kind = t[0]
+    inner = t[1] if len(t) == 2 else None  # what the kind is of (see Type); None for the primitives
     if value is None or kind == "any":
         return value
     if kind == "string":
@@ -134,30 +148,30 @@ def convert(value: Any, t: Type) -> Any:
         return to_number(value)
     if kind == "bool":
         return to_bool(value)
-    if kind in ("list", "set"):
+    if kind in ("list", "set") and isinstance(inner, tuple):
         if not isinstance(value, list):
             raise ConvertError(f"a {kind} is required, not {type_name(value)}")
-        items = [convert(v, t[1]) for v in value]
+        items = [convert(v, inner) for v in value]
         if kind == "set":
-            unique: list[Any] = []
+            unique: list[Value] = []
             for item in items:
                 if item not in unique:
                     unique.append(item)
             items = unique
         return items
-    if kind == "tuple":
-        if not isinstance(value, list) or len(value) != len(t[1]):
-            raise ConvertError(f"a tuple of {len(t[1])} elements is required")
-        return [convert(v, e) for v, e in zip(value, t[1], strict=True)]
-    if kind == "map":
+    if kind == "tuple" and isinstance(inner, list):
+        if not isinstance(value, list) or len(value) != len(inner):
+            raise ConvertError(f"a tuple of {len(inner)} elements is required")
+        return [convert(v, e) for v, e in zip(value, inner, strict=True)]
+    if kind == "map" and isinstance(inner, tuple):
         if not isinstance(value, dict):
             raise ConvertError(f"a map is required, not {type_name(value)}")
-        return {str(k): convert(v, t[1]) for k, v in value.items()}
-    if kind == "object":
+        return {str(k): convert(v, inner) for k, v in value.items()}
+    if kind == "object" and isinstance(inner, dict):
         if not isinstance(value, dict):
             raise ConvertError(f"an object is required, not {type_name(value)}")
-        out = {}
-        for name, attr_type in t[1].items():
+        out: dict[str, Value] = {}
+        for name, attr_type in inner.items():
             if name not in value:
                 raise ConvertError(f'attribute "{name}" is required')
             out[name] = convert(value[name], attr_type)
@@ -165,7 +179,7 @@ def convert(value: Any, t: Type) -> Any:
     raise ConvertError(f"unknown type {show_type(t)}")
 
 
-def truthy(value: Any) -> bool:
+def truthy(value: Value) -> bool:
     """A condition's value: a bool, or a string cty converts to one."""
     if value is None:
         raise ConvertError("a condition cannot be null")
