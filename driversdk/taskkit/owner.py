@@ -24,6 +24,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +63,25 @@ class ProcessIdentity:
     def alive(self) -> bool:
         # A zombie has exited: its owner record no longer protects anything.
         return process_start_time(self.pid) == self.start_time and not _is_zombie(self.pid)
+
+    def send(self, signum: int) -> bool:
+        """Signal this process and no other: False when it is gone, or its pid now names another.
+
+        The pidfd pins the process before its start time is checked, so the signal cannot reach
+        a process that took the pid between the check and the kill."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return False
+        try:
+            if not self.alive():
+                return False
+            signal.pidfd_send_signal(pidfd, signum)
+            return True
+        except ProcessLookupError:
+            return False
+        finally:
+            os.close(pidfd)
 
 
 def stat_fields(pid: int) -> list[str] | None:

@@ -229,9 +229,15 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
         if record is not None:
             # Should this plugin die half-way, the next one's reconciler finishes the removal.
             owner.save(record.moved_to("destroying"))
-        self.release_record(record or self.record_of(state), why="destroy was requested")
+        run = getattr(state, "shared_run", None)
+        # Under the shared supervisor no process of the task's own names it but the runc (or
+        # `launch.py exec`) this plugin or that supervisor started: their children are read
+        # instead of every process on the node, which cost ~15 ms a destroy with 1000 tasks
+        # running. A task of an older release has a supervisor of its own, found by the full scan.
+        among = None if run is None else supervisor.children_of(os.getpid(), run.supervisor.pid)
+        self.release_record(record or self.record_of(state), why="destroy was requested", among=among)
 
-    def release_record(self, record: R, why: str = ORPHANED) -> list[str]:
+    def release_record(self, record: R, why: str = ORPHANED, among: list[int] | None = None) -> list[str]:
         """Kill and remove everything of the task ``record`` names, the record last; returns what
         was removed, each logged. Safe to repeat: each step skips what is already gone. DestroyTask,
         a failed start and the reconciler (for a task whose plugin died) all release this way."""
@@ -244,7 +250,8 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
             log.log(level, "%s: %s %s of a task whose %s", who, what, name, why, extra=fields)
 
         # The supervisor first, so it cannot record an exit (or start anything) while the rest goes.
-        for pid in supervisor.processes_naming(os.path.join(record.directory, SPEC_FILE), *self.runtime_names(record)):
+        naming = (os.path.join(record.directory, SPEC_FILE), *self.runtime_names(record))
+        for pid in supervisor.processes_naming(*naming, among=among):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 removed_one("killed process", pid)

@@ -16,7 +16,9 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,12 +226,30 @@ def _cmdline(pid: int) -> list[bytes]:
         return []
 
 
-def processes_naming(*args: str) -> list[int]:
+def processes_naming(*args: str, among: Iterable[int] | None = None) -> list[int]:
     """Pids (ours excluded) whose argv holds one of ``args`` as a whole argument: a task's
-    supervisor and launchers name its spec file, runc's processes its container id."""
+    supervisor and launchers name its spec file, runc's processes its container id. ``among``:
+    look only at those pids, not at every process on the node."""
     wanted = {a.encode() for a in args}
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid() and wanted.intersection(_cmdline(int(name))):
-            found.append(int(name))
+    pids = among if among is not None else (int(name) for name in os.listdir("/proc") if name.isdigit())
+    return [pid for pid in pids if pid != os.getpid() and wanted.intersection(_cmdline(pid))]
+
+
+def children_of(*parents: int) -> list[int] | None:
+    """The child processes of ``parents`` (each thread keeps its own list in /proc); None on a
+    kernel built without those lists (CONFIG_PROC_CHILDREN), where only a full scan finds them."""
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/children"):
+        return None
+    found: list[int] = []
+    for parent in parents:
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue  # gone
+        for tid in threads:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    found.extend(int(pid) for pid in fh.read().split())
+            except (OSError, ValueError):
+                continue  # the thread ended meanwhile
     return found

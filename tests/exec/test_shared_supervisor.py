@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from drivers.exec.store import DriverState
 from driversdk.model import TaskEvent, TaskHandle
 from driversdk.taskkit.owner import ProcessIdentity, stat_fields
 from driversdk.testing import AllocDir, DriverHarness
-from tests.exec.conftest import Tracker, sh
+from tests.exec.conftest import PLUGIN, Tracker, sh
 
 pytestmark = pytest.mark.root
 
@@ -254,3 +256,53 @@ def test_exec_supervisor_refuses_a_spec_outside_the_state_dir(
     assert not marker.exists()
     harness.client.stop_task(task.id, timeout=5, signal="SIGKILL")
     assert harness.client.wait_task(task.id, timeout=TIMEOUT).signal == signal.SIGKILL
+
+
+def test_exec_stop_signals_the_container_init_without_a_runc_process(
+    plugin_config: dict[str, Any], no_leaks: None, alloc: AllocDir, tmp_path: Path
+) -> None:
+    # runc behind a wrapper that writes down each command it is asked for.
+    calls = tmp_path / "runc-calls"
+    wrapper = tmp_path / "runc-logged"
+    real = shutil.which("runc")
+    assert real is not None
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    with DriverHarness(PLUGIN, plugin_config={**plugin_config, "runtime_path": str(wrapper)}) as h:
+        # The container's init (pid 1 of its namespace) gets only the signals it handles.
+        task = alloc.task_config("web", driver_config=sh('trap "exit 42" TERM; echo ready; while :; do sleep 1; done'))
+        h.start(task)
+        alloc.wait_for_output("web", b"ready\n", timeout=TIMEOUT)
+        h.client.stop_task(task.id, timeout=20, signal="SIGTERM")
+        assert h.client.wait_task(task.id, timeout=TIMEOUT).exit_code == 42
+        h.client.destroy_task(task.id, force=True)
+    # The stop was a signal to the init, not a runc process (before: `runc kill` per stop, with
+    # `runc delete` most of a 1000-task teardown). runc ran the container and removed it.
+    asked = calls.read_text().split()
+    assert "kill" not in asked and {"run", "delete"} <= set(asked), asked
+
+
+def test_exec_destroy_ends_a_runc_exec_still_running_in_the_task(harness: DriverHarness, alloc: AllocDir) -> None:
+    # DestroyTask looks for the task's runc processes among the plugin's and the supervisor's
+    # children (not every process on the node) and kills the task's cgroup: a `runc exec` in
+    # flight ends with it, and the ExecTask call answers.
+    task = alloc.task_config("web", driver_config={"command": "/bin/sleep", "args": ["300"]})
+    container = _state(harness.start(task)).container_id
+    answered: list[object] = []
+
+    def exec_long() -> None:
+        try:
+            answered.append(harness.client.exec_task(task.id, ["/bin/sleep", "300"], timeout=300))
+        except Exception as err:  # the destroy ends it: an error answer is fine, a hang is not
+            answered.append(err)
+
+    caller = threading.Thread(target=exec_long, daemon=True)
+    caller.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not any(b"exec" in _cmdlines().get(pid, b"") for pid in _runc_naming({container})):
+        assert time.monotonic() < deadline, "runc exec never started"
+        time.sleep(0.05)
+    harness.client.destroy_task(task.id, force=True)
+    caller.join(60)
+    assert answered, "ExecTask still hangs after its task was destroyed"
+    assert _runc_naming({container}) == []
