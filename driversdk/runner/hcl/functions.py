@@ -469,11 +469,11 @@ def _jsondecode(s: Value) -> Value:
         raise FunctionError(f"invalid JSON: {err}") from None
 
 
-def _plain(
-    v: Any, depth: int = 0, count: list[int] | None = None
-) -> Value:  # v: json.loads / yaml.safe_load's document
+def _plain(v: Any, depth: int = 0, count: list[int] | None = None) -> Value:
     """A decoded document as HCL values; a YAML document whose aliases repeat a part many times
-    ("billion laughs") is refused by the count of elements it copies to, not built."""
+    ("billion laughs") is refused by the count of elements it copies to, not built.
+
+    ``v`` is Any: it is what json.loads or yaml.safe_load returned, not yet a value."""
     count = count if count is not None else [0]
     count[0] += 1
     elements_fit(count[0], "the decoded document")
@@ -578,6 +578,16 @@ def _cidrsubnet(prefix: Value, newbits: Value, netnum: Value) -> str:
     return str(subnets[n])
 
 
+def _within(
+    sub: ipaddress.IPv4Network | ipaddress.IPv6Network, net: ipaddress.IPv4Network | ipaddress.IPv6Network
+) -> bool:
+    if isinstance(sub, ipaddress.IPv4Network) and isinstance(net, ipaddress.IPv4Network):
+        return sub.subnet_of(net)
+    if isinstance(sub, ipaddress.IPv6Network) and isinstance(net, ipaddress.IPv6Network):
+        return sub.subnet_of(net)
+    return False  # never: a subnet is built from its prefix's own address family
+
+
 def _cidrsubnets(prefix: Value, *newbits: Value) -> list[Value]:
     net = _net(prefix)
     out: list[Value] = []
@@ -587,7 +597,7 @@ def _cidrsubnets(prefix: Value, *newbits: Value) -> list[Value]:
         block = 1 << (net.max_prefixlen - length)
         current = (current + block - 1) // block * block
         sub = ipaddress.ip_network(f"{ipaddress.ip_address(current)}/{length}")
-        if not sub.subnet_of(net):  # type: ignore[arg-type]
+        if not _within(sub, net):
             raise FunctionError("not enough remaining address space for a subnet")
         out.append(str(sub))
         current += block
