@@ -78,6 +78,7 @@ class TaskRunner:
         self.started = False
         self.failure = ""
         self.done = threading.Event()
+        self._event_lock = threading.RLock()
         # What the template hook renders with env = true; over the task's env, as Nomad's.
         self.template_env: dict[str, str] = {}
         # Every task has a restart policy, as in Nomad: the job type's default, with the fields of
@@ -105,14 +106,18 @@ class TaskRunner:
             if kind == "task":
                 message = rest
         a = self.alloc
-        event = RunEvent(kind, message, job=a.job.name, group=a.group.name, alloc_id=a.alloc_id, task=self.task.name,
-                         type=type, **fields)  # fmt: skip
-        try:
-            a.state.task_event(a.alloc_id, self.task.name, event.to_json())
-        except StateWriteError as err:
-            a.node.state_failed(err)  # the run ends with it, as with any other state write
-        if show:
-            a.emit(event)
+        # One event at a time per task, stamped, kept and shown in one order: a driver's event
+        # (relayed on its own thread) and the runner's own would otherwise be kept in the order
+        # their writes got the store, not the order of their times.
+        with self._event_lock:
+            event = RunEvent(kind, message, job=a.job.name, group=a.group.name, alloc_id=a.alloc_id,
+                             task=self.task.name, type=type, **fields)  # fmt: skip
+            try:
+                a.state.task_event(a.alloc_id, self.task.name, event.to_json())
+            except StateWriteError as err:
+                a.node.state_failed(err)  # the run ends with it, as with any other state write
+            if show:
+                a.emit(event)
 
     @property
     def label(self) -> str:
