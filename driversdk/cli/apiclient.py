@@ -9,15 +9,19 @@ client config's, ``/var/lib/driversdk`` by default), then the dev agent's.
 
 from __future__ import annotations
 
+import _socket
 import json
 import os
-import socket
 import stat
-from collections.abc import Iterator
-from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
 
 from driversdk.errors import DriverSDKError
+
+# Not typing.TYPE_CHECKING: a verb's whole run is a few milliseconds, typing ~2 of them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+    from urllib.parse import SplitResult
 
 DEFAULT_DATA_DIR = "/var/lib/driversdk"
 SOCKET_NAME = "agent.sock"
@@ -72,7 +76,7 @@ class _Response:
     """One HTTP/1.1 answer read off a socket: status, headers, and the body as it arrives
     (Content-Length, chunked, or until the agent closes)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self._buffer = b""
         head = self._until(b"\r\n\r\n")
@@ -152,37 +156,53 @@ class AgentClient:
             address = "unix://" + path
         return cls(address, token if token is not None else os.environ.get("NOMAD_TOKEN", ""))
 
-    def _connect(self, timeout: float | None) -> tuple[socket.socket, str]:
-        """A connected socket and the Host header for it."""
-        parts = urlsplit(self.address)
+    def _connect(self, timeout: float | None) -> tuple[_socket.socket, str]:
+        """A connected socket and the Host header for it.
+
+        The C module's socket (``_socket``): the ``socket`` module around it builds its enums at
+        import, ~2 ms of a verb; only TLS (``ssl``) needs the wrapper."""
+        parts = _split(self.address)
         if parts.scheme == "unix":
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             target: Any = parts.path
             host = "localhost"
         elif parts.scheme in ("http", "https"):
             port = parts.port or 4646
             host = f"{parts.hostname or '127.0.0.1'}:{port}"
-            infos = socket.getaddrinfo(parts.hostname or "127.0.0.1", port, type=socket.SOCK_STREAM)
+            infos = _socket.getaddrinfo(parts.hostname or "127.0.0.1", port, 0, _socket.SOCK_STREAM)
             family, _, _, _, target = infos[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            if parts.scheme == "https":
+                return self._connect_tls(family, target, parts.hostname, timeout), host
+            sock = _socket.socket(family, _socket.SOCK_STREAM)
         else:
             raise AgentUnreachable(f"agent address {self.address!r} must start with http://, https:// or unix://")
         sock.settimeout(timeout)
         try:
             sock.connect(target)
-            if parts.scheme == "https":
-                import ssl  # only for an agent behind TLS: loading it costs a CLI verb more than its work
-
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
         except BaseException:
             sock.close()
             raise
         return sock, host
 
+    @staticmethod
+    def _connect_tls(family: int, target: Any, hostname: str | None, timeout: float | None) -> _socket.socket:
+        # Only for an agent behind TLS: ssl (and the socket module it wraps) cost a verb more than its work.
+        import socket
+        import ssl
+
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(target)
+            return ssl.create_default_context().wrap_socket(sock, server_hostname=hostname)
+        except BaseException:
+            sock.close()
+            raise
+
     def _open(
         self, method: str, path: str, query: dict[str, Any] | None, body: Any, timeout: float | None
     ) -> _Response:
-        url = path + ("?" + urlencode({k: v for k, v in query.items() if v is not None}) if query else "")
+        url = path + ("?" + _query_string(query) if query else "")
         data = json.dumps(body).encode() if body is not None else b""
         try:
             sock, host = self._connect(timeout)
@@ -234,5 +254,59 @@ class AgentClient:
             response.sock.close()
 
 
+class _UnixAddress:
+    """A ``unix:///path`` address as urlsplit reads it: the scheme and the path."""
+
+    scheme = "unix"
+    hostname: str | None = None
+    port: int | None = None
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+# What urlsplit would change or cut in an address: leading blanks and control characters, tab and
+# newlines, a query or fragment; an address with none of them is read here without urllib.
+_URL_SPECIAL = frozenset("?#\t\r\n")
+
+
+def _split(address: str) -> SplitResult | _UnixAddress:
+    """``urlsplit(address)``; a plain ``unix:///path`` without importing urllib (~2 ms of a verb)."""
+    if address.startswith("unix:///") and not _URL_SPECIAL.intersection(address):
+        return _UnixAddress(address[len("unix://") :])
+    from urllib.parse import urlsplit
+
+    return urlsplit(address)
+
+
+# Characters quote() never escapes: an id made of them alone is its own path segment.
+_ALWAYS_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def quote_segment(text: str) -> str:
+    """``urllib.parse.quote(text, safe="")``, without importing urllib for an id that needs no escape."""
+    if _ALWAYS_SAFE.issuperset(text):
+        return text
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+def _query_string(query: dict[str, Any]) -> str:
+    """``urlencode`` of the items that are not None; without importing urllib when no key or value
+    needs escaping (ids, numbers, flags)."""
+    pairs = []
+    for key, value in query.items():
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else str(value) if isinstance(value, int) else None
+        if text is None or not (_ALWAYS_SAFE.issuperset(key) and _ALWAYS_SAFE.issuperset(text)):
+            from urllib.parse import urlencode
+
+            return urlencode({k: v for k, v in query.items() if v is not None})
+        pairs.append(f"{key}={text}")
+    return "&".join(pairs)
+
+
 def job_path(job_id: str) -> str:
-    return "/v1/job/" + quote(job_id, safe="")
+    return "/v1/job/" + quote_segment(job_id)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
 
 from driversdk.cli.apiclient import DEFAULT_DATA_DIR, AgentClient, AgentUnreachable, APIRequestError, job_path
 from driversdk.cli.apiverbs import (
@@ -27,6 +26,11 @@ from driversdk.cli.apiverbs import (
     table,
     warn,
 )
+
+# Not typing.TYPE_CHECKING: importing typing costs a verb ~2 ms (type checkers know this spelling).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def add_parsers(sub: Any, where: argparse.ArgumentParser) -> None:

@@ -4,10 +4,14 @@ health; its attributes with -verbose), through ``GET /v1/nodes`` and ``GET /v1/n
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from driversdk.cli.apiclient import APIRequestError
 from driversdk.cli.apiverbs import VerbError, api_flags, client_of, fields, print_json, say, short, table
+
+# Not typing.TYPE_CHECKING: importing typing costs a verb ~2 ms (type checkers know this spelling).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def add_parsers(sub: Any, where: argparse.ArgumentParser) -> None:
