@@ -1,6 +1,6 @@
 """HCL2 job files evaluated as Nomad's jobspec2 evaluates them.
 
-- :mod:`.values`: values, type constraints and cty's conversions;
+- :mod:`.values`: what a value is (:data:`Value`), type constraints (:data:`Type`) and cty's conversions;
 - :mod:`.functions`: the functions a job file may call;
 - :mod:`.files`: the file functions, under the evaluation's :class:`FilePolicy`;
 - :mod:`.tree`: the parse tree the evaluator walks (python-hcl2's, copied; kept on disk);
@@ -11,5 +11,6 @@
 from driversdk.runner.hcl.document import Document, Inputs, evaluate
 from driversdk.runner.hcl.evaluator import Body, EvalError, HCLSyntaxError
 from driversdk.runner.hcl.files import FilePolicy
+from driversdk.runner.hcl.values import Type, Value
 
-__all__ = ["Body", "Document", "EvalError", "FilePolicy", "HCLSyntaxError", "Inputs", "evaluate"]
+__all__ = ["Body", "Document", "EvalError", "FilePolicy", "HCLSyntaxError", "Inputs", "Type", "Value", "evaluate"]

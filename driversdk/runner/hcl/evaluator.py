@@ -556,7 +556,8 @@ class Evaluator:
             close = get_close_matches(name, list(scope.functions), n=1)
             hint = f'; did you mean "{close[0]}"?' if close else ""
             raise self.fail(node, f'there is no function named "{name}"{hint}')
-        args = [self.value(a, scope) for a in arg_nodes]
+        # convert()'s second argument is its type constraint (a Type), put in below.
+        args: list[Value | Type] = [self.value(a, scope) for a in arg_nodes]
         if expand:
             if not args or not isinstance(args[-1], list):
                 raise self.fail(node, "the last argument before ... must be a list")

@@ -18,7 +18,7 @@ from driversdk.errors import DriverSDKError
 # What PyYAML's safe_load makes that HCL has no value for — timestamps (date, datetime), !!binary
 # (bytes), !!set (set) and !!omap/!!pairs (lists of tuples) — and yamldecode() hands on unchanged.
 # Their insides are YAML as PyYAML built it, never read here: ``object``. No other function, and
-# no expression, makes one; conversions and operators refuse them by their type.
+# no expression, makes one; the conversions to string, number and bool refuse them.
 YAMLOnly: TypeAlias = date | bytes | set[object] | tuple[object, ...]
 
 # An evaluated HCL value, as the evaluator, the functions and the job body hold it.
