@@ -11,7 +11,6 @@ Python's own small objects live in pymalloc's pools, untouched by this.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
 ARENAS = 2
@@ -20,10 +19,10 @@ ARENAS = 2
 def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
     """Cap the arenas threads created from now on may use; True when the C library took it (glibc),
     False elsewhere (musl has no arenas to cap). Call it before the process starts its threads."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        # The interpreter's own symbols, the C library's among them: no library search (which
+        # runs ldconfig) in the start-up of a plugin.
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from driversdk import serve
 from driversdk.errors import MissingExtraError
+from driversdk.mallocarenas import limit_malloc_arenas
 from driversdk.serving import first_missing, launched_for_checks
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ def _load_sdk() -> None:
 
 
 def main() -> None:
+    limit_malloc_arenas()  # a long-lived plugin of many threads: see driversdk.mallocarenas
     try:
         require_extra()
     except MissingExtraError as err:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from driversdk import serve
 from driversdk.errors import MissingExtraError
+from driversdk.mallocarenas import limit_malloc_arenas
 from driversdk.serving import first_missing
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ def require_extra() -> None:
 
 
 def main() -> None:
+    limit_malloc_arenas()  # a long-lived plugin of many threads: see driversdk.mallocarenas
     try:
         require_extra()
     except MissingExtraError as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from driversdk import serve
+from driversdk.mallocarenas import limit_malloc_arenas
 
 if TYPE_CHECKING:
     from driversdk.driver import DriverPlugin
@@ -24,6 +25,7 @@ def build(for_checks: bool = False) -> DriverPlugin:
 
 
 def main() -> None:
+    limit_malloc_arenas()  # a long-lived plugin of many threads: see driversdk.mallocarenas
     # Built on a thread of its own once the handshake is out, so importing the driver overlaps
     # the host's own start instead of delaying the handshake.
     serve(build, name=NAME, version=VERSION, preload=True)
