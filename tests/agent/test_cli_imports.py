@@ -9,6 +9,7 @@ modules it added to ``sys.modules`` from its exit handlers (entry() runs them be
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import subprocess
@@ -119,3 +120,43 @@ def test_a_refused_verb_line_shows_the_whole_usage(agent: AgentProcess) -> None:
     assert usage.startswith("usage: driversdk [-h] [--client FILE] [--data-dir DIR] [--version] [--debug]")
     assert "{plugin,validate,run,agent,job,alloc,node,acl,status,logs,system,volume}" in usage
     assert error == "driversdk: error: unrecognized arguments: b"
+
+
+LINES = [
+    ["job", "status"],
+    ["--debug", "--data-dir", "/d", "job", "status", "web", "-verbose"],
+    ["--client=/c.hcl", "job", "stop", "-purge", "web", "-address", "unix:///s"],
+    ["alloc", "logs", "abcd", "t", "-n", "3", "-f"],
+    ["node", "status", "-json"],
+    ["acl", "bootstrap", "-token", "x"],
+    ["volume", "status", "vol", "--json"],
+    ["plugin", "status"],
+    ["logs", "web", "-n", "2"],
+    ["job", "status", "--help"],
+    ["alloc", "logs", "--help"],
+    ["job", "status", "a", "b"],
+    ["job"],
+    ["alloc", "logs", "x", "-n", "-1"],
+]
+
+
+@pytest.mark.parametrize("argv", LINES, ids=" ".join)
+def test_one_commands_parser_reads_a_line_as_the_whole_one_does(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parser of the command alone gives the same arguments, help and refusals as every command's."""
+    from driversdk.cli import _command_word, build_parser
+
+    assert _command_word(argv) == next(w for w in argv if not w.startswith("-") and w[0] != "/")
+
+    def parse(parser: argparse.ArgumentParser) -> tuple[object, str, str]:
+        try:
+            # A parser kept in the arguments (to refuse a combination later) is a new one each time.
+            parsed = vars(parser.parse_args(argv)).items()
+            result: object = {k: v.prog if isinstance(v, argparse.ArgumentParser) else v for k, v in parsed}
+        except SystemExit as exit:
+            result = ("exit", exit.code)
+        out = capsys.readouterr()
+        return result, out.out, out.err
+
+    assert parse(build_parser(_command_word(argv))) == parse(build_parser())
