@@ -14,7 +14,6 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import get_close_matches
-from typing import cast
 
 from driversdk.runner.hcl.evaluator import (
     Body,
@@ -33,7 +32,7 @@ from driversdk.runner.hcl.evaluator import (
 from driversdk.runner.hcl.files import FilePolicy, FileReader
 from driversdk.runner.hcl.functions import FunctionError, table
 from driversdk.runner.hcl.tree import Tree
-from driversdk.runner.hcl.values import STRING, ConvertError, Type, Value, convert, show_type, type_of
+from driversdk.runner.hcl.values import ConvertError, Type, Value, convert, show_type, to_string, type_name, type_of
 from driversdk.runner.hcllimits import MAX_JOB_FILE_BYTES, Budget, LimitError
 
 VAR_ENV_PREFIX = "NOMAD_VAR_"
@@ -197,23 +196,52 @@ class _Run:
                 self.ev.fail(attrs["for_each"], f"for_each needs a list, set or map, not {type(collection).__name__}")
             )
             return []
+        label_nodes: list[Tree] = []
+        if "labels" in attrs:
+            listed = self.label_expressions(kind, attrs["labels"])
+            if listed is None:
+                return []
+            label_nodes = listed
         content_body = next(p for p in trees(contents[0]) if p.data == "body")
         out = []
         for key, value in pairs:
             inner_scope = scope.child(**{iterator: {"key": key, "value": value}})
-            block_labels: list[str] = []
-            if "labels" in attrs:
-                try:
-                    raw = self.ev.value(attrs["labels"], inner_scope)
-                    # A null label stays None here (cty refuses it): a known gap, kept as it is.
-                    block_labels = cast(list[str], [convert(v, STRING) for v in raw] if isinstance(raw, list) else [])
-                except (EvalError, ConvertError) as err:
-                    if isinstance(err, EvalError):
-                        self.error(err)
-                    else:
-                        self.error(self.ev.fail(attrs["labels"], f"labels: {err}"))
-                    continue
+            block_labels = self.labels(kind, label_nodes, inner_scope)
+            if block_labels is None:
+                continue
             out.append((kind, block_labels, self.body(content_body, inner_scope, self.ev.line(contents[0]))))
+        return out
+
+    def label_expressions(self, kind: str, node: Tree) -> list[Tree] | None:
+        """The expressions of a dynamic block's ``labels``, which HCL wants written out as a list
+        (``[a, b]``), one expression a label: not a value that happens to be a list."""
+        inner = trees(node)
+        if node.data == "expr_term" and len(inner) == 1 and inner[0].data == "tuple":
+            return trees(inner[0])
+        written = "labels must be a list written out, one expression a label, as labels = [each.key]"
+        self.error(self.ev.fail(node, f'dynamic "{kind}": {written}'))
+        return None
+
+    def labels(self, kind: str, nodes: list[Tree], scope: Scope) -> list[str] | None:
+        """One generated block's labels as strings, converted as cty converts (3 → "3", true →
+        "true"); None, with the error kept, when one is null or no string can stand for it."""
+        out: list[str] = []
+        for number, node in enumerate(nodes, 1):
+            try:
+                label = self.ev.value(node, scope)
+            except EvalError as err:
+                self.error(err)
+                return None
+            if label is None:
+                why = f"label {number} is null, and a block label cannot be; give a string"
+                self.error(self.ev.fail(node, f'dynamic "{kind}": {why}'))
+                return None
+            try:
+                out.append(to_string(label))
+            except ConvertError:
+                why = f"label {number} is a {type_name(label)}, and a block label must be a string, number or bool"
+                self.error(self.ev.fail(node, f'dynamic "{kind}": {why}'))
+                return None
         return out
 
     # --- the file --------------------------------------------------------------------------------
