@@ -556,14 +556,19 @@ class Evaluator:
             close = get_close_matches(name, list(scope.functions), n=1)
             hint = f'; did you mean "{close[0]}"?' if close else ""
             raise self.fail(node, f'there is no function named "{name}"{hint}')
-        # convert()'s second argument is its type constraint (a Type), put in below.
-        args: list[Value | Type] = [self.value(a, scope) for a in arg_nodes]
+        args: list[Value | Type]
+        if name == "convert":
+            # Its second argument is a type expression (list(number)), read as one and never
+            # evaluated, as HCL's typeexpr does: list(…) is no function.
+            if len(arg_nodes) != 2 or expand:
+                raise self.fail(node, "convert() takes a value and a type, as convert(x, list(number))")
+            args = [self.value(arg_nodes[0], scope), type_expr(arg_nodes[1], self)]
+        else:
+            args = [self.value(a, scope) for a in arg_nodes]
         if expand:
             if not args or not isinstance(args[-1], list):
                 raise self.fail(node, "the last argument before ... must be a list")
             args = args[:-1] + args[-1]
-        if name == "convert" and len(arg_nodes) == 2:
-            args[1] = type_expr(arg_nodes[1], self)
         try:
             # Every function walks or copies its arguments: their size (as written out) is
             # checked first, so no function ever walks a value built of shared parts at length.
@@ -947,6 +952,7 @@ def _template_end(text: str, i: int) -> int:
 # --- type expressions ----------------------------------------------------------------------------
 
 _PRIMITIVES: dict[str, Type] = {"string": STRING, "number": NUMBER, "bool": BOOL, "any": ANY}
+_TYPE_FORMS = "string, number, bool, any, list(T), set(T), map(T), tuple([T, …]) or object({name = T, …})"
 
 
 def type_expr(node: Tree, ev: Evaluator) -> Type:
@@ -979,7 +985,9 @@ def type_expr(node: Tree, ev: Evaluator) -> Type:
                     key_node, value_node = trees(elem)
                     attrs[ev.object_key(key_node, Scope({}, {}))] = type_expr(value_node, ev)
                 return ("object", attrs)
-    raise ev.fail(node, "this is not a type constraint")
+        if name not in ("list", "set", "map", "tuple", "object"):
+            raise ev.fail(node, f'"{name}" is not a type; use {_TYPE_FORMS}')
+    raise ev.fail(node, f"this is not a type constraint; use {_TYPE_FORMS}")
 
 
 def convert_or_fail(value: Value, t: Type, ev: Evaluator, node: Tree | Token, what: str) -> Value:

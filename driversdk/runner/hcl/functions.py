@@ -34,6 +34,7 @@ from driversdk.runner.hcl.values import (
     convert,
     number_text,
     parse_number,
+    show_type,
     to_number,
     to_string,
     type_name,
@@ -713,11 +714,11 @@ def _unsupported(name: str) -> Func:
 
 
 def _convert(value: Value, t: Type) -> Value:
-    # The evaluator passes the parsed type constraint as the second argument.
+    # The evaluator passes the second argument as the type expression it reads there.
     try:
         return convert(value, t)
     except ConvertError as err:
-        raise FunctionError(str(err)) from None
+        raise FunctionError(f"the {type_name(value)} cannot be converted to {show_type(t)}: {err}") from None
 
 
 def table(files: FileReader | None) -> dict[str, Func]:
