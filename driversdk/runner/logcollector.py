@@ -405,10 +405,14 @@ class Server:
                 return
             except OSError:
                 return  # EMFILE and the like: the client's connect times out and it tries again
+            pid, uid = _peer(conn)
+            if uid != os.geteuid():
+                conn.close()  # the socket is 0600 already; a request names files to open as us
+                continue
             self.had_client = True
             conn.setblocking(True)  # replies are one short line each; a client reads its reply
             self.clients[conn.fileno()] = (conn, bytearray())
-            self.peers[conn.fileno()] = _peer_pid(conn)
+            self.peers[conn.fileno()] = pid
             self.epoll.register(conn.fileno(), select.EPOLLIN)
 
     def _serve_client(self, fd: int) -> None:
@@ -576,11 +580,14 @@ class _Refusal(Exception):
     pass
 
 
-def _peer_pid(conn: socket.socket) -> int:
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The connected process's pid and uid (SO_PEERCRED: pid, uid, gid as three ints); (0, -1)
+    when the kernel cannot say."""
     try:
-        return int.from_bytes(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4], sys.byteorder)
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     except OSError:
-        return 0
+        return 0, -1
+    return int.from_bytes(creds[:4], sys.byteorder), int.from_bytes(creds[4:8], sys.byteorder)
 
 
 def _drain_wake(fd: int) -> None:

@@ -328,3 +328,55 @@ def test_the_control_socket_protocol_and_sigterm_drains_every_fifo(data: Path) -
         for fifo in logcollect.fifo_paths(str(logs), "web"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(fifo)
+
+
+def test_a_request_from_another_user_is_not_served_even_through_an_open_socket(data: Path) -> None:
+    """A request names files the collector opens and writes as root: only its own user is heard,
+    also when the socket's mode (0600) was opened up by mistake."""
+    import json
+    import shutil
+    import socket
+    import tempfile
+
+    opened = Path(tempfile.mkdtemp(prefix="dsl-", dir="/tmp"))  # a dir every user may pass through
+    opened.chmod(0o755)
+    sock_path = str(opened / logcollect.SOCKET_NAME)
+    server = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(ROOT / "driversdk/runner/logcollector.py"), "--serve", sock_path],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        os.chmod(sock_path, 0o666)
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # uid 65534 asks, in a child of this test (root's interpreter is not theirs to run)
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                intruder = socket.socket(socket.AF_UNIX)
+                intruder.connect(sock_path)
+                intruder.sendall(json.dumps({"op": "ping"}).encode() + b"\n")
+                os.write(write_end, b"answer:" + intruder.makefile("rb").readline())
+            except BaseException as err:
+                os.write(write_end, f"error:{err!r}".encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        heard = os.read(read_end, 4096)
+        os.close(read_end)
+        os.waitpid(child, 0)
+        # Closed unanswered: an empty reply, or the reset of a connection closed with its request unread.
+        assert heard in (b"answer:", b"error:ConnectionResetError(104, 'Connection reset by peer')"), (
+            f"a request of uid 65534 was answered: {heard!r}"
+        )
+        conn = socket.socket(socket.AF_UNIX)
+        conn.connect(sock_path)
+        conn.sendall(json.dumps({"op": "ping"}).encode() + b"\n")
+        assert conn.makefile("rb").readline() == b"ok\n", "its own user is still served"
+        conn.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(opened, ignore_errors=True)
