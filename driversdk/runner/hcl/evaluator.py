@@ -568,7 +568,7 @@ class Evaluator:
         if expand:
             if not args or not isinstance(args[-1], list):
                 raise self.fail(node, "the last argument before ... must be a list")
-            args = args[:-1] + args[-1]
+            args = [*args[:-1], *args[-1]]
         try:
             # Every function walks or copies its arguments: their size (as written out) is
             # checked first, so no function ever walks a value built of shared parts at length.

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from driversdk.errors import DriverSDKError
+from driversdk.runner.hcl import yamldoc
 from driversdk.runner.hcl.files import FILES_OFF, FileReader
 from driversdk.runner.hcl.values import (
     ConvertError,
@@ -481,12 +482,14 @@ def _plain(v: Any, depth: int = 0, count: list[int] | None = None) -> Value:
     if depth > MAX_VALUE_DEPTH:
         raise LimitError(f"the decoded document nests more than {MAX_VALUE_DEPTH} lists or maps deep")
     if isinstance(v, float):
+        if math.isnan(v):  # cty's numbers have no NaN
+            raise FunctionError("the document holds NaN, which is not a number HCL has")
         return _whole(v)
     if isinstance(v, list):
         return [_plain(x, depth + 1, count) for x in v]
     if isinstance(v, dict):
-        return {str(k): _plain(x, depth + 1, count) for k, x in v.items()}
-    scalar: Value = v  # None, bool, int, str, or what only YAML makes (see YAMLOnly)
+        return {str(k): _plain(x, depth + 1, count) for k, x in v.items()}  # strings from both loaders
+    scalar: Value = v  # None, bool, int or str: all the loaders make besides (see yamldoc)
     return scalar
 
 
@@ -500,9 +503,22 @@ def _yamldecode(s: Value) -> Value:
     except ImportError:
         raise FunctionError("yamldecode needs PyYAML installed") from None
     try:
-        return _plain(yaml.safe_load(_str(s)))
+        return _plain(yamldoc.load(_str(s)))
+    except yamldoc.YAMLValueError as err:
+        raise FunctionError(str(err)) from None
     except yaml.YAMLError as err:
-        raise FunctionError(f"invalid YAML: {err}") from None
+        raise FunctionError(f"invalid YAML: {_yaml_reason(err)}") from None
+
+
+def _yaml_reason(err: Exception) -> str:
+    """PyYAML's error in one line: what is wrong and where (its own text spans several lines)."""
+    said = ", ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None)) if part)
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    if not said:
+        return " ".join(str(err).split())
+    if mark is None:
+        return said
+    return f"{said} at line {mark.line + 1}, column {mark.column + 1} of the YAML"
 
 
 def _yamlencode(v: Value) -> str:

@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import date
 from typing import TypeAlias
 
 from driversdk.errors import DriverSDKError
 
-# What PyYAML's safe_load makes that HCL has no value for — timestamps (date, datetime), !!binary
-# (bytes), !!set (set) and !!omap/!!pairs (lists of tuples) — and yamldecode() hands on unchanged.
-# Their insides are YAML as PyYAML built it, never read here: ``object``. No other function, and
-# no expression, makes one; the conversions to string, number and bool refuse them.
-YAMLOnly: TypeAlias = date | bytes | set[object] | tuple[object, ...]
-
-# An evaluated HCL value, as the evaluator, the functions and the job body hold it.
-Value: TypeAlias = bool | int | float | str | list["Value"] | dict[str, "Value"] | YAMLOnly | None
+# An evaluated HCL value, as the evaluator, the functions and the job body hold it. Nothing else:
+# the decoders make these only (yamldecode's timestamps and !!binary are strings, as in cty).
+Value: TypeAlias = bool | int | float | str | list["Value"] | dict[str, "Value"] | None
 
 # A type constraint: its kind, then for list/set/map the element type, for tuple the element
 # types, for object the attribute types.
