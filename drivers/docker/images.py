@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from drivers.docker.config import PluginConfig, TaskDockerConfig
-from drivers.docker.pulls import ProgressListener, PullCoordinator
+from drivers.docker.pulls import ProgressListener, PullCoordinator, PullStalled
 from driversdk.errors import DriverError
 from driversdk.model import TaskConfig
 
@@ -233,13 +233,6 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "special file"
-
-
-class PullStalled(DriverError):
-    """A pull that passed image_pull_timeout or stopped making progress; retrying may help."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, recoverable=True)
 
 
 class ImageGC:

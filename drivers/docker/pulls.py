@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from driversdk.errors import DriverError
+
 if TYPE_CHECKING:
     from drivers.docker import engine as sdk
 else:
     from drivers.docker import sdk  # the docker SDK, loaded on first use
-
 
 log = logging.getLogger("driversdk.docker.pulls")
 
@@ -32,6 +33,13 @@ PROGRESS_INTERVAL_ENV = "DRIVERSDK_DOCKER_PULL_PROGRESS_INTERVAL"
 
 # (summary sentence, bytes done, bytes total) of a running pull.
 ProgressListener = Callable[[str, int, int], None]
+
+
+class PullStalled(DriverError):
+    """A pull that passed image_pull_timeout or stopped making progress; retrying may help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, recoverable=True)
 
 
 def progress_interval() -> float:
@@ -162,7 +170,6 @@ def _pull(
     pull: _Pull,
 ) -> None:
     timeout, timeout_name = limit
-    from drivers.docker.images import PullStalled  # images imports this module
 
     events: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue()
     # Its own connection, so an abandoned pull can be cut without touching the driver's client;

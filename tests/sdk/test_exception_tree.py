@@ -43,7 +43,7 @@ def test_every_exception_class_is_in_the_tree() -> None:
         "driversdk.errors.DriverError",
         "driversdk.csi.errors.CSIError",
         "driversdk.mountinfo.MountinfoError",
-        "drivers.docker.images.PullStalled",
+        "drivers.docker.pulls.PullStalled",
         "drivers.exec.runc.RuncError",
     ):
         assert known in classes
