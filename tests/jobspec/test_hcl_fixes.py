@@ -145,6 +145,10 @@ def test_numbers_and_bools_become_labels_as_cty_writes_them(for_each: str, name:
         ('convert([1, "2"], tuple([string, number]))', ["1", 2]),
         ('convert([["1"], ["2", 3]], list(list(number)))', [[1], [2, 3]]),
         ("convert(3, string)", "3"),
+        # An element type of any is the one type cty unifies the elements to.
+        ('convert([1, "a", true], list(any))', ["1", "a", "true"]),
+        ('convert({ a = 1, b = "x" }, map(any))', {"a": "1", "b": "x"}),
+        ("convert([1, 2], set(any))", [1, 2]),
         ("convert(null, list(number))", None),
     ],
 )
@@ -159,6 +163,7 @@ def test_convert_reads_its_second_argument_as_a_type(expr: str, want: Any) -> No
         ('convert("x", list(string))', "list(string)"),
         ("convert({ b = 1 }, object({ a = number }))", "object({a = number})"),
         ("convert([1, 2], tuple([number]))", "tuple([number])"),
+        ("convert([1, true], list(any))", "list(any)"),
     ],
 )
 def test_a_value_that_cannot_convert_names_the_function_and_the_type(expr: str, type_shown: str) -> None:

@@ -145,7 +145,8 @@ def convert(value: Value, t: Type) -> Value:
     if kind in ("list", "set") and isinstance(inner, tuple):
         if not isinstance(value, list):
             raise ConvertError(f"a {kind} is required, not {type_name(value)}")
-        items = [convert(v, inner) for v in value]
+        element = _one_type(value, kind) if inner == ANY else inner
+        items = [convert(v, element) for v in value]
         if kind == "set":
             unique: list[Value] = []
             for item in items:
@@ -160,7 +161,8 @@ def convert(value: Value, t: Type) -> Value:
     if kind == "map" and isinstance(inner, tuple):
         if not isinstance(value, dict):
             raise ConvertError(f"a map is required, not {type_name(value)}")
-        return {str(k): convert(v, inner) for k, v in value.items()}
+        element = _one_type(list(value.values()), kind) if inner == ANY else inner
+        return {str(k): convert(v, element) for k, v in value.items()}
     if kind == "object" and isinstance(inner, dict):
         if not isinstance(value, dict):
             raise ConvertError(f"an object is required, not {type_name(value)}")
@@ -171,6 +173,18 @@ def convert(value: Value, t: Type) -> Value:
             out[name] = convert(value[name], attr_type)
         return out
     raise ConvertError(f"unknown type {show_type(t)}")
+
+
+def _one_type(items: list[Value], kind: str) -> Type:
+    """The one element type a list, set or map of ``any`` takes, as cty unifies its elements'
+    types: strings, numbers and bools mixed become strings; numbers and bools alone cannot be one
+    type. Elements that are collections are kept as they are (ANY)."""
+    kinds = {type_name(v) for v in items if v is not None}
+    if len(kinds) < 2 or not kinds <= {"string", "number", "bool"}:
+        return ANY
+    if "string" in kinds:
+        return STRING
+    raise ConvertError(f"the elements of a {kind} must have one type, and number and bool cannot be one")
 
 
 def truthy(value: Value) -> bool:
