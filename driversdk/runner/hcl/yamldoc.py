@@ -56,11 +56,14 @@ def rfc3339(text: str) -> str | None:
     if m is None:
         return None
     hour, minute, second = (m["h"] or m["h2"] or "0"), (m["mi"] or m["mi2"] or "0"), (m["s"] or m["s2"] or "0")
-    zone = UTC
-    if m["z"] and m["z"] != "Z":
-        sign = -1 if m["z"][0] == "-" else 1
-        zone = timezone(sign * timedelta(hours=int(m["z"][1:3]), minutes=int(m["z"][4:6])))
     try:
+        zone = UTC
+        if m["z"] and m["z"] != "Z":
+            sign = -1 if m["z"][0] == "-" else 1
+            hours, minutes = int(m["z"][1:3]), int(m["z"][4:6])
+            if minutes > 59:  # Go refuses it; timedelta would carry it into the hours
+                return None
+            zone = timezone(sign * timedelta(hours=hours, minutes=minutes))  # ValueError past 23:59
         when = datetime(int(m["y"]), int(m["mo"]), int(m["d"]), int(hour), int(minute), int(second), tzinfo=zone)
     except ValueError:
         return None
