@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from driversdk.agent import shapes
-from driversdk.agent.httpserver import Request, Response
-from driversdk.agent.routes import APIError, route
+from driversdk.agent.httpserver import APIError, Request, Response
+from driversdk.agent.routing import route
 
 if TYPE_CHECKING:
     from driversdk.agent.agent import Agent

@@ -1,8 +1,8 @@
 """The agent's HTTP listeners: a unix socket under the data dir (0600, so only the agent's user,
 root here, can talk to it) and, when the agent config asks, a TCP address. Each request is read
-into a :class:`Request` and handed to :func:`driversdk.agent.routes.handle`; on TCP with ACLs on,
-a request without a valid token gets 403 before any handler sees it. Nothing here knows a
-route."""
+into a :class:`Request` and handed to the handler :class:`Listeners` is given (the agent's is
+:func:`driversdk.agent.routes.handle`); on TCP with ACLs on, a request without a valid token gets
+403 before any handler sees it. Nothing here knows a route."""
 
 from __future__ import annotations
 
@@ -17,11 +17,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from driversdk.errors import DriverSDKError
+
 if TYPE_CHECKING:
     from driversdk.agent.agent import Agent
 
 # A request body larger than this is refused (413): a job is kilobytes, not megabytes.
 MAX_BODY = 8 * 1024 * 1024
+
+
+class APIError(DriverSDKError):
+    """A request refused with Nomad's status code and a one-sentence body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 @dataclass
@@ -42,8 +53,6 @@ class Request:
         return self.query.get(name, "").lower() in ("true", "1", "yes")
 
     def json(self) -> Any:
-        from driversdk.agent.routes import APIError
-
         if not self.body:
             raise APIError(400, "Request body is empty; send the JSON object the endpoint takes")
         try:
@@ -91,6 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     agent: Agent
     over_tcp = False
+    handler: Handler  # what answers a request (set with the agent by Listeners.start)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # requests are not logged line by line; errors are, by the handlers
@@ -99,8 +109,6 @@ class _Handler(BaseHTTPRequestHandler):
         return "unix" if not self.over_tcp else str(self.client_address[0])
 
     def _serve(self) -> None:
-        from driversdk.agent.routes import handle
-
         parts = urlsplit(self.path)
         try:
             length = int(self.headers.get("Content-Length") or 0)
@@ -121,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
             token = auth[7:].strip()
         pairs = parse_qsl(parts.query, keep_blank_values=True)
         request = Request(self.command, parts.path, dict(pairs), body, token, self.over_tcp, pairs)
-        self._send(handle(self.agent, request))
+        self._send(self.handler(self.agent, request))
 
     def _send(self, response: Response) -> None:
         if response.stream is not None:
@@ -172,14 +180,16 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
 
 class Listeners:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, handler: Handler) -> None:
         self.agent = agent
+        self.handler = handler
         self._servers: list[socketserver.BaseServer] = []
         self.tcp_address: tuple[str, int] | None = None
 
     def start(self) -> None:
         settings = self.agent.settings
-        handler = type("UnixHandler", (_Handler,), {"agent": self.agent, "over_tcp": False})
+        answer = staticmethod(self.handler)  # a plain function in the class dict would be bound as a method
+        handler = type("UnixHandler", (_Handler,), {"agent": self.agent, "over_tcp": False, "handler": answer})
         path = settings.socket_path
         _remove_stale_socket(path)
         old = os.umask(0o177)  # the socket is born 0600: no moment in which others may connect
@@ -190,7 +200,7 @@ class Listeners:
         os.chmod(path, 0o600)
         self._servers.append(unix)
         if settings.tcp is not None:
-            tcp_handler = type("TCPHandler", (_Handler,), {"agent": self.agent, "over_tcp": True})
+            tcp_handler = type("TCPHandler", (_Handler,), {"agent": self.agent, "over_tcp": True, "handler": answer})
             family = socket.AF_INET6 if ":" in settings.tcp.host else socket.AF_INET
             server_class = type("TCPServer", (ThreadingHTTPServer,), {"address_family": family})
             tcp = server_class((settings.tcp.host, settings.tcp.port), tcp_handler)

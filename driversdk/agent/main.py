@@ -17,6 +17,7 @@ import threading
 
 from driversdk.agent.agent import Agent
 from driversdk.agent.httpserver import Listeners
+from driversdk.agent.routes import handle
 from driversdk.agent.settings import AgentSettings
 from driversdk.mallocarenas import limit_malloc_arenas
 
@@ -75,7 +76,7 @@ def run_agent(settings: AgentSettings, allow_unauthenticated_loopback: bool = Fa
     agent.log("info", f"agent: starting (data dir {settings.data_dir})")
     agent.start()
     _plugin_logging(agent)
-    listeners = Listeners(agent)
+    listeners = Listeners(agent, handle)
     try:
         listeners.start()
     except BaseException:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from driversdk.agent import shapes
-from driversdk.agent.httpserver import Request, Response
+from driversdk.agent.httpserver import APIError, Request, Response
+from driversdk.agent.routing import ROUTES, route
 from driversdk.errors import DriverSDKError, StateWriteError
 
 if TYPE_CHECKING:
@@ -25,33 +26,6 @@ if TYPE_CHECKING:
 # The longest a blocking query waits (Nomad caps ``wait`` at 10 minutes; 5 minutes default).
 MAX_WAIT = 600.0
 DEFAULT_WAIT = 300.0
-
-
-class APIError(DriverSDKError):
-    """A request refused with Nomad's status code and a one-sentence body."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-Route = Callable[["Agent", Request, re.Match[str]], Response]
-_ROUTES: list[tuple[re.Pattern[str], dict[str, Route]]] = []
-
-
-def route(pattern: str, *methods: str) -> Callable[[Route], Route]:
-    compiled = re.compile(pattern + r"/?\Z")
-
-    def register(fn: Route) -> Route:
-        for existing, table in _ROUTES:
-            if existing.pattern == compiled.pattern:
-                table.update(dict.fromkeys(methods, fn))
-                return fn
-        _ROUTES.append((compiled, dict.fromkeys(methods, fn)))
-        return fn
-
-    return register
 
 
 # Endpoints reachable without a token even with ACLs on: bootstrapping makes the first token.
@@ -64,7 +38,7 @@ def handle(agent: Agent, request: Request) -> Response:
             assert agent.tokens is not None
             if not agent.tokens.valid(request.token):
                 raise APIError(403, "Permission denied")
-        for pattern, table in _ROUTES:
+        for pattern, table in ROUTES:
             match = pattern.match(request.path)
             if match is None:
                 continue
