@@ -35,6 +35,7 @@ but naming the package itself (``from driversdk import __version__``, ``import d
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -215,6 +216,7 @@ def edges_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[Edge]:
             yield edge
 
 
+@functools.cache  # one parse of the tree for all the tests
 def import_graph(root: Path) -> dict[str, list[Edge]]:
     modules = modules_of(root)
     return {name: list(edges_of(name, path, modules)) for name, path in modules.items()}
