@@ -97,3 +97,47 @@ def test_a_disabled_driver_keeps_no_plugin_process_and_still_refuses_its_jobs(ag
     assert any("the raw_exec driver is disabled on this client" in s for s in sentences), sentences
     agent.stop_jobs()
     assert not any("raw_exec" in line for line in plugin_processes(agent.proc.pid))
+
+
+def test_no_log_line_is_lost_while_the_agent_is_killed_and_comes_back(agent_dir: Path) -> None:
+    """The data dir's one log collector outlives a kill -9 of the agent and serves the task on; the
+    next agent adopts it (no second collector), and every line the task wrote is in its log."""
+    lines = 3000
+    script = f"i=0; while [ $i -lt {lines} ]; do i=$((i+1)); echo line-$i; sleep 0.001; done"
+    hcl = (
+        'job "talker" {\n  type = "batch"\n  group "g" {\n    task "t" {\n      driver = "exec"\n'
+        f'      config {{\n        command = "/bin/sh"\n        args = ["-c", "{script}"]\n      }}\n'
+        "    }\n  }\n}\n"
+    )
+    first = AgentProcess(agent_dir / "data").start()
+    second = AgentProcess(agent_dir / "data")
+    try:
+        register(first, hcl)
+        [alloc] = first.wait_allocs("talker", "running")
+        first.kill9()
+        time.sleep(1.0)  # the task writes on with no agent
+        second.start()
+        collectors = [p for p in _collector_pids(agent_dir / "data")]
+        assert len(collectors) == 1, collectors
+        [done] = second.wait_allocs("talker", "complete", "failed", timeout=180)
+        assert done["ID"] == alloc["ID"] and done["ClientStatus"] == "complete", done
+        stream = second.client().stream(f"/v1/client/fs/logs/{alloc['ID']}", task="t", type="stdout", plain="true")
+        text = b"".join(stream).decode()
+    finally:
+        second.close()
+        first.close()
+    written = [f"line-{i}" for i in range(1, lines + 1)]
+    assert text.split() == written
+
+
+def _collector_pids(data: Path) -> list[int]:
+    socket_path = str(data / "logmon.sock")
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--serve" in argv and socket_path.encode() in argv:
+            found.append(int(name))
+    return found
