@@ -3,9 +3,9 @@
 run keeps alive at its peak and their total resident memory.
 
 A driversdk process is a Python process of ours that the run started or adopted: the ``run``
-process itself, the driver plugins it launched, and the detached log collectors (one per task,
-found by the job's data dir in their command line). The tasks themselves (runc, sh, sleep) are
-not counted: they are the job's, not the SDK's.
+process itself, the driver plugins it launched, the data dir's log collector and the exec state
+dir's task supervisor (found by those dirs in their command lines). The tasks themselves (sleep)
+are not counted: they are the job's, not the SDK's.
 
 The job's tasks sleep; once every one of them is recorded as running the bench interrupts the
 run (SIGINT, as Ctrl-C) and waits for it to tear everything down. Printed: the process count
@@ -91,7 +91,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def ours(run_pid: int, work: Path) -> set[int]:
-    """The run, its Python descendants (plugins), and the log collectors of its data dir."""
+    """The run, its Python descendants (plugins), and the collector and supervisor of its dirs."""
     tree = _children()
     found, todo = set(), [run_pid]
     while todo:
@@ -99,9 +99,9 @@ def ours(run_pid: int, work: Path) -> set[int]:
         if _python(pid):
             found.add(pid)
         todo.extend(tree.get(pid, []))
-    needle = str(work / "data")
+    needles = (str(work / "data"), str(work / "exec-state"))
     for name in filter(str.isdigit, os.listdir("/proc")):
-        if needle in _cmdline(int(name)) and _python(int(name)):
+        if any(n in _cmdline(int(name)) for n in needles) and _python(int(name)):
             found.add(int(name))
     return found
 
