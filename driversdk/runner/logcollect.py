@@ -38,6 +38,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from driversdk.errors import DriverSDKError
 from driversdk.runner import logcollector
 from driversdk.runner.logcollector import (
     _NOFOLLOW,
@@ -125,7 +126,7 @@ class _Served:
     fifos: list[tuple[int, int]] = field(default_factory=list)  # (dev, ino) of the fifos we made
 
 
-class _CollectorGone(OSError):
+class _CollectorGone(DriverSDKError, OSError):
     """The collector closed the connection (it died, or ended idle just as we asked)."""
 
 

@@ -576,7 +576,7 @@ class Server:
             self.epoll.register(stream.fd, select.EPOLLIN)
 
 
-class _Refusal(Exception):
+class _Refusal(DriverSDKError):
     pass
 
 
