@@ -114,6 +114,14 @@ def _plugins_left(env: Env) -> list[int]:
     return left
 
 
+def _in_alloc(pid: int, alloc_id: str) -> bool:
+    """Whether the task process ``pid`` belongs to that allocation (NOMAD_ALLOC_ID in its environment)."""
+    try:
+        return f"NOMAD_ALLOC_ID={alloc_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
 def _descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (a run's driver plugin, runc, its task)."""
     children: dict[int, list[int]] = {}
@@ -231,8 +239,10 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
         wait_for_line(newer, '==> task "plugin": Plugin became healthy')
         [dead] = [r for r in env.registrations() if r.type == "csi-node"]  # the newest is the one in use
         dead_alloc = dead.alloc_id
-        newer_left = _descendants(newer.pid)  # its plugins and collectors: no later run of its job takes them over
-        [pid] = [p for p in _plugin_pids(env) if p in newer_left]
+        newer_left = _descendants(newer.pid)  # its plugins: no later run of its job takes them over
+        # The newer instance's process: its task runs under the exec state dir's shared supervisor
+        # (not below the newer run), and carries its allocation's id in its environment.
+        [pid] = [p for p in _plugin_pids(env) if _in_alloc(p, dead.alloc_id)]
         # The newer run is killed (as during its teardown), then its plugin task dies: nothing
         # deregisters the instance, whose socket no longer answers.
         newer.kill()
@@ -256,6 +266,9 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
                 except subprocess.TimeoutExpired:
                     proc.kill()
         left = [int(line.split(":")[0]) for line in processes(dead_alloc)] if dead_alloc else []
+        # The data dir's log collector serves the killed run's tasks on (no later run of its job
+        # recovers them here), as the run's own collector did when each task had one.
+        left += [int(line.split(":")[0]) for line in processes(str(env.data / "logmon.sock"))]
         for pid in leftovers + _plugin_pids(env) + left + sorted(newer_left):
             try:
                 os.kill(pid, signal.SIGKILL)
