@@ -257,10 +257,10 @@ def force_periodic(agent: Agent, request: Request, match: re.Match[str]) -> Resp
 @route(r"/v1/job/(?P<id>[^/]+)/allocations", "GET")
 def job_allocations(agent: Agent, request: Request, match: re.Match[str]) -> Response:
     _blocking(agent, request)
-    _job_record(agent, match["id"])
+    record = _job_record(agent, match["id"])
     assert agent.node is not None
     allocs = agent.node.state.allocs(match["id"])
-    return Response(body=[shapes.alloc_stub(agent, a, updated) for a, updated in allocs])
+    return Response(body=[shapes.alloc_stub(agent, a, updated, record) for a, updated in allocs])
 
 
 @route(r"/v1/job/(?P<id>[^/]+)/summary", "GET")
@@ -283,6 +283,9 @@ def list_allocations(agent: Agent, request: Request, _: re.Match[str]) -> Respon
 
 def _alloc(agent: Agent, alloc_id: str) -> tuple[Any, float]:
     assert agent.node is not None
+    exact_hit = agent.node.state.alloc_by_id(alloc_id)  # the primary key: no scan of every allocation
+    if exact_hit is not None:
+        return exact_hit
     found = agent.node.state.allocs_by_prefix(alloc_id)
     exact = [f for f in found if f[0].alloc_id == alloc_id]
     if exact:

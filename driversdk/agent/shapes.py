@@ -129,10 +129,9 @@ _TASK_STATES = {
 }
 
 
-def task_state(agent: Agent, record: TaskRecord) -> dict[str, Any]:
-    assert agent.node is not None
+def task_state(record: TaskRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Nomad's TaskState of a task, from its record and its kept events."""
     state, failed = _TASK_STATES.get(record.state, ("pending", False))
-    events = agent.node.state.task_events(record.alloc_id, record.task)
     # "finished" is the run's own closing line (the exit after the restart policy); Nomad's
     # Terminated and Killed events already say it.
     api_events = [_event(e) for e in events if e.get("type") != RunEventType.FINISHED]
@@ -189,27 +188,28 @@ def _alloc_name(alloc: AllocRecord) -> str:
     return f"{alloc.job}.{alloc.group}[{alloc.index}]"
 
 
-def _killed(agent: Agent, task: TaskRecord) -> bool:
+def _killed(events: list[dict[str, Any]]) -> bool:
     """Whether the task was stopped by the client (a Killing event) rather than ending by itself."""
-    assert agent.node is not None
-    return any(e.get("type") == "Killing" for e in agent.node.state.task_events(task.alloc_id, task.task))
+    return any(e.get("type") == "Killing" for e in events)
 
 
-def _first_event_time(agent: Agent, task: TaskRecord) -> float:
-    assert agent.node is not None
-    events = agent.node.state.task_events(task.alloc_id, task.task)
+def _first_event_time(events: list[dict[str, Any]], task: TaskRecord) -> float:
     times = [float(e.get("time") or 0) for e in events[:1]]
     return times[0] if times and times[0] else task.updated
 
 
-def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:
+def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float, record: JobRecord | None = None) -> dict[str, Any]:
+    """Nomad's AllocListStub; ``record``: the allocation's job, when the caller has read it."""
     assert agent.node is not None
     tasks = agent.node.state.tasks(alloc.alloc_id)
-    record = agent.jobs.get(alloc.job) if agent.jobs is not None else None
+    # Each task's events read once: an answer under load is mostly these reads.
+    events = {t.task: agent.node.state.task_events(t.alloc_id, t.task) for t in tasks}
+    if record is None and agent.jobs is not None:
+        record = agent.jobs.get(alloc.job)
     node = agent.node_info()
     # Stopped on request (the job stopped, or replaced by an update) is desired "stop"; an
     # allocation whose tasks ended by themselves stays desired "run", as in Nomad.
-    replaced = alloc.state != "running" and any(_killed(agent, t) for t in tasks)
+    replaced = alloc.state != "running" and any(_killed(events[t.task]) for t in tasks)
     desired = "stop" if (record is None or record.stop or replaced) else "run"
     return {
         "ID": alloc.alloc_id,
@@ -226,17 +226,17 @@ def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, An
         "DesiredDescription": "alloc is being stopped" if desired == "stop" and alloc.state == "running" else "",
         "ClientStatus": client_status(alloc, tasks),
         "ClientDescription": "",
-        "TaskStates": {t.task: task_state(agent, t) for t in tasks},
+        "TaskStates": {t.task: task_state(t, events[t.task]) for t in tasks},
         "CreateIndex": 0,
         "ModifyIndex": agent.index,
-        "CreateTime": int(min([updated, *(_first_event_time(agent, t) for t in tasks)]) * 1e9),
+        "CreateTime": int(min([updated, *(_first_event_time(events[t.task], t) for t in tasks)]) * 1e9),
         "ModifyTime": int(updated * 1e9),
     }
 
 
 def allocation(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:
-    out = alloc_stub(agent, alloc, updated)
     record = agent.jobs.get(alloc.job) if agent.jobs is not None else None
+    out = alloc_stub(agent, alloc, updated, record)
     out["Job"] = job(agent, record) if record is not None else None
     out["AllocModifyIndex"] = out["ModifyIndex"]
     out["AllocatedResources"] = {"Shared": {"Ports": agent.ports_of(alloc.alloc_id), "Networks": None}, "Tasks": {}}

@@ -130,6 +130,16 @@ class RunState:
                 rows = self._reader.execute(query + " WHERE job=? ORDER BY rowid", (job,)).fetchall()
         return [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
 
+    def alloc_by_id(self, alloc_id: str) -> tuple[AllocRecord, float] | None:
+        """One allocation by its whole id, with when it last changed."""
+        with self._read_lock:
+            row = self._reader.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs "
+                "WHERE alloc_id=?",
+                (alloc_id,),
+            ).fetchone()
+        return None if row is None else (AllocRecord(*row[:9]), float(row[9] or 0))
+
     def allocs_by_prefix(self, prefix: str) -> list[tuple[AllocRecord, float]]:
         """Allocations whose id starts with ``prefix`` (Nomad's CLI takes a short id)."""
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
