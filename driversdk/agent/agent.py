@@ -31,6 +31,7 @@ from driversdk.agent.jobstore import JobRecord, JobStatus, JobStore
 from driversdk.agent.periodic import PeriodicDispatcher, PeriodicError, Schedule
 from driversdk.agent.settings import AgentSettings
 from driversdk.errors import ConfigError, DriverSDKError, StateWriteError
+from driversdk.mallocarenas import give_back_freed_memory
 from driversdk.paths import check_name
 from driversdk.runner.events import RunEvent
 from driversdk.runner.problems import Problem
@@ -508,6 +509,7 @@ class Agent:
                 for line in report.lines():
                     self.log("info", f"client.gc: {line}")
             self.bump()
+            give_back_freed_memory()
 
         threading.Thread(target=finish, name=f"stop-{job_id}", daemon=True).start()
         return record

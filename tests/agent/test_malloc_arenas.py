@@ -4,12 +4,15 @@ real process with glibc's own report (malloc_stats, on stderr), with and without
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = """
 import ctypes, sys, threading
 from driversdk.mallocarenas import limit_malloc_arenas
@@ -42,3 +45,31 @@ def test_threads_allocating_at_once_share_at_most_the_capped_arenas() -> None:
     assert arenas("capped") <= 2
     # Without the cap the same program spreads over more (what the agent held before).
     assert arenas("default") > 2
+
+
+TRIM_PROGRAM = """
+import re, sys
+from driversdk.mallocarenas import give_back_freed_memory
+def rss_kib():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+blocks = [bytearray(4000) for _ in range(50000)]  # ~200 MB of glibc heap (above pymalloc's blocks)
+pin = bytearray(4000)  # allocated last: the heap's top stays in use, so free() alone trims nothing
+del blocks
+if sys.argv[1] == "trim":
+    assert give_back_freed_memory()
+print(rss_kib())
+"""
+
+
+def rss_after(mode: str) -> int:
+    done = subprocess.run([sys.executable, "-c", TRIM_PROGRAM, mode], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_heap_a_torn_down_job_freed_goes_back_to_the_kernel() -> None:
+    kept, given_back = rss_after("keep"), rss_after("trim")
+    assert kept > 150_000, kept  # KiB: what the agent held after a big job before
+    assert given_back < kept // 4, (given_back, kept)
