@@ -34,7 +34,10 @@ import os
 import resource
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 READY_FD = 3
 SIGNAL_OFFSET = 128  # a task killed by signal N exits "128 + N", as shells and Nomad's executor report it
@@ -114,17 +117,16 @@ def _write_status(path: str, code: int, sig: int) -> None:
     os.replace(tmp, path)
 
 
-def supervise(spec_path: str) -> int:
-    spec = _load(spec_path)
-    # The supervisor must not die of the signals meant for its task's group or a hung-up terminal.
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
+def _fork_task(spec: dict[str, Any], descriptors: Callable[[], None]) -> tuple[int, str]:
+    """Fork the task: the child sets its ``descriptors`` up, takes a process group of its own, is
+    set up as the task (set_up) and execs. Returns its pid, and why it could not exec (the child
+    is then reaped) or "" when it runs."""
     read_end, write_end = os.pipe()  # close-on-exec: EOF without data means the exec succeeded
     pid = os.fork()
     if pid == 0:
         try:
             os.close(read_end)
-            os.close(READY_FD)
+            descriptors()
             os.setpgid(0, 0)
             set_up(spec)
             try:
@@ -143,7 +145,17 @@ def supervise(spec_path: str) -> int:
     os.close(read_end)
     if chunks:
         os.waitpid(pid, 0)
-        _report("err " + b"".join(chunks).decode(errors="replace") + "\n")
+    return pid, b"".join(chunks).decode(errors="replace")
+
+
+def supervise(spec_path: str) -> int:
+    spec = _load(spec_path)
+    # The supervisor must not die of the signals meant for its task's group or a hung-up terminal.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    pid, failed = _fork_task(spec, lambda: os.close(READY_FD))
+    if failed:
+        _report(f"err {failed}\n")
         return 1
     _report(f"ok {pid}\n")
     _, status = os.waitpid(pid, 0)
@@ -278,33 +290,14 @@ class Server:
         return ""
 
     def spawn(self, conn: Any, spec: dict[str, Any], stdout_fd: int, stderr_fd: int) -> None:
-        read_end, write_end = os.pipe()  # close-on-exec: EOF without data means the exec succeeded
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(read_end)
-                null = os.open("/dev/null", os.O_RDONLY)
-                for fd, target in ((null, 0), (stdout_fd, 1), (stderr_fd, 2)):
-                    os.dup2(fd, target)
-                os.setpgid(0, 0)
-                set_up(spec)
-                try:
-                    os.execve(spec["path"], spec["argv"], spec["env"])
-                except OSError as err:
-                    raise OSError(err.errno, f"failed to run {spec['path']}: {err.strerror}") from None
-            except OSError as err:
-                with contextlib.suppress(OSError):
-                    os.write(write_end, (err.strerror or str(err)).encode())
-            finally:
-                os._exit(127)
-        os.close(write_end)
-        chunks = []
-        while chunk := os.read(read_end, 4096):
-            chunks.append(chunk)
-        os.close(read_end)
-        if chunks:
-            os.waitpid(pid, 0)
-            self.reply(conn, "err " + b"".join(chunks).decode(errors="replace") + "\n")
+        def stdio() -> None:
+            null = os.open("/dev/null", os.O_RDONLY)
+            for fd, target in ((null, 0), (stdout_fd, 1), (stderr_fd, 2)):
+                os.dup2(fd, target)
+
+        pid, failed = _fork_task(spec, stdio)
+        if failed:
+            self.reply(conn, f"err {failed}\n")
         elif spec.get("pid_file"):
             self.launching[pid] = (conn, spec)  # the reply waits for the launcher's exit
         else:
