@@ -33,12 +33,12 @@ from driversdk.model import (
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc, recoverable_error_pb2
 from driversdk.plugin.host import (
     PluginProcess,
-    ReattachConfig,
     StartingPlugin,
     reattach_plugin,
     rpc_call_of,
     spawn_plugin,
 )
+from driversdk.plugin.reattach import ReattachConfig
 
 T = TypeVar("T")
 Req = TypeVar("Req")

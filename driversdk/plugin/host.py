@@ -16,7 +16,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from driversdk.childwait import wait_child
@@ -31,6 +30,7 @@ from driversdk.plugin.handshake import (
     MAGIC_COOKIE_VALUE,
     Handshake,
 )
+from driversdk.plugin.reattach import ReattachConfig
 from driversdk.plugin.verify import CheckedSocket, check_plugin_socket, process_start_time
 
 if TYPE_CHECKING:
@@ -45,39 +45,6 @@ CHANNEL_OPTIONS = [
 STDERR_TAIL_LINES = 10
 # How long a plugin that will not be connected to has to stop on SIGTERM before it is killed.
 ABANDON_GRACE = 1.0
-
-
-@dataclass(frozen=True)
-class ReattachConfig:
-    """What a host saves to find a running plugin again after it restarts. ``start_time`` is when
-    the launched process started (field 22 of /proc/<pid>/stat): with the pid, it names that one
-    process, and no later one that is given the same pid (0 in records of older versions)."""
-
-    pid: int
-    network: str
-    address: str
-    protocol: str = "grpc"
-    app_version: int = APP_PROTOCOL_VERSION
-    start_time: int = 0
-
-    def to_json(self) -> str:
-        import json
-
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ReattachConfig:
-        import json
-
-        data = json.loads(text)
-        return cls(
-            pid=int(data["pid"]),
-            network=str(data["network"]),
-            address=str(data["address"]),
-            protocol=str(data.get("protocol", "grpc")),
-            app_version=int(data.get("app_version", APP_PROTOCOL_VERSION)),
-            start_time=int(data.get("start_time", 0)),
-        )
 
 
 def remove_dead_plugin_socket(config: ReattachConfig) -> bool:
@@ -433,6 +400,8 @@ def rpc_call_of(err: grpc.RpcError) -> grpc.Call | None:
     return obj if isinstance(obj, grpc.Call) else None
 
 
+# ReattachConfig is part of this module's API: a host launches and reattaches with it, so its callers
+# may take it from here as well as from driversdk.plugin.reattach, where it is defined.
 __all__: list[Any] = [
     "PluginProcess",
     "ReattachConfig",

@@ -25,12 +25,9 @@ import os
 import socket
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from driversdk.errors import PluginError
-
-if TYPE_CHECKING:
-    from driversdk.plugin.host import ReattachConfig
+from driversdk.plugin.reattach import ReattachConfig
 
 
 class PluginGone(PluginError):

@@ -19,7 +19,7 @@ import pytest
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.client import reattach
 from driversdk.errors import DriverSDKError
-from driversdk.plugin.host import ReattachConfig
+from driversdk.plugin.reattach import ReattachConfig
 from tests.hostcheck import labelled_containers, processes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -359,7 +359,7 @@ def test_hello_host_reattaches_without_set_config(tmp_path: Path) -> None:
         client.start_task(task)
         saved = client.process.reattach_config.to_json()
         client.process.channel.close()  # the host crashes; the plugin keeps running
-        from driversdk.plugin.host import ReattachConfig
+        from driversdk.plugin.reattach import ReattachConfig
 
         again = driversdk.reattach(ReattachConfig.from_json(saved), name="hello")
         again.init()

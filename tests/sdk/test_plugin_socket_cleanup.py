@@ -19,12 +19,12 @@ import pytest
 
 from driversdk.client import launch
 from driversdk.plugin.host import (
-    ReattachConfig,
     StartingPlugin,
     pid_alive,
     remove_dead_plugin_socket,
     spawn_plugin,
 )
+from driversdk.plugin.reattach import ReattachConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 HELLO = [sys.executable, str(ROOT / "examples" / "hello_driver.py")]

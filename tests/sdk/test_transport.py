@@ -21,8 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from driversdk.errors import HandshakeError, PluginError
 from driversdk.pb import grpc_stdio_pb2_grpc
 from driversdk.plugin.handshake import MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE, Handshake
-from driversdk.plugin.host import ReattachConfig, launch_plugin, plugin_environment, reattach_plugin
+from driversdk.plugin.host import launch_plugin, plugin_environment, reattach_plugin
 from driversdk.plugin.log import hclog_timestamp, parse_hclog_line
+from driversdk.plugin.reattach import ReattachConfig
 
 BARE = [sys.executable, str(Path(__file__).resolve().parent / "plugins" / "bare_plugin.py")]
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")

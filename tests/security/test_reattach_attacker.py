@@ -34,7 +34,8 @@ import docker
 import pytest
 
 from driversdk.client import launch
-from driversdk.plugin.host import ReattachConfig, reattach_plugin, remove_dead_plugin_socket
+from driversdk.plugin.host import reattach_plugin, remove_dead_plugin_socket
+from driversdk.plugin.reattach import ReattachConfig
 from driversdk.plugin.verify import PluginGone, ReattachRefused, process_start_time
 from tests.hostcheck import NOBODY
 from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, plugin_pid, wait_for, write_job
