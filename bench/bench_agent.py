@@ -356,7 +356,7 @@ def kind(pid: int, agent_pid: int) -> str:
     line = _cmdline(pid)
     if pid == agent_pid:
         return "agent"
-    if "logcollector" in line:
+    if "logmon/collector.py" in line:
         return "log collectors"
     if "taskkit" in line:
         return "task supervisors"

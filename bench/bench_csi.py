@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from driversdk.agent.csi.manager import NodeVolumeManager, UsageOptions  # noqa: E402
+from driversdk.agent.csi.state import StateStore  # noqa: E402
 from driversdk.csi.client import CSIClient  # noqa: E402
-from driversdk.csi.manager import NodeVolumeManager, UsageOptions  # noqa: E402
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume, VolumeCapability  # noqa: E402
-from driversdk.csi.state import StateStore  # noqa: E402
 from driversdk.pb import csi_pb2  # noqa: E402
 
 USAGE = UsageOptions(AccessMode.MULTI_NODE_MULTI_WRITER, AttachmentMode.FILE_SYSTEM)

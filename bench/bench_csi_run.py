@@ -58,11 +58,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from driversdk.agent.csi.registry import PluginRegistry  # noqa: E402
+from driversdk.agent.csi.state import StateStore  # noqa: E402
 from driversdk.cli.apiclient import AgentClient, APIRequestError  # noqa: E402
 from driversdk.csi.client import CSIClient  # noqa: E402
 from driversdk.csi.model import AccessMode, AttachmentMode, VolumeCapability  # noqa: E402
-from driversdk.csi.registry import PluginRegistry  # noqa: E402
-from driversdk.csi.state import StateStore  # noqa: E402
 from driversdk.pb import csi_pb2  # noqa: E402
 
 IMAGE = "driversdk-test/busybox:local"

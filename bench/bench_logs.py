@@ -4,7 +4,7 @@
 Run as root: python3 bench/bench_logs.py [--mib 512] [--rounds 5] [--tasks 100] [--lines 5000]
 
 Throughput (issue 31 item 3: >= 200 MB/s). Ours: an exec task (real runc) runs ``dd
-if=/dev/zero bs=1M count=<mib>`` with its stdout on the fifo that ``driversdk.runner.logcollect``
+if=/dev/zero bs=1M count=<mib>`` with its stdout on the fifo that ``driversdk.agent.logmon.tasklogs``
 made, exactly as ``driversdk run`` sets it up; the one collector process of the data dir (an epoll
 loop serving every task: dir fd, O_NOFOLLOW, owner and link checks, 0640 files) writes rotated
 ``web.stdout.<N>`` files of 10 MiB. Timed from StartTask until WaitTask has returned and the
@@ -37,9 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from driversdk.agent.logmon import tasklogs as logcollect  # noqa: E402
+from driversdk.agent.logmon.tasklogs import MIB  # noqa: E402
 from driversdk.model import Resources  # noqa: E402
-from driversdk.runner import logcollect  # noqa: E402
-from driversdk.runner.logcollect import MIB  # noqa: E402
 from driversdk.testing import AllocDir, DriverHarness  # noqa: E402
 
 PLUGIN = [sys.executable, "-m", "drivers.exec"]
@@ -99,7 +99,7 @@ def collector_pids(data: Path) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if entry.isdigit() and "logcollector.py" in cmdline and f"{data}/" in cmdline:
+        if entry.isdigit() and "logmon/collector.py" in cmdline and f"{data}/" in cmdline:
             pids.append(int(entry))
     return pids
 

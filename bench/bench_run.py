@@ -37,7 +37,7 @@ SCRIPT = "echo hello"
 # __pycache__ (a PYTHONDONTWRITEBYTECODE=1 in the caller's environment would otherwise make every
 # timed run compile the SDK's modules from source, ~0.2 s that no installed copy pays).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(ROOT)}
-# The HCL parser caches (driversdk.runner.parsecache) as a user's would be after a first command:
+# The HCL parser caches (driversdk.jobspec.parsecache) as a user's would be after a first command:
 # the warm-up round fills this one.
 CACHE_ENV = "DRIVERSDK_CACHE_DIR"
 

@@ -4,7 +4,7 @@ The files are ``<task>.<kind>.<N>`` in ``<alloc>/alloc/logs``, a directory the t
 any name there may be a symlink, a hard link to a host file, a fifo or a device at any moment.
 So the directory is opened once without following links and every file relative to it: pinned
 with ``O_PATH | O_NOFOLLOW``, checked to be a regular file with one name (the rule of
-:func:`driversdk.runner.logcollect.is_log_file`), then reopened ``O_NONBLOCK`` through
+:func:`driversdk.agent.logmon.tasklogs.is_log_file`), then reopened ``O_NONBLOCK`` through
 ``/proc/self/fd`` so that the check and the read see one inode and nothing a task planted is
 ever opened for reading (no fifo blocks us, no device node is woken up).
 

@@ -1,11 +1,10 @@
 """The layers of the package hold, and hand-written code has no import cycle.
 
-Layers (``LAYERS``, the one map; the package split edits only it): the go-plugin transport
-(``driversdk/plugin/``) imports nothing above it, only the leaves it stands on ("base": errors,
-childwait, peercred and the generated ``driversdk/pb``); the core (driversdk's top-level modules and
-hclspec/, taskkit/, testing/, csi/, state/, pluginpack/) imports nothing of the runner, the agent,
-the CLI or a bundled driver; ``driversdk/runner/`` (jobspec and alloc/task runners until they are
-split into jobspec/ and agent/) never imports the agent or the CLI; ``driversdk/agent/`` never
+Layers (``LAYERS``, the one map): the go-plugin transport (``driversdk/plugin/``) imports nothing
+above it, only the leaves it stands on ("base": errors, childwait, peercred and the generated
+``driversdk/pb``); the core (driversdk's top-level modules and hclspec/, taskkit/, testing/, csi/,
+pluginpack/) imports nothing of the jobspec, the agent, the CLI or a bundled driver;
+``driversdk/jobspec/`` (job files and configs) imports the core only; ``driversdk/agent/`` never
 imports the CLI; each bundled driver imports the core only, never the agent or another driver.
 
 What counts as an import: ``import`` and ``from ... import`` at any depth (module level, inside a
@@ -59,15 +58,15 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "driversdk.taskkit",
             "driversdk.testing",
             "driversdk.csi",
-            "driversdk.state",
             "driversdk.pluginpack",
         ),
         ("base", "plugin"),
     ),
-    # The jobspec and the alloc/task runners, until the split into driversdk/jobspec and driversdk/agent.
-    "runner": (("driversdk.runner",), ("base", "plugin", "core")),
-    "agent": (("driversdk.agent",), ("base", "plugin", "core", "runner")),
-    "cli": (("driversdk.cli",), ("base", "plugin", "core", "runner", "agent")),
+    # Job files and configs: the HCL2 evaluator, Nomad's job schema and model, client/agent config.
+    "jobspec": (("driversdk.jobspec",), ("base", "plugin", "core")),
+    # One node's client: alloc/task runners and hooks, plugin manager, state, CSI, log monitor, HTTP API.
+    "agent": (("driversdk.agent",), ("base", "plugin", "core", "jobspec")),
+    "cli": (("driversdk.cli",), ("base", "plugin", "core", "jobspec", "agent")),
     "drivers": (("drivers",), ()),
     "drivers.docker": (("drivers.docker",), ("base", "plugin", "core")),
     "drivers.exec": (("drivers.exec",), ("base", "plugin", "core")),
@@ -79,27 +78,24 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 TYPE_LEVEL_CYCLES: dict[frozenset[str], str] = {
     frozenset(
         {
-            "driversdk.runner.allocrunner",
-            "driversdk.runner.taskrunner",
-            "driversdk.runner.lifecycle",
-            "driversdk.runner.nodeattrs",
-            "driversdk.runner.hooks",
-            "driversdk.runner.hooks.alloc_dir",
-            "driversdk.runner.hooks.artifact",
-            "driversdk.runner.hooks.csi_plugin",
-            "driversdk.runner.hooks.csi_volumes",
-            "driversdk.runner.hooks.logs",
-            "driversdk.runner.hooks.network",
-            "driversdk.runner.hooks.port_forward",
-            "driversdk.runner.hooks.ports",
-            "driversdk.runner.hooks.task_dir",
-            "driversdk.runner.hooks.template",
-            "driversdk.runner.hooks.volume_mounts",
+            "driversdk.agent.allocrunner.allocrunner",
+            "driversdk.agent.allocrunner.taskrunner",
+            "driversdk.agent.allocrunner.lifecycle",
+            "driversdk.agent.nodeattrs",
+            "driversdk.agent.allocrunner.hooks",
+            "driversdk.agent.allocrunner.hooks.alloc_dir",
+            "driversdk.agent.allocrunner.hooks.artifact",
+            "driversdk.agent.allocrunner.hooks.csi_plugin",
+            "driversdk.agent.allocrunner.hooks.csi_volumes",
+            "driversdk.agent.allocrunner.hooks.logs",
+            "driversdk.agent.allocrunner.hooks.network",
+            "driversdk.agent.allocrunner.hooks.port_forward",
+            "driversdk.agent.allocrunner.hooks.ports",
+            "driversdk.agent.allocrunner.hooks.task_dir",
+            "driversdk.agent.allocrunner.hooks.template",
+            "driversdk.agent.allocrunner.hooks.volume_mounts",
         }
     ): "hooks are typed by the runners they write into; removed when the hook contract (issue 28 item 3) lands",
-    frozenset({"driversdk.plugin.host", "driversdk.plugin.verify"}): (
-        "verify's checks take host's ReattachConfig; removed when ReattachConfig moves to a module of its own"
-    ),
 }
 
 IMPORTERS = {"import_module", "__import__"}
@@ -340,15 +336,15 @@ def test_the_checker_sees_every_way_of_importing(tmp_path: Path) -> None:
             "driversdk/errors.py": "",
             "driversdk/core1.py": "def f():\n    from driversdk.agent import api\n",
             "driversdk/core2.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import driversdk.cli\n",
-            "driversdk/core3.py": "import importlib\nimportlib.import_module('driversdk.runner.x')\n",
-            "driversdk/core4.py": "_LAZY = {'thing': 'driversdk.runner.x'}\n",
-            "driversdk/core5.py": "import logging\nlog = logging.getLogger('driversdk.runner')\n",
+            "driversdk/core3.py": "import importlib\nimportlib.import_module('driversdk.jobspec.x')\n",
+            "driversdk/core4.py": "_LAZY = {'thing': 'driversdk.jobspec.x'}\n",
+            "driversdk/core5.py": "import logging\nlog = logging.getLogger('driversdk.jobspec')\n",
             "driversdk/plugin/__init__.py": "from .. import service\n",
             "driversdk/plugin/ok.py": "from driversdk.errors import E\nfrom . import handshake\n",
             "driversdk/plugin/handshake.py": "",
             "driversdk/service.py": "",
-            "driversdk/runner/__init__.py": "",
-            "driversdk/runner/x.py": "from ..agent import api\n",
+            "driversdk/jobspec/__init__.py": "",
+            "driversdk/jobspec/x.py": "from ..agent import api\n",
             "driversdk/agent/__init__.py": "",
             "driversdk/agent/api.py": "CMD = 'python -c \"from driversdk.cli import main\"'\n",
             "driversdk/cli/__init__.py": "from driversdk.agent import api\nfrom drivers.exec import driver\n",
@@ -365,10 +361,10 @@ def test_the_checker_sees_every_way_of_importing(tmp_path: Path) -> None:
         "driversdk/cli/__init__.py:2 -> drivers.exec.driver (drivers.exec)",
         "driversdk/core1.py:2 -> driversdk.agent.api (agent)",
         "driversdk/core2.py:3 -> driversdk.cli (cli)",
-        "driversdk/core3.py:2 -> driversdk.runner.x (runner)",
-        "driversdk/core4.py:1 -> driversdk.runner.x (runner)",
+        "driversdk/core3.py:2 -> driversdk.jobspec.x (jobspec)",
+        "driversdk/core4.py:1 -> driversdk.jobspec.x (jobspec)",
+        "driversdk/jobspec/x.py:1 -> driversdk.agent.api (agent)",
         "driversdk/plugin/__init__.py:1 -> driversdk.service (core)",
-        "driversdk/runner/x.py:1 -> driversdk.agent.api (agent)",
     ]
 
 

@@ -1,8 +1,9 @@
-"""The agent: one long-running client that owns the driver plugins, the state store and the
-allocations of this node, and serves Nomad's HTTP API to the CLI and to Nomad's own API clients.
+"""One node's client: the agent (``driversdk agent``), and the runners a bare ``driversdk run`` embeds.
 
-``settings`` reads the agent config, ``datadirlock`` makes the data dir one agent's, ``jobstore``
-keeps registered jobs in ``state.db``, ``jobrunner`` runs one job's allocations, ``agent`` ties
-them together (start, recover, register, stop), ``acl`` holds the tokens, ``shapes`` turns state
-into Nomad's JSON, ``routes`` maps ``/v1`` paths to handlers and ``httpserver`` listens.
+At this level: ``agent`` owns the plugins, the stores and a ``jobrunner`` per registered job and
+recovers them after a restart; ``main`` and ``settings`` start it from its config; ``run`` is a bare
+run; ``validate`` checks everything known before a start. Below it, one package per subsystem:
+``allocrunner`` (alloc and task runners, their hooks, the group network), ``pluginmanager`` (the
+driver plugins), ``csi`` (volumes, claims, the volume watcher, CSI plugin tasks), ``logmon`` (the log
+collector), ``state`` (``state.db``) and ``api`` (Nomad's HTTP API).
 """

@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from driversdk.agent.state.db import open_state
 from driversdk.errors import DriverSDKError, StateWriteError
-from driversdk.statedb import open_state
 
 MANAGEMENT = "management"
 

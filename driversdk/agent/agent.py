@@ -24,23 +24,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from driversdk.agent.acl import TokenStore
+from driversdk.agent.api.eventstream import EventBuffer
 from driversdk.agent.datadirlock import DataDirLock
-from driversdk.agent.eventstream import EventBuffer
+from driversdk.agent.events import RunEvent
 from driversdk.agent.jobrunner import JobRunner
-from driversdk.agent.jobstore import JobRecord, JobStatus, JobStore
 from driversdk.agent.periodic import PeriodicDispatcher, PeriodicError, Schedule
 from driversdk.agent.settings import AgentSettings
+from driversdk.agent.state.jobstore import JobRecord, JobStatus, JobStore
 from driversdk.errors import ConfigError, DriverSDKError, StateWriteError
+from driversdk.jobspec.problems import Problem
 from driversdk.mallocarenas import give_back_freed_memory
 from driversdk.paths import check_name
-from driversdk.runner.events import RunEvent
-from driversdk.runner.problems import Problem
 
 if TYPE_CHECKING:
-    from driversdk.runner.allocrunner import NodeServices
-    from driversdk.runner.drivermanager import DriverManager
-    from driversdk.runner.taskenv import Node
-    from driversdk.runner.validate import DriverFacts
+    from driversdk.agent.allocrunner.allocrunner import NodeServices
+    from driversdk.agent.pluginmanager.drivermanager import DriverManager
+    from driversdk.agent.validate import DriverFacts
+    from driversdk.jobspec.taskenv import Node
 
 
 # How long shutdown() waits for each state store's current write before it gives up on taking it.
@@ -135,10 +135,10 @@ class Agent:
     def start(self) -> None:
         """Take the data dir, open the stores, launch (or reattach) the plugins, fingerprint them and
         recover the recorded jobs. Raises DataDirBusy when another agent has the data dir."""
-        from driversdk.runner import logcollect
-        from driversdk.runner.allocgc import GCPolicy, PeriodicGC
-        from driversdk.runner.drivermanager import DriverManager
-        from driversdk.statedb import prepare_data_dir
+        from driversdk.agent.allocgc import GCPolicy, PeriodicGC
+        from driversdk.agent.logmon import tasklogs as logcollect
+        from driversdk.agent.pluginmanager.drivermanager import DriverManager
+        from driversdk.agent.state.db import prepare_data_dir
 
         prepare_data_dir(self.settings.data_dir)
         self.lock.acquire()
@@ -163,7 +163,7 @@ class Agent:
             raise
 
     def _drivers_to_load(self) -> list[str]:
-        from driversdk.runner.bundled import SHIPPED
+        from driversdk.bundled import SHIPPED
 
         names = set(SHIPPED) | set(self.client.plugins)
         return sorted(n for n in names if self.client.driver_command(n) is not None)
@@ -175,7 +175,7 @@ class Agent:
             self.fingerprint(driver)
 
     def fingerprint(self, driver: str) -> DriverHealth:
-        from driversdk.runner.validate import facts_of, plugin_config_for
+        from driversdk.agent.validate import facts_of, plugin_config_for
 
         assert self.drivers is not None and self.node is not None
         try:
@@ -279,7 +279,7 @@ class Agent:
             self.lock.release()
 
     def _release_logs(self) -> None:
-        from driversdk.runner import logcollect
+        from driversdk.agent.logmon import tasklogs as logcollect
 
         if self._logs_held:
             self._logs_held = False
@@ -290,7 +290,7 @@ class Agent:
     def node_info(self) -> Node:
         """The node as the API shows it, read again at most every NODE_INFO_TTL seconds (Nomad
         fingerprints on an interval too) and whenever a driver's health changed."""
-        from driversdk.runner import nodeattrs
+        from driversdk.agent import nodeattrs
 
         drivers = {name: h.attributes for name, h in self.health.items()}
         with self._node_lock:
@@ -329,8 +329,8 @@ class Agent:
         import shutil
         import tempfile
 
-        from driversdk.runner.hcl import Inputs
-        from driversdk.runner.validate import validate_job
+        from driversdk.agent.validate import validate_job
+        from driversdk.jobspec.hcl import Inputs
 
         try:
             folder = tempfile.mkdtemp(prefix="driversdk-job-")
@@ -501,7 +501,7 @@ class Agent:
                 with self._lock:
                     if self.runners.get(job_id) is runner:
                         self.runners.pop(job_id, None)
-                from driversdk.runner.allocgc import collect_job
+                from driversdk.agent.allocgc import collect_job
 
                 # Its allocations go with it (Nomad's GC of a purged job): a new job of the same ID
                 # starts with none. One whose claims or mounts are not released yet is kept, said.
@@ -518,7 +518,7 @@ class Agent:
 def _open_node(data_dir: str, report: Callable[[StateWriteError], None]) -> NodeServices:
     """The node's stores, whose failed state write is reported to the agent instead of stopping
     every allocation of the node (see Agent._state_write_failed)."""
-    from driversdk.runner.allocrunner import NodeServices
+    from driversdk.agent.allocrunner.allocrunner import NodeServices
 
     @dataclass
     class AgentNode(NodeServices):

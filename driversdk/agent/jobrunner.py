@@ -16,14 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from driversdk.agent.events import Emit, RunEvent, error_event
 from driversdk.errors import DriverSDKError, StateWriteError
-from driversdk.runner.clientconfig import ClientConfig
-from driversdk.runner.events import Emit, RunEvent, error_event
-from driversdk.runner.jobspec import Job
+from driversdk.jobspec.clientconfig import ClientConfig
+from driversdk.jobspec.job import Job
 
 if TYPE_CHECKING:
-    from driversdk.runner.allocrunner import AllocRunner, NodeServices
-    from driversdk.runner.drivermanager import DriverManager
+    from driversdk.agent.allocrunner.allocrunner import AllocRunner, NodeServices
+    from driversdk.agent.pluginmanager.drivermanager import DriverManager
 
 
 @dataclass
@@ -60,7 +60,7 @@ class JobRunner:
             self.ended.wait()
 
     def _run(self) -> None:
-        from driversdk.runner import run
+        from driversdk.agent import run
 
         try:
             plan = run._plan([self.job], self.node)

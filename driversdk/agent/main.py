@@ -16,8 +16,8 @@ import sys
 import threading
 
 from driversdk.agent.agent import Agent
-from driversdk.agent.httpserver import Listeners
-from driversdk.agent.routes import handle
+from driversdk.agent.api.httpserver import Listeners
+from driversdk.agent.api.routes import handle
 from driversdk.agent.settings import AgentSettings
 from driversdk.mallocarenas import limit_malloc_arenas
 

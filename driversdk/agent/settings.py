@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driversdk.errors import ConfigError
-from driversdk.runner.clientconfig import ClientConfig, load_client
+from driversdk.jobspec.clientconfig import ClientConfig, load_client
 
 # Nomad's default HTTP port.
 DEFAULT_HTTP_PORT = 4646
@@ -100,7 +100,7 @@ def load_settings(path: str | None, *, dev: bool = False) -> AgentSettings:
 
 
 def _sets_data_dir(path: str) -> bool:
-    from driversdk.runner.clientconfig import _parse
+    from driversdk.jobspec.clientconfig import _parse
 
     return "data_dir" in _parse(path)
 
@@ -117,7 +117,7 @@ def _single(value: Any) -> dict[str, Any]:
 
 
 def _http_settings(path: str, settings: AgentSettings) -> None:
-    from driversdk.runner.clientconfig import _parse
+    from driversdk.jobspec.clientconfig import _parse
 
     data = _parse(path)
     addresses = _single(data.get("addresses"))

@@ -50,7 +50,7 @@ def data_dir_of(args: argparse.Namespace) -> str | None:
     if getattr(args, "data_dir", None):
         return str(args.data_dir)
     if getattr(args, "client", None):
-        from driversdk.runner.clientconfig import load_client  # the HCL reader: only when asked for
+        from driversdk.jobspec.clientconfig import load_client  # the HCL reader: only when asked for
 
         return str(load_client(args.client).data_dir)
     return None

@@ -16,7 +16,7 @@ class CLIError(DriverSDKError):
 def resolve_data_dir(args: argparse.Namespace, *, existing: bool = False) -> str:
     """The data dir the command works on; ``existing`` for commands that only read it, which
     must not create an empty one (and then report that nothing ran) when the path is wrong."""
-    from driversdk.runner.clientconfig import load_client
+    from driversdk.jobspec.clientconfig import load_client
 
     path = str(getattr(args, "data_dir", None) or load_client(getattr(args, "client", None)).data_dir)
     if existing and not os.path.isdir(path):

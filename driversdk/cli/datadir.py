@@ -13,7 +13,7 @@ from driversdk.cli.common import resolve_data_dir
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Tasks that `driversdk run` started on this client, newest last."""
-    from driversdk.runner.runstate import RunState
+    from driversdk.agent.state.runstate import RunState
 
     state = RunState(resolve_data_dir(args, existing=True))
     records = state.tasks()
@@ -77,8 +77,8 @@ def _last_events(events: list[dict[str, Any]], *, failed: bool) -> str:
 def cmd_system_gc(args: argparse.Namespace) -> int:
     """Collect every terminal allocation of the data dir now (Nomad's ``nomad system gc``): exit 0
     when all were collected, 1 when one had to be kept (each said in one line on stderr)."""
-    from driversdk.runner.allocgc import GCPolicy, collect
-    from driversdk.runner.runstate import RunState
+    from driversdk.agent.allocgc import GCPolicy, collect
+    from driversdk.agent.state.runstate import RunState
 
     data_dir = resolve_data_dir(args, existing=True)
     state = RunState(data_dir)
@@ -98,7 +98,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     """Print a task's collected log files in order (or their last -n lines); -f keeps following
     while the task runs, woken by inotify when the files grow or rotate."""
     from driversdk import logtail
-    from driversdk.runner.runstate import RunState, RunStateError
+    from driversdk.agent.state.runstate import RunState, RunStateError
 
     data_dir = resolve_data_dir(args, existing=True)
     state = RunState(data_dir)

@@ -213,7 +213,7 @@ def _stop_offline(args: argparse.Namespace, unreachable: AgentUnreachable) -> in
         raise unreachable
     # The agent's modules, loaded only here: a stop while the agent is down.
     from driversdk.agent.datadirlock import DataDirBusy, DataDirLock
-    from driversdk.agent.jobstore import JobStore
+    from driversdk.agent.state.jobstore import JobStore
 
     lock = DataDirLock(data_dir)
     try:

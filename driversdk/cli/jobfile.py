@@ -19,9 +19,9 @@ _JOB_HCL1 = "the job file is HCL1, as older Nomad versions ran it with -hcl1 (no
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
-    from driversdk.runner.hcl import FilePolicy
-    from driversdk.runner.jobjson import JobInputs
-    from driversdk.runner.validate import check_files
+    from driversdk.agent.validate import check_files
+    from driversdk.jobspec.hcl import FilePolicy
+    from driversdk.jobspec.jobjson import JobInputs
 
     # File functions read only below the job file's directory (see FilePolicy).
     files = FilePolicy.beside(args.job)
@@ -74,10 +74,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("error: -detach needs a running agent to leave the job with; start one with `driversdk agent -dev` "
               "(or set NOMAD_ADDR), or run without -detach", file=sys.stderr)  # fmt: skip
         return 2
-    from driversdk.runner.clientconfig import load_client
-    from driversdk.runner.events import error_event, printer
-    from driversdk.runner.jobjson import JobInputs
-    from driversdk.runner.run import EXIT_REFUSED, EXIT_TASK_FAILED, AllocRefused, RunFailed, RunRefused, run_jobs
+    from driversdk.agent.events import error_event, printer
+    from driversdk.agent.run import EXIT_REFUSED, EXIT_TASK_FAILED, AllocRefused, RunFailed, RunRefused, run_jobs
+    from driversdk.jobspec.clientconfig import load_client
+    from driversdk.jobspec.jobjson import JobInputs
 
     client = load_client(args.client)
     try:

@@ -3,7 +3,7 @@ followed, as `nomad job run` does, and nothing runs in this process.
 
 The agent parses the job (``POST /v1/jobs/parse``; a JSON job goes straight to ``PUT /v1/jobs``),
 with ``-var``, ``-var-file`` and ``NOMAD_VAR_*`` sent as driversdk's extension fields of the parse
-body (see :func:`driversdk.agent.routes.parse_job`): the var files are read here, where they are,
+body (see :func:`driversdk.agent.api.routes.parse_job`): the var files are read here, where they are,
 and sent as text. Then each new task event of the job's allocations is printed as a line of the
 in-process run (:meth:`RunEvent.text`, or its ``--json`` object), from blocking queries, until
 every allocation is over (exit 0 when all completed, 1 when one failed). Ctrl-C detaches, as
@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from driversdk.agent.events import RunEvent, RunEventType, error_event
 from driversdk.cli.apiclient import AgentClient, AgentUnreachable, APIRequestError, job_path
 from driversdk.errors import DriverSDKError
-from driversdk.runner.events import RunEvent, RunEventType, error_event
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -9,7 +9,7 @@ agent's socket in the data dir. With ``--data-dir`` or ``--client`` given, only 
 socket counts (not a dev agent's elsewhere), and a socket nobody answers on is no agent.
 
 Stdlib and the API client only, except that a volume file is read with the runner's parser and
-sent as Nomad's CSIVolume JSON (driversdk.agent.csivolumejson): the CLI never opens state.db here.
+sent as Nomad's CSIVolume JSON (driversdk.agent.api.csivolumejson): the CLI never opens state.db here.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def _print_json(value: Any) -> None:
 
 
 def _volume_body(path: str) -> tuple[Any, dict[str, Any]]:
-    from driversdk.agent.csivolumejson import volume_to_api
-    from driversdk.runner.volumes import parse_volume_file
+    from driversdk.agent.api.csivolumejson import volume_to_api
+    from driversdk.agent.csi.volumes import parse_volume_file
 
     volume = parse_volume_file(path)
     return volume, {"Volumes": [volume_to_api(volume)]}
@@ -346,7 +346,7 @@ _VERBS: dict[str, Verb] = {
 
 
 def _volume_store(args: argparse.Namespace, *, existing: bool = False) -> Any:
-    from driversdk.runner.volumes import VolumeStore
+    from driversdk.agent.csi.volumes import VolumeStore
 
     data_dir = resolve_data_dir(args, existing=existing)
     _watch(data_dir)
@@ -356,7 +356,7 @@ def _volume_store(args: argparse.Namespace, *, existing: bool = False) -> Any:
 def _watch(data_dir: str) -> None:
     """Every `volume` command first gives the volume watcher a pass: past claims whose backoff
     ran out are released (said on stderr, so --json output stays clean)."""
-    from driversdk.runner.volumewatcher import VolumeWatcher, describe
+    from driversdk.agent.csi.volumewatcher import VolumeWatcher, describe
 
     watcher = VolumeWatcher(data_dir)
     try:
@@ -368,7 +368,7 @@ def _watch(data_dir: str) -> None:
 
 
 def _stores(args: argparse.Namespace) -> Any:
-    from driversdk.runner.volumeops import Stores
+    from driversdk.agent.csi.volumeops import Stores
 
     data_dir = resolve_data_dir(args, existing=True)
     _watch(data_dir)
@@ -378,7 +378,7 @@ def _stores(args: argparse.Namespace) -> Any:
 def cmd_volume_register(args: argparse.Namespace) -> int:
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumes import parse_volume_file
+    from driversdk.agent.csi.volumes import parse_volume_file
 
     volume = parse_volume_file(args.file)
     stored, created = _volume_store(args).register(volume)
@@ -390,8 +390,8 @@ def cmd_volume_create(args: argparse.Namespace) -> int:
     """CreateVolume through the plugin's controller, then register the result (`nomad volume create`)."""
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumeops import Stores, create_volume
-    from driversdk.runner.volumes import parse_volume_file
+    from driversdk.agent.csi.volumeops import Stores, create_volume
+    from driversdk.agent.csi.volumes import parse_volume_file
 
     volume = parse_volume_file(args.file)
     data_dir = resolve_data_dir(args)
@@ -421,7 +421,7 @@ def cmd_volume_delete(args: argparse.Namespace) -> int:
     """DeleteVolume through the controller and deregister; refused while the volume is claimed."""
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumeops import delete_volume
+    from driversdk.agent.csi.volumeops import delete_volume
 
     stores = _stores(args)
     try:
@@ -438,7 +438,7 @@ def cmd_volume_detach(args: argparse.Namespace) -> int:
     once nothing of it is mounted, saying what could not be undone."""
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumewatcher import DetachError, VolumeWatcher, describe, describe_failure
+    from driversdk.agent.csi.volumewatcher import DetachError, VolumeWatcher, describe, describe_failure
 
     data_dir = resolve_data_dir(args, existing=True)
     watcher = VolumeWatcher(data_dir)
@@ -479,8 +479,8 @@ def cmd_volume_detach(args: argparse.Namespace) -> int:
 def cmd_volume_status(args: argparse.Namespace) -> int:
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumeops import plugin_health, volume_status
-    from driversdk.runner.volumes import VolumeError, claim_state_text, public_view
+    from driversdk.agent.csi.volumeops import plugin_health, volume_status
+    from driversdk.agent.csi.volumes import VolumeError, claim_state_text, public_view
 
     stores = _stores(args)
     try:
@@ -521,7 +521,7 @@ def cmd_volume_status(args: argparse.Namespace) -> int:
 def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumeops import create_snapshot
+    from driversdk.agent.csi.volumeops import create_snapshot
 
     stores = _stores(args)
     try:
@@ -543,7 +543,7 @@ def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
 def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumeops import delete_snapshot
+    from driversdk.agent.csi.volumeops import delete_snapshot
 
     stores = _stores(args)
     try:
@@ -558,7 +558,7 @@ def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
 def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
-    from driversdk.runner.volumeops import list_snapshots
+    from driversdk.agent.csi.volumeops import list_snapshots
 
     stores = _stores(args)
     try:
@@ -585,10 +585,10 @@ def cmd_plugin_status(args: argparse.Namespace) -> int:
     """CSI plugin instances registered on this client, each probed now."""
     if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
         return through_agent
+    from driversdk.agent.csi.registry import PLUGIN_TYPES, PluginRegistry
+    from driversdk.agent.csi.state import StateStore
     from driversdk.csi.client import CSIClient
     from driversdk.csi.errors import CSIError
-    from driversdk.csi.registry import PLUGIN_TYPES, PluginRegistry
-    from driversdk.csi.state import StateStore
 
     data_dir = resolve_data_dir(args, existing=True)
     store = StateStore(os.path.join(data_dir, "state.db"))

@@ -22,13 +22,13 @@ import docker
 import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
-from driversdk.agent.jobstore import JobStore
+from driversdk.agent.csi.volumes import VolumeStore
+from driversdk.agent.state.jobstore import JobStore
 from driversdk.cli.apiclient import AgentClient, APIRequestError
 from driversdk.mountinfo import read_mountinfo
-from driversdk.runner.volumes import VolumeStore
 from tests.agent.agentproc import ROOT, AgentProcess
+from tests.agent.test_run_csi import demo, plugin_group
 from tests.hostcheck import labelled_containers, processes
-from tests.runner.test_run_csi import demo, plugin_group
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="exec tasks, CSI mounts and tmpfs need root")
 
@@ -336,7 +336,7 @@ def _plugins(pid: int) -> set[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rpartition(")")[2].split()[1]) == pid and b"logcollector" not in cmdline:
+        if int(stat.rpartition(")")[2].split()[1]) == pid and b"logmon/collector.py" not in cmdline:
             found.add(int(entry))
     return found
 

@@ -45,7 +45,7 @@ UNWANTED = (
     "subprocess",
     "grpc",
     "google",
-    "driversdk.runner",
+    "driversdk.jobspec",
     "driversdk.agent",
     "driversdk.client",
     "driversdk.cli.volume",
@@ -103,12 +103,12 @@ def test_an_agent_verb_imports_only_what_it_needs(
 
 
 def test_the_check_sees_a_command_that_loads_them(tmp_path: Path) -> None:
-    """`driversdk validate` needs the runner (HCL): the same check finds it, so it can fail."""
+    """`driversdk validate` needs the jobspec (HCL): the same check finds it, so it can fail."""
     job = tmp_path / "j.hcl"
     job.write_text('job "j" {\n  group "g" {\n    task "t" {\n      driver = "raw_exec"\n'
                    '      config {\n        command = "/bin/true"\n      }\n    }\n  }\n}\n')  # fmt: skip
     done, modules = _run(None, "validate", str(job))
-    assert "driversdk.runner" in _unwanted(modules), done.stderr
+    assert "driversdk.jobspec" in _unwanted(modules), done.stderr
 
 
 def test_a_refused_verb_line_shows_the_whole_usage(agent: AgentProcess) -> None:

@@ -21,8 +21,8 @@ from tests.agent.agentproc import ROOT, AgentProcess
 BUSYBOX = "driversdk-test/busybox:local"
 WHERE = r' \[job "{job}", alloc ([0-9a-f]{{8}})\]'
 # What a run against an agent must never load in its own process.
-HEAVY = ("grpc", "lark", "hcl2", "hcl", "docker", "driversdk.runner.hcl", "driversdk.client", "driversdk.plugin",
-         "driversdk.runner.jobspec", "driversdk.runner.run")  # fmt: skip
+HEAVY = ("grpc", "lark", "hcl2", "hcl", "docker", "driversdk.jobspec.hcl", "driversdk.client", "driversdk.plugin",
+         "driversdk.jobspec.job", "driversdk.agent.run")  # fmt: skip
 
 
 def _env(agent: AgentProcess | None, **extra: str) -> dict[str, str]:
@@ -310,7 +310,7 @@ def test_the_import_check_sees_what_a_bare_run_loads(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert 'task "t" finished with exit code 0' in done.stdout
     heavy = _heavy(_imported(done.stderr))
-    assert {"grpc", "driversdk.client", "driversdk.runner.hcl"} <= heavy
+    assert {"grpc", "driversdk.client", "driversdk.jobspec.hcl"} <= heavy
 
 
 def test_detach_without_an_agent_is_refused(tmp_path: Path) -> None:

@@ -18,11 +18,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from driversdk.agent.csivolumejson import VolumeJSONError, volume_from_api, volume_to_api
+from driversdk.agent.api.csivolumejson import VolumeJSONError, volume_from_api, volume_to_api
+from driversdk.agent.csi.volumes import parse_volume_file
 from driversdk.cli.apiclient import APIRequestError
-from driversdk.runner.volumes import parse_volume_file
 from tests.agent.agentproc import ROOT, AgentProcess
-from tests.runner.test_run_csi import Env, app_group, make_env, plugin_group
+from tests.agent.test_run_csi import Env, app_group, make_env, plugin_group
 
 SECRET = "s3cr3t-token-value"
 FLAG = "password=hunter2"
@@ -202,7 +202,12 @@ def test_volume_and_plugin_commands_go_through_the_agent(csi_agent: tuple[Env, A
     # Through the API only: no state store, no volume model, no grpc in the CLI process.
     modules = _imported(done.stderr)
     assert "driversdk.cli.volume" in modules
-    assert not modules & {"driversdk.runner.volumes", "driversdk.statedb", "driversdk.csi.state", "grpc"}, modules
+    assert not modules & {
+        "driversdk.agent.csi.volumes",
+        "driversdk.agent.state.db",
+        "driversdk.agent.csi.state",
+        "grpc",
+    }, modules
     done = cli("volume", "status", "vol", flag=True)
     assert done.returncode == 0 and json.loads(done.stdout)["ID"] == "vol"
     done = cli("volume", "status", "--json")

@@ -10,14 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from driversdk.agent.csi.manager import NodeVolumeManager, UsageOptions, controller_publish, controller_unpublish
+from driversdk.agent.csi.registry import PluginRegistration, PluginRegistry, socket_path_for
+from driversdk.agent.csi.state import StateStore
 from driversdk.csi.client import CSIClient, capability_mismatches
 from driversdk.csi.errors import CSIConnectError, CSIError, clean_detail
 from driversdk.csi.fingerprint import fingerprint
-from driversdk.csi.manager import NodeVolumeManager, UsageOptions, controller_publish, controller_unpublish
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
-from driversdk.csi.registry import PluginRegistration, PluginRegistry, socket_path_for
 from driversdk.csi.retry import RETRY_TABLE
-from driversdk.csi.state import StateStore
 from driversdk.pb import csi_pb2
 
 from .conftest import NODE_ID, HostPathPlugin, mounts_under

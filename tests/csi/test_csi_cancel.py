@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from driversdk.agent.csi.manager import NodeVolumeManager
+from driversdk.agent.csi.state import StateStore
 from driversdk.csi.cancel import CallCancelled, Cancel
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
-from driversdk.csi.manager import NodeVolumeManager
-from driversdk.csi.state import StateStore
 from tests.csi.conftest import HostPathPlugin, mounts_under
 from tests.csi.test_csi import MULTI, make_volume
 

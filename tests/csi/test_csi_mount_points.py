@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from driversdk.agent.csi.manager import NodeVolumeManager
+from driversdk.agent.csi.state import StateStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
-from driversdk.csi.manager import NodeVolumeManager
-from driversdk.csi.state import StateStore
 from driversdk.mountinfo import mount_points, parse_line, read_mountinfo
 
 from .conftest import HostPathPlugin, mounts_under

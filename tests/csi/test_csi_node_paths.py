@@ -14,13 +14,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-import driversdk.csi.manager as manager_mod
+import driversdk.agent.csi.manager as manager_mod
 import driversdk.mountinfo as mountinfo_mod
+from driversdk.agent.csi.manager import NodeVolumeManager, UsageOptions, sweep_mount_root
+from driversdk.agent.csi.state import StateStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
-from driversdk.csi.manager import NodeVolumeManager, UsageOptions, sweep_mount_root
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
-from driversdk.csi.state import StateStore
 from driversdk.mountinfo import is_mounted_at, mount_points, read_mountinfo, statx_mount_root
 from driversdk.paths import UnsafePathError, resolve_under
 from driversdk.pb import csi_pb2, csi_pb2_grpc
@@ -266,7 +266,7 @@ def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, t
 
 
 def test_remove_empty_keeps_the_layout_dirs_and_falls_back_to_the_root(tmp_path: Path) -> None:
-    from driversdk.csi.manager import _remove_empty_below
+    from driversdk.agent.csi.manager import _remove_empty_below
 
     root = tmp_path / "root"
     for leaf in (root / "staging" / "default" / "vol" / "usage", root / "per-alloc" / "alloc" / "vol" / "usage"):

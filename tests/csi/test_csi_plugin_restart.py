@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from driversdk.agent.csi.manager import NodeVolumeManager
+from driversdk.agent.csi.state import StateStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
-from driversdk.csi.manager import NodeVolumeManager
-from driversdk.csi.state import StateStore
 from driversdk.mountinfo import is_mount_point
 
 from .conftest import HostPathPlugin, mounts_under

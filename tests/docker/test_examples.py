@@ -19,8 +19,8 @@ import docker
 import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
+from driversdk.agent.nodeattrs import host_ip
 from driversdk.mountinfo import read_mountinfo
-from driversdk.runner.nodeattrs import host_ip
 from tests.hostcheck import labelled_containers
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.clientconfig import load_client
-from driversdk.runner.problems import ValidationFailed
+from driversdk.jobspec.clientconfig import load_client
+from driversdk.jobspec.problems import ValidationFailed
 
 AGENT = """
 # A whole agent file, as Nomad's docs write them

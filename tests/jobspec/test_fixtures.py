@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.hcl import Inputs
-from driversdk.runner.jobspec import parse_job, static_problems
-from driversdk.runner.validate import dry_interpolated
+from driversdk.agent.validate import dry_interpolated
+from driversdk.jobspec.hcl import Inputs
+from driversdk.jobspec.job import parse_job, static_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FILES = sorted(FIXTURES.glob("*.hcl"))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from driversdk.runner.hcl import FilePolicy, Inputs, evaluate
+from driversdk.jobspec.hcl import FilePolicy, Inputs, evaluate
 
 
 def job_body(text: str, inputs: Inputs | None = None, path: str = "/tmp/job.hcl") -> dict[str, Any]:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.hclload import HCLFileError
-from driversdk.runner.jobjson import JobInputs
-from driversdk.runner.jobspec import Job, evaluate_job, parse_job, static_problems
+from driversdk.jobspec.hclload import HCLFileError
+from driversdk.jobspec.job import Job, evaluate_job, parse_job, static_problems
+from driversdk.jobspec.jobjson import JobInputs
+from tests.agent.test_job_json import client_config
+from tests.agent.test_run_output import ROOT, cli
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
-from tests.runner.test_job_json import client_config
-from tests.runner.test_run_output import ROOT, cli
 
 track = raw_exec_fixtures.track
 no_leaks = raw_exec_fixtures.no_leaks

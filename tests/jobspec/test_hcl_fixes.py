@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from driversdk.runner.hcl import Inputs, evaluate
+from driversdk.jobspec.hcl import Inputs, evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.clientconfig import load_client
-from driversdk.runner.hclload import HCLFileError, load_hcl
-from driversdk.runner.jobspec import parse_job
+from driversdk.jobspec.clientconfig import load_client
+from driversdk.jobspec.hclload import HCLFileError, load_hcl
+from driversdk.jobspec.job import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*.hcl"))

@@ -20,8 +20,8 @@ from types import ModuleType
 import lark
 import pytest
 
-import driversdk.runner.hcl as hcl
-from driversdk.runner.hcl import FilePolicy, Inputs, evaluate
+import driversdk.jobspec.hcl as hcl
+from driversdk.jobspec.hcl import FilePolicy, Inputs, evaluate
 
 # ``functions._plain(v: Any, …)``: json.loads' / yaml.safe_load's document, not yet a value.
 MAX_ANY_IN_SOURCE = 1
@@ -154,7 +154,7 @@ def test_value_is_exactly_the_hcl_values() -> None:
 def test_every_evaluated_leaf_is_a_value_member(tmp_path: Path) -> None:
     values = importlib.import_module(f"{hcl.__name__}.values")
     value_alias = getattr(values, "Value", None)
-    assert value_alias is not None, "driversdk.runner.hcl.values has no Value alias"
+    assert value_alias is not None, "driversdk.jobspec.hcl.values has no Value alias"
     allowed = _runtime_classes(value_alias)
     job = tmp_path / "job.hcl"
     job.write_text(JOB)

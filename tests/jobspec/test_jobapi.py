@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from driversdk.runner.hcl import FilePolicy, Inputs
-from driversdk.runner.hcllimits import MAX_JOB_FILE_BYTES
-from driversdk.runner.hclload import HCLFileError, labelled
-from driversdk.runner.jobapi import api_job, parse_to_api
-from driversdk.runner.jobspec import Job, evaluate_job, parse_job, static_problems
-from driversdk.runner.problems import ValidationFailed
-from driversdk.runner.validate import dry_interpolated
+from driversdk.agent.validate import dry_interpolated
+from driversdk.jobspec.hcl import FilePolicy, Inputs
+from driversdk.jobspec.hcllimits import MAX_JOB_FILE_BYTES
+from driversdk.jobspec.hclload import HCLFileError, labelled
+from driversdk.jobspec.job import Job, evaluate_job, parse_job, static_problems
+from driversdk.jobspec.jobapi import api_job, parse_to_api
+from driversdk.jobspec.problems import ValidationFailed
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every job corpus of the repository: the examples and the fixtures (the other .hcl files are a

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driversdk.runner.hcl.functions import NAMES
-from driversdk.runner.jobspec import parse_job, static_problems
+from driversdk.jobspec.hcl.functions import NAMES
+from driversdk.jobspec.job import parse_job, static_problems
 
 identifiers = st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True)
 PLACES = [

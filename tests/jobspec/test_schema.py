@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from driversdk.runner.jobspec import parse_job
-from driversdk.runner.validate import check_files
+from driversdk.agent.validate import check_files
+from driversdk.jobspec.job import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,7 +129,7 @@ def test_a_runtime_destination_is_checked_after_interpolation(tmp_path: Path) ->
 
 
 def test_restart_policy_merges_job_type_default_group_and_task(tmp_path: Path) -> None:
-    from driversdk.runner.restarts import RestartPolicy, default_policy, policy_for
+    from driversdk.jobspec.restarts import RestartPolicy, default_policy, policy_for
 
     path = write(
         tmp_path,

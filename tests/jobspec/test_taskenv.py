@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from driversdk.runner.jobspec import CSIPluginConfig, Group, Job, Port, Task
-from driversdk.runner.taskenv import Alloc, Node, PortValue, TaskEnv, build, dry
+from driversdk.jobspec.job import CSIPluginConfig, Group, Job, Port, Task
+from driversdk.jobspec.taskenv import Alloc, Node, PortValue, TaskEnv, build, dry
 
 
 def sample() -> tuple[Job, Group, Task]:
@@ -111,7 +111,7 @@ def test_dry_uses_static_ports_only() -> None:
 
 def test_the_allocation_environment_has_no_task_in_it() -> None:
     # What group-level values (network.hostname) are interpolated with, as Nomad's.
-    from driversdk.runner.taskenv import for_alloc
+    from driversdk.jobspec.taskenv import for_alloc
 
     job, group, _ = sample()
     env = for_alloc(job, group, Alloc(id="0123456789abcdef", index=3, ports=(PortValue("http", 8080, 80),))).env

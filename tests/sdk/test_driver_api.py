@@ -376,7 +376,7 @@ def test_hello_host_reattaches_without_set_config(tmp_path: Path) -> None:
 
 
 def test_attributes_read_back_from_the_wire_as_attribute_of_gives_them() -> None:
-    # What driversdk.runner.inprocess hands validation must be what a plugin's fingerprint reads
+    # What driversdk.agent.pluginmanager.inprocess hands validation must be what a plugin's fingerprint reads
     # as on the host: plain values, Attributes with units, and values of other types as text.
     attrs = {"b": True, "i": 7, "f": 1.5, "s": "x", "u": Attribute(2048, "MiB"), "p": Path("/srv")}
     sent = Fingerprint(HealthState.HEALTHY, "Healthy", attrs)  # type: ignore[arg-type]

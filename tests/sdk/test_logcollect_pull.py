@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.logcollect import CHUNK, LOG_MODE, RotatingFile
+from driversdk.agent.logmon.tasklogs import CHUNK, LOG_MODE, RotatingFile
 
 
 def _pump(sink: RotatingFile, data: bytes) -> None:

@@ -1,6 +1,7 @@
 """Layering of the process-driver kit: ``driversdk/taskkit`` is SDK code and imports no bundled
-driver (``drivers.*``) and not the runner (``driversdk.runner``); ``drivers/raw_exec`` is built on
-the kit and imports nothing from ``drivers/exec``.
+driver (``drivers.*``), neither the jobspec nor the agent (``driversdk.jobspec``,
+``driversdk.agent``); ``drivers/raw_exec`` is built on the kit and imports nothing from
+``drivers/exec``.
 
 The source is read with ``ast``: imports at module level and inside functions, relative imports,
 ``importlib.import_module`` / ``__import__`` strings and module names in code strings handed to a
@@ -16,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = {
-    "driversdk/taskkit": ("drivers", "driversdk.runner"),
+    "driversdk/taskkit": ("drivers", "driversdk.jobspec", "driversdk.agent"),
     "drivers/raw_exec": ("drivers.exec",),
 }
 CODE_IMPORT = re.compile(r"(?:^|[\s;])(?:from|import)\s+([A-Za-z_][\w.]*)")
@@ -82,8 +83,8 @@ def test_the_checker_sees_every_way_of_importing(tmp_path: Path) -> None:
     kit.mkdir(parents=True)
     raw.mkdir(parents=True)
     (kit / "a.py").write_text("def f():\n    from drivers.exec.cgroups import TaskCgroup\n")
-    (kit / "b.py").write_text("import importlib\nimportlib.import_module('driversdk.runner.run')\n")
-    (kit / "c.py").write_text("from ..runner import hooks\n")
+    (kit / "b.py").write_text("import importlib\nimportlib.import_module('driversdk.agent.run')\n")
+    (kit / "c.py").write_text("from ..jobspec import hcl\n")
     (raw / "d.py").write_text("from drivers import exec\n")
     (raw / "e.py").write_text("BOOT = 'import sys; from drivers.exec.launch import main; main()'\n")
     (raw / "f.py").write_text("MODULE = 'drivers.exec.ids'\n__import__('os')\n")
@@ -94,7 +95,7 @@ def test_the_checker_sees_every_way_of_importing(tmp_path: Path) -> None:
         "drivers/raw_exec/f.py:1 imports drivers.exec.ids",
         "driversdk/taskkit/a.py:2 imports drivers.exec.cgroups",
         "driversdk/taskkit/a.py:2 imports drivers.exec.cgroups.TaskCgroup",
-        "driversdk/taskkit/b.py:2 imports driversdk.runner.run",
-        "driversdk/taskkit/c.py:1 imports driversdk.runner",
-        "driversdk/taskkit/c.py:1 imports driversdk.runner.hooks",
+        "driversdk/taskkit/b.py:2 imports driversdk.agent.run",
+        "driversdk/taskkit/c.py:1 imports driversdk.jobspec",
+        "driversdk/taskkit/c.py:1 imports driversdk.jobspec.hcl",
     ]

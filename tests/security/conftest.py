@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.runner.conftest import engine, short_dir
+from tests.agent.conftest import engine, short_dir
 
 __all__ = ["engine", "short_dir"]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from driversdk.agent.csi.manager import NodeVolumeManager, pin_root
+from driversdk.agent.csi.state import StateStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
-from driversdk.csi.manager import NodeVolumeManager, pin_root
-from driversdk.csi.state import StateStore
 from driversdk.mountinfo import is_mounted_at, read_mountinfo
 from tests.csi.conftest import NODE_ID
 from tests.csi.test_csi import MULTI, calls, make_volume

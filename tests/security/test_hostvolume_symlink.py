@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from driversdk.runner.clientconfig import load_client
+from driversdk.jobspec.clientconfig import load_client
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner import parsecache
-from driversdk.runner.hcllimits import MAX_CACHED_TEXT_BYTES, MAX_JOB_FILE_BYTES
+from driversdk.jobspec import parsecache
+from driversdk.jobspec.hcllimits import MAX_CACHED_TEXT_BYTES, MAX_JOB_FILE_BYTES
 from tests.security.jobfile_cli import ROOT, assert_refused, assert_run_refused, cli, client_file, job_text
 
 BLOWUPS = [
@@ -109,7 +109,7 @@ def test_dev_zero_as_the_job_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_real_job_files_still_validate_their_values() -> None:
-    from driversdk.runner.hcl import evaluate
+    from driversdk.jobspec.hcl import evaluate
 
     files = sorted((ROOT / "tests" / "jobspec" / "fixtures").glob("*.hcl")) + sorted(
         (ROOT / "tests" / "runner" / "fixtures").glob("**/*.hcl")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.hcl import FilePolicy, Inputs, evaluate
-from driversdk.runner.hcllimits import MAX_READ_FILE_BYTES
+from driversdk.jobspec.hcl import FilePolicy, Inputs, evaluate
+from driversdk.jobspec.hcllimits import MAX_READ_FILE_BYTES
 from tests.security.jobfile_cli import assert_refused, assert_run_refused, cli, client_file, job_text
 
 SECRET = "root:$6$attacker-wants-this:19000:0:99999:7:::"

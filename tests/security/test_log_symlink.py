@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from driversdk.agent.logmon import tasklogs as logcollect
+from driversdk.agent.run import log_files
 from driversdk.errors import DriverSDKError
-from driversdk.runner import logcollect
-from driversdk.runner.run import log_files
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"root:host secret that no task may touch\n"

@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.csi.manager import NodeVolumeManager, UsageOptions
+from driversdk.agent.allocrunner.allocrunner import AllocRunner, NodeServices
+from driversdk.agent.allocrunner.hooks.task_dir import TaskDirHook
+from driversdk.agent.allocrunner.taskrunner import TaskRunner
+from driversdk.agent.csi.manager import NodeVolumeManager, UsageOptions
+from driversdk.agent.csi.pluginsupervisor import PluginSupervisor
+from driversdk.agent.csi.registry import PluginRegistry
+from driversdk.agent.csi.state import StateStore
+from driversdk.agent.pluginmanager.drivermanager import DriverManager
 from driversdk.csi.model import AccessMode, AttachmentMode, Volume
-from driversdk.csi.registry import PluginRegistry
-from driversdk.csi.state import StateStore
+from driversdk.jobspec.clientconfig import ClientConfig
+from driversdk.jobspec.job import CSIPluginConfig, Group, Job, Task
 from driversdk.paths import UnsafePathError
-from driversdk.runner.allocrunner import AllocRunner, NodeServices
-from driversdk.runner.clientconfig import ClientConfig
-from driversdk.runner.drivermanager import DriverManager
-from driversdk.runner.hooks.task_dir import TaskDirHook
-from driversdk.runner.jobspec import CSIPluginConfig, Group, Job, Task
-from driversdk.runner.supervisor import PluginSupervisor
-from driversdk.runner.taskrunner import TaskRunner
 
 
 def _node(data: Path) -> NodeServices:

@@ -18,10 +18,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from driversdk.runner import nodeattrs, portalloc
-from driversdk.runner.jobspec import Group, Port
-from tests.runner.test_run_csi import Env, make_env
-from tests.runner.test_run_net import lines_until, no_forwarding_rules, stop, web_job
+from driversdk.agent import nodeattrs
+from driversdk.agent.allocrunner import portalloc
+from driversdk.jobspec.job import Group, Port
+from tests.agent.test_run_csi import Env, make_env
+from tests.agent.test_run_net import lines_until, no_forwarding_rules, stop, web_job
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="iptables, namespaces and /run/driversdk: root only")
 
@@ -271,8 +272,8 @@ def test_a_port_the_client_reserves_is_refused_and_never_handed_out(env: Env) ->
 
 
 def test_a_malformed_reserved_ports_list_is_refused_with_a_sentence(tmp_path: Path) -> None:
-    from driversdk.runner.clientconfig import load_client
-    from driversdk.runner.problems import ValidationFailed
+    from driversdk.jobspec.clientconfig import load_client
+    from driversdk.jobspec.problems import ValidationFailed
 
     config = tmp_path / "client.hcl"
     config.write_text('client {\n  reserved {\n    reserved_ports = "22,80-70000"\n  }\n}\n')

@@ -10,8 +10,8 @@ the attacker's own socket right after the probe. Whatever the attacker's socket 
 a host that reattaches to it has already lost (gRPC's preface comes before any config or task).
 
 Every test here fails on the code before the fix (uid-only probe, EPERM read as alive, the path
-dialled twice); the genuine plugin of a killed run is still reattached (tests/runner/test_run_faults.py,
-tests/runner/test_state_migration.py, tests/sdk/test_transport.py).
+dialled twice); the genuine plugin of a killed run is still reattached (tests/agent/test_run_faults.py,
+tests/agent/test_state_migration.py, tests/sdk/test_transport.py).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from driversdk.client import launch
 from driversdk.plugin.host import reattach_plugin, remove_dead_plugin_socket
 from driversdk.plugin.reattach import ReattachConfig
 from driversdk.plugin.verify import PluginGone, ReattachRefused, process_start_time
+from tests.agent.test_run_faults import ROOT, cli, db_rows, leaks, plugin_pid, wait_for, write_job
 from tests.hostcheck import NOBODY
-from tests.runner.test_run_faults import ROOT, cli, db_rows, leaks, plugin_pid, wait_for, write_job
 
 HELLO = [sys.executable, str(ROOT / "examples" / "hello_driver.py")]
 
@@ -305,7 +305,7 @@ def test_a_run_refuses_the_impostor_of_its_killed_predecessors_plugin_and_recove
         [
             sys.executable,
             "-m",
-            "tests.runner.reaper_run",
+            "tests.agent.reaper_run",
             "--keep",
             "--",
             *cli("run", str(job), "--client", str(client)),

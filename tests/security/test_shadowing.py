@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runner.test_run_faults import cgroup_parent, leaks
+from tests.agent.test_run_faults import cgroup_parent, leaks
 
 ROOT = Path(__file__).resolve().parents[2]
 # The console script an operator runs; `python -m driversdk.cli` would put the working directory
@@ -155,7 +155,7 @@ def test_validate_asks_the_real_driver_whatever_the_cwd_and_environment(tmp_path
 
 
 def test_driversdk_names_no_driver_module_in_a_string() -> None:
-    # Bundled drivers are found through their entry points (driversdk.runner.bundled), never by
+    # Bundled drivers are found through their entry points (driversdk.bundled), never by
     # a module name that an import could resolve from somewhere else.
     found = []
     for path in sorted((ROOT / "driversdk").rglob("*.py")):
@@ -179,7 +179,7 @@ def test_validate_refuses_a_driver_package_already_imported_from_elsewhere(tmp_p
         f"sys.path.insert(0, {str(hostile)!r})\n"
         "import drivers\n"
         "from driversdk.errors import PluginError\n"
-        "from driversdk.runner.inprocess import InProcessDriver\n"
+        "from driversdk.agent.pluginmanager.inprocess import InProcessDriver\n"
         "try:\n"
         "    InProcessDriver('exec')\n"
         "except PluginError as err:\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from driversdk.runner.hooks.template import TemplateRenderError, _write
-from driversdk.runner.jobspec import Template, parse_job
+from driversdk.agent.allocrunner.hooks.template import TemplateRenderError, _write
+from driversdk.jobspec.job import Template, parse_job
 
 
 def _job(tmp_path: Path, perms: str) -> Path:

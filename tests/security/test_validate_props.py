@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from driversdk.runner.validate import Report, check_files
+from driversdk.agent.validate import Report, check_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

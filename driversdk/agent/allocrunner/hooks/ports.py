@@ -1,0 +1,51 @@
+"""Ports hook: the group's ``network { port … }`` for this allocation — static ports checked free
+on the host, dynamic ones from the client's range — recorded in the run state (with the group
+network, in ``run_allocs.network``) so a recovered allocation keeps its ports; released at postrun.
+In bridge mode the ``port_forward`` hook then forwards them into the group's namespace."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from driversdk.agent import nodeattrs
+from driversdk.agent.allocrunner import portalloc
+from driversdk.agent.allocrunner.hooks import AllocHook
+from driversdk.agent.events import RunEventType
+from driversdk.jobspec.taskenv import PortValue
+
+if TYPE_CHECKING:
+    from driversdk.agent.allocrunner.allocrunner import AllocRunner
+
+
+def saved_ports(saved: str | None) -> list[PortValue]:
+    if not saved:
+        return []
+    return [PortValue(**p) for p in json.loads(saved).get("ports", [])]
+
+
+def ports_json(ports: list[PortValue]) -> list[dict[str, object]]:
+    return [asdict(p) for p in ports]
+
+
+class PortsHook(AllocHook):
+    name = "ports"
+
+    def prerun(self, alloc: AllocRunner) -> None:
+        if alloc.restoring is not None:
+            alloc.ports = saved_ports(alloc.restoring.network)
+            portalloc.hold(alloc.alloc_id, alloc.ports)
+            return
+        if not alloc.group.ports:
+            return
+        client = alloc.client
+        alloc.ports = portalloc.allocate(alloc.alloc_id, alloc.job.name, alloc.group, client.min_dynamic_port,
+                                         client.max_dynamic_port, nodeattrs.host_ip(),
+                                         client.reserved_ports)  # fmt: skip
+        alloc.state.alloc_update(alloc.alloc_id, network=json.dumps({"ports": ports_json(alloc.ports)}))
+        shown = ", ".join(f"{p.label} {p.value}" + (f"->{p.to}" if p.to else "") for p in alloc.ports)
+        alloc.event("group", f"ports: {shown}", type=RunEventType.PORTS)
+
+    def postrun(self, alloc: AllocRunner) -> None:
+        portalloc.release(alloc.alloc_id)

@@ -1,0 +1,643 @@
+"""The task runner: one task of an allocation through its hooks and its driver plugin.
+
+It sequences :data:`TASK_HOOKS` (prerun in order, postrun in reverse), records each step in the
+run state (a ``starting`` row before StartTask, so a run killed inside the call is finished by
+the next one), starts or recovers the task through the driver manager, waits for it and reports
+events. What a task needs (its dir, logs, mounts, CSI plugin supervision) is in the hooks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from driversdk import convert
+from driversdk.agent.allocrunner.hooks import TaskHook
+from driversdk.agent.allocrunner.hooks.artifact import ArtifactHook
+from driversdk.agent.allocrunner.hooks.csi_plugin import CSIPluginSupervisorHook
+from driversdk.agent.allocrunner.hooks.logs import LogCollectionHook
+from driversdk.agent.allocrunner.hooks.task_dir import TaskDirHook
+from driversdk.agent.allocrunner.hooks.template import TemplateHook
+from driversdk.agent.allocrunner.hooks.volume_mounts import VolumeMountsHook
+from driversdk.agent.events import EventType, RunEvent, RunEventType, split_type
+from driversdk.agent.logmon import tasklogs as logcollect
+from driversdk.agent.logmon.tasklogs import MIB
+from driversdk.agent.pluginmanager.drivermanager import TaskLost, TrackedTask
+from driversdk.agent.state.runstate import TaskRecord
+from driversdk.client import DriverClient
+from driversdk.durations import parse_duration
+from driversdk.errors import DriverSDKError, PluginCallError, StateWriteError
+from driversdk.jobspec import restarts, taskenv
+from driversdk.jobspec.job import Task
+from driversdk.model import Capabilities, ExitResult, LinuxResources, PortMapping, Resources, TaskConfig, TaskHandle
+from driversdk.mounts import Mount, MountRequest
+
+if TYPE_CHECKING:
+    from driversdk.agent.allocrunner.allocrunner import AllocRunner
+
+# The order of start; teardown runs it backwards. A new hook is a new file and a line here.
+TASK_HOOKS: list[Callable[[], TaskHook]] = [
+    TaskDirHook,  # task dir, secrets dir, NOMAD_* environment
+    LogCollectionHook,  # fifos and the detached log collector
+    CSIPluginSupervisorHook,  # csi_plugin tasks: socket and staging dirs, probe, register
+    VolumeMountsHook,  # host and CSI volume mounts (and the plugin's), checked against the driver
+    ArtifactHook,  # artifacts fetched into the task dir (before templates, which may read them)
+    TemplateHook,  # templates rendered into the task dir; env = true ones into the environment
+]
+
+# How long a DestroyTask the driver calls recoverable is tried again, and how often.
+DESTROY_RETRY_WINDOW = 30.0
+DESTROY_RETRY_EVERY = 0.5
+
+
+class InterruptedStartError(DriverSDKError):
+    """A half-started task a killed run left could not be removed."""
+
+
+class TaskRunner:
+    def __init__(self, alloc: AllocRunner, task: Task, restoring: TaskRecord | None = None) -> None:
+        self.alloc = alloc
+        self.task = task
+        self.restoring = restoring
+        self.hooks = [make() for make in TASK_HOOKS]
+        self._ran: list[TaskHook] = []
+        self.caps = Capabilities()
+        # What the prerun hooks hand StartTask.
+        self.env: dict[str, str] = {}  # the task environment (task_dir hook), then what later hooks add
+        self.node_facts: dict[str, str] = {}  # ${attr.*}, ${node.*}, ${meta.*} of this node
+        self.mount_requests: list[MountRequest] = []
+        self.mounts: list[Mount] = []
+        self.logmon: logcollect.Logmon | None = None
+        self.config: TaskConfig | None = None
+        self.handle: TaskHandle | None = None
+        self.result: ExitResult | None = None
+        self.started = False
+        self.failure = ""
+        self.done = threading.Event()
+        self._event_lock = threading.RLock()
+        # What the template hook renders with env = true; over the task's env, as Nomad's.
+        self.template_env: dict[str, str] = {}
+        # Every task has a restart policy, as in Nomad: the job type's default, with the fields of
+        # the group's and the task's restart blocks over it (docs/run.md "Run a job").
+        policy = restarts.policy_for(alloc.job.type, alloc.group.restart, task.restart)
+        count = restoring.restarts if restoring is not None else 0
+        self.tracker = restarts.RestartTracker(
+            policy, alloc.job.type, task.lifecycle_hook, task.lifecycle_sidecar, count=count
+        )
+        self.tracker.restarts = count
+        self._stopping = threading.Event()  # stop() was called: no more restarts
+        self._between = False  # the task exited and waits for its restart: nothing to stop
+        self._destroyed: set[str] = set()  # task ids already removed from their driver
+        self._unrecovered = False  # RecoverTask failed: the driver does not track the task
+
+    # --- events --------------------------------------------------------------------------------
+
+    def event(self, message: str, kind: str = "task", *, type: str = "", show: bool = True, **fields: Any) -> None:
+        """Report (and keep, for ``driversdk status``) one of the task's events. A message that
+        starts with one of Nomad's event types ("Sibling Task Failed: …") is of that type; the
+        other fields are :class:`RunEvent`'s (exit_code, signal, fails_task, details, …).
+        ``show`` False keeps it without a line (the run's error line says the same)."""
+        if not type:
+            type, rest = split_type(message)
+            if kind == "task":
+                message = rest
+        a = self.alloc
+        # One event at a time per task, stamped, kept and shown in one order: a driver's event
+        # (relayed on its own thread) and the runner's own would otherwise be kept in the order
+        # their writes got the store, not the order of their times.
+        with self._event_lock:
+            event = RunEvent(kind, message, job=a.job.name, group=a.group.name, alloc_id=a.alloc_id,
+                             task=self.task.name, type=type, **fields)  # fmt: skip
+            try:
+                a.state.task_event(a.alloc_id, self.task.name, event.to_json())
+            except StateWriteError as err:
+                a.node.state_failed(err)  # the run ends with it, as with any other state write
+            if show:
+                a.emit(event)
+
+    @property
+    def label(self) -> str:
+        """The driver, as the started and recovered lines name it (they name the allocation too)."""
+        return self.task.driver
+
+    @property
+    def client(self) -> DriverClient:
+        return self.alloc.drivers.client_of(self.config.id if self.config else "", self.task.driver)
+
+    # --- hooks ---------------------------------------------------------------------------------
+
+    def _prerun(self) -> None:
+        for hook in self.hooks:
+            self._ran.append(hook)
+            hook.prerun(self)
+
+    def _postrun(self) -> None:
+        for hook in reversed(self._ran):
+            try:
+                hook.postrun(self)
+            except DriverSDKError as err:
+                self.event(f"{hook.name}: cleanup failed: {err}")
+        self._ran.clear()
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Start the task (or take over the one a killed run left) and follow it in a thread. A
+        start the run state cannot record fails the task and ends the run (raised as well)."""
+        try:
+            self._run()
+        except StateWriteError as err:
+            self._state_failed(err)
+            raise
+
+    def _state_failed(self, err: StateWriteError) -> None:
+        """A write of this task's state failed: the task fails with that sentence and the run
+        ends (the node stops every allocation, which tears this one down)."""
+        self.failure = str(err)
+        if self.result is None:
+            self.result = ExitResult(exit_code=1)
+        self.event(str(err), type=RunEventType.FAILED, fails_task=True)
+        self.alloc.node.state_failed(err)
+
+    def _run(self) -> None:
+        self.caps = self.alloc.drivers.dispense(self.task.driver).capabilities()
+        record = self.restoring
+        if record is not None and record.state == "starting":
+            self.restoring = None
+            self._finish_interrupted_start(record)
+            self._start(record.task_id)
+        elif record is not None and record.state == "restarting":
+            self._recover_restarting(record)
+        elif record is not None:
+            self._recover(record)
+        else:
+            self._first_start()
+
+    def _first_start(self) -> None:
+        """Start the task; a start that fails goes under the restart policy as an exit does, as in
+        Nomad's task runner: one the driver calls recoverable (a registry down, an engine
+        restarting) is tried again after the policy's delay; an unrecoverable one, or one past
+        the policy's attempts, is the task's failure (raised). While the run is being stopped, the
+        first failure is raised at once."""
+        count = 0
+        while True:
+            try:
+                self._start(None, count)
+                return
+            except StateWriteError:
+                raise  # no restart can record more than this one did
+            except DriverSDKError as err:
+                # Nomad's event types: the driver's StartTask failed, or a hook before it did.
+                driver = isinstance(err, PluginCallError)
+                failure = EventType.DRIVER_FAILURE if driver else EventType.SETUP_FAILURE
+                quiet = self.tracker is None or self.alloc.stop_requested() or self._stopping.is_set()
+                # While the run stops, its error line reports it: kept for status only.
+                self.event(str(err), type=failure, show=not quiet,
+                           details={("driver_error" if driver else "setup_error"): str(err)})  # fmt: skip
+                if self.tracker is None or quiet:
+                    raise
+                kind, delay = self.tracker.start_failed(getattr(err, "recoverable", False)).state()
+                self._policy_event(kind, delay)
+                if kind != restarts.RESTARTING:
+                    raise
+                if self._sleep_unless_stopped(delay):
+                    self._killed_between()  # stopped on purpose: the run says "interrupted", not this error
+                    raise
+                count = self.tracker.restarts
+
+    def _policy_event(self, kind: str, delay: float = 0.0) -> None:
+        """The restart policy's verdict: Restarting (after ``delay``) or Not Restarting."""
+        assert self.tracker is not None
+        message = restarts.event_message(kind, reason=self.tracker.reason, delay=delay)
+        reason = {"restart_reason": self.tracker.reason} if self.tracker.reason else {}
+        if kind == restarts.RESTARTING:
+            self.event(message, type=EventType.RESTARTING, start_delay=delay,
+                       details={**reason, "start_delay": str(round(delay * 1e9))})  # fmt: skip
+        else:
+            self.event(message, type=kind, fails_task=kind == restarts.NOT_RESTARTING, details=reason)
+
+    def _killed_between(self) -> None:
+        """Stopped while waiting for a restart: the task is dead, stopped on purpose (Nomad's
+        Killed), not failed."""
+        self.event(restarts.event_message(restarts.KILLED), type=EventType.KILLED)
+        if self.started or self.config is not None:
+            self.alloc.state.killed(self.alloc.alloc_id, self.task.name)
+
+    def _sleep_unless_stopped(self, delay: float) -> bool:
+        """Wait ``delay`` seconds; True as soon as the task, its allocation or the run is stopped."""
+        deadline = time.monotonic() + delay
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stopping.wait(min(left, 0.2)) or self.alloc.stop_requested():
+                return True
+        return False
+
+    def _start(self, task_id: str | None, restarts_done: int = 0) -> None:
+        state, a = self.alloc.state, self.alloc
+        recorded = False
+        try:
+            self._prerun()
+            self.config = self._task_config(task_id)
+            self.config.env.update(self.template_env)
+            state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id,
+                           a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
+            recorded = True
+            handle = self.alloc.drivers.dispense(self.task.driver).start_task(self.config)
+        except BaseException:
+            if recorded:
+                state.start_failed(a.alloc_id, self.task.name)
+            self._postrun()
+            raise
+        self.started, self.handle = True, handle
+        proto = convert.task_handle_to_proto(handle).SerializeToString()
+        state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id, proto,
+                      a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
+        self._started_event(restarts_done)
+        self._follow()
+
+    def _started_event(self, restarts_done: int) -> None:
+        details = {"driver": self.task.driver} | ({"restarts": str(restarts_done)} if restarts_done else {})
+        self.event("Task started by client", type=EventType.STARTED, details=details)
+
+    def interpolate(self, value: Any) -> Any:
+        """``${…}`` in a string (or in the strings of a config) replaced as Nomad's client does."""
+        return taskenv.TaskEnv(self.env, self.node_facts).interpolate(value)
+
+    def _task_config(self, task_id: str | None) -> TaskConfig:
+        a, t = self.alloc, self.task
+        stdout = stderr = os.devnull
+        if self.logmon is not None:
+            stdout, stderr = self.logmon.stdout_fifo, self.logmon.stderr_fifo
+        return TaskConfig(
+            id=task_id or f"{a.alloc_id}/{t.name}/{secrets.token_hex(4)}",
+            name=t.name,
+            alloc_id=a.alloc_id,
+            job_name=a.job.name,
+            job_id=a.job.name,
+            task_group_name=a.group.name,
+            namespace=a.job.namespace,
+            env=dict(self.env),
+            resources=Resources(
+                cpu_shares=t.cpu,
+                memory_mb=t.memory,
+                memory_max_mb=t.memory_max,
+                linux=LinuxResources(cpu_shares=t.cpu, memory_limit_bytes=max(t.memory, t.memory_max) * MIB),
+                ports=tuple(PortMapping(p.label, p.value, p.to, p.host_ip) for p in a.ports),
+            ),
+            mounts=self.mounts,
+            user=self.interpolate(t.user),
+            alloc_dir=a.alloc_dir,
+            stdout_path=stdout,
+            stderr_path=stderr,
+            driver_config=self.interpolate(dict(t.config)),
+            network_isolation_spec=a.network,
+        )
+
+    def _finish_interrupted_start(self, record: TaskRecord) -> None:
+        """The killed run was inside StartTask: the task may exist without a handle we could recover.
+        A plugin that survived and knows it removes it; then the task starts again under the same id,
+        which lets a driver adopt (docker: a running container labelled with that id) or replace what
+        a plugin that died with the run left, instead of starting a second copy next to it."""
+        if record.logmon_pid:  # the interrupted start's collector: one collector per fifo pair
+            logs = os.path.join(self.alloc.alloc_dir, "alloc", "logs")
+            logcollect.stop(logcollect.Logmon(record.logmon_pid, *logcollect.fifo_paths(logs, self.task.name)))
+        plugin = self.alloc.drivers.dispense(self.task.driver)
+        try:
+            plugin.inspect_task(record.task_id)
+        except DriverSDKError:
+            return  # the plugin does not know it: the driver finds it by its id at StartTask, if it exists
+        self.event("was being started when the previous run was killed; replacing it")
+        try:
+            plugin.destroy_task(record.task_id, force=True)
+        except DriverSDKError as err:
+            raise InterruptedStartError(
+                f'task "{self.task.name}": the previous run was killed while starting it, and the half-started task '
+                f"could not be removed: {err}; remove it by hand, then run the job again"
+            ) from None
+
+    def _recover(self, record: TaskRecord) -> None:
+        handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
+        self.config, self.handle, self.started = handle.config, handle, True
+        self._prerun()
+        if record.state != "running":
+            lost = record.state == "lost" and record.exit_code is None  # ended, how unknown: not a success
+            self.result = ExitResult(1 if lost else record.exit_code or 0, record.signal or 0, record.oom)
+            self.done.set()
+            return
+        try:
+            self.alloc.drivers.dispense(self.task.driver).recover_task(handle)
+        except DriverSDKError as err:
+            # The task ended (or went) while no run followed it, and the driver cannot say how: it
+            # is lost, as Nomad's client marks a task it cannot restore. The driver does not track
+            # it any more, so its removal finding nothing is no failure (see _destroy_task).
+            self.event(f"it ended or went while no run followed it, and could not be recovered: {err}",
+                       type=EventType.RESTORE_FAILED, fails_task=True)  # fmt: skip
+            self._unrecovered = True
+            self.result = ExitResult(exit_code=1)
+            self.alloc.state.lost(self.alloc.alloc_id, self.task.name)
+            self.done.set()
+            return
+        self.event(f"recovered ({self.label})", type=RunEventType.RECOVERED)
+        self._follow()
+
+    # --- running -------------------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        assert self.config is not None and self.handle is not None
+        drivers = self.alloc.drivers
+        drivers.track(
+            self.config.id,
+            TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
+        )
+        drivers.watch(self.config.id, self._wait)
+        for hook in self.hooks:
+            hook.poststart(self)
+
+    def _wait(self, outcome: ExitResult | DriverSDKError) -> None:
+        """The task's end, on the short-lived thread the driver manager gives it (no thread waits
+        while the task runs): its every failure reaches the run, never the thread's end alone."""
+        final = True
+        try:
+            final = self._wait_and_record(outcome)
+        except StateWriteError as err:
+            self._state_failed(err)
+        except BaseException as err:  # a bug: the task must not stay "running" for ever
+            self._failed_unexpectedly(err)
+        finally:
+            if final:
+                self.done.set()
+                # A failed task, or the leader, stops its siblings (Nomad's alloc runner does so).
+                self.alloc.lifecycle.task_ended(self)
+
+    def _failed_unexpectedly(self, err: BaseException) -> None:
+        self.failure = f"following the task failed: {type(err).__name__}: {err}"
+        if self.result is None:
+            self.result = ExitResult(exit_code=1)
+        self.event(self.failure, type=RunEventType.FAILED, fails_task=True)
+        self.alloc.node.stopping.set()
+
+    def _wait_and_record(self, outcome: ExitResult | DriverSDKError) -> bool:
+        """Record the task's end; False when it was started again (a new watch follows it)."""
+        assert self.config is not None
+        if isinstance(outcome, TaskLost):  # the manager reported why
+            self.failure = str(outcome)
+            result = ExitResult(exit_code=1)
+        elif isinstance(outcome, DriverSDKError):  # WaitFailed: the plugin lives, the call failed
+            self.event(str(outcome))
+            result = ExitResult(exit_code=1)
+        else:
+            result = outcome
+        if self.failure and result.successful:
+            result = ExitResult(exit_code=1, signal=result.signal)
+        oom_detail = {"oom_killed": "true"} if result.oom_killed else {}
+        self.event(restarts.event_message(restarts.TERMINATED, result=result), type=EventType.TERMINATED,
+                   exit_code=result.exit_code, signal=result.signal, details=oom_detail)  # fmt: skip
+        final = self._restart_after(result)
+        if final is None:
+            return False  # started again: a new wait thread follows it
+        result = final
+        self.result = result
+        how = f"signal {result.signal}" if result.signal else f"exit code {result.exit_code}"
+        if self._stopping.is_set() and not self.failure:
+            # Stopped on purpose (Ctrl-C, its main tasks done, a sibling failed): dead, not failed,
+            # whatever the kill signal made of its exit code.
+            self.event(restarts.event_message(restarts.KILLED), type=EventType.KILLED)
+            self.alloc.state.killed(self.alloc.alloc_id, self.task.name)
+            self.event(f"finished with {how} (stopped, not failed)", type=RunEventType.FINISHED,
+                       exit_code=result.exit_code, signal=result.signal)  # fmt: skip
+            return True
+        self.alloc.state.finished(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
+                                  result.oom_killed)  # fmt: skip
+        oom = " (killed: out of memory)" if result.oom_killed else ""
+        self.event(f"finished with {how}{oom}", type=RunEventType.FINISHED, exit_code=result.exit_code,
+                   signal=result.signal, fails_task=not result.successful or bool(self.failure))  # fmt: skip
+        return True
+
+    def skip(self, why: str) -> None:
+        """The task will not start (its allocation failed or stopped before its lifecycle stage)."""
+        self.event(f"not started: {why}", type=RunEventType.NOT_STARTED)
+        self.done.set()
+
+    @property
+    def stopped(self) -> bool:
+        """stop() was called (a sidecar whose main tasks are done, or the whole run)."""
+        return self._stopping.is_set()
+
+    def fail(self, why: str) -> None:
+        """A hook found the task failed (a CSI plugin that never became healthy): stop it."""
+        self.failure = why
+        self.event(why, type=RunEventType.FAILED, fails_task=True)
+        self._stop_task()
+
+    # --- stop ----------------------------------------------------------------------------------
+
+    def _stop_task(self) -> None:
+        if self.started and not self.done.is_set() and self.config is not None and not self._between:
+            try:
+                timeout = parse_duration(self.task.kill_timeout, "kill_timeout")
+                # Nomad's words, whatever the kill_signal: "interrupt" is its name for the first signal.
+                self.event(f"Sent interrupt. Waiting {restarts.go_duration(timeout)} before force killing",
+                           type=EventType.KILLING, kill_timeout=timeout,
+                           details={"kill_timeout": str(round(timeout * 1e9))})  # fmt: skip
+                self.client.stop_task(self.config.id, timeout, self.task.kill_signal)
+            except DriverSDKError as err:
+                self.event(f"stop failed: {err}")
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for hook in self.hooks:
+            hook.stop(self)
+        self._stop_task()
+
+    def destroy(self) -> None:
+        """The task is gone or must go: remove it from its driver, then undo the hooks. A stop
+        the run state cannot record is raised once everything is undone."""
+        unrecorded: StateWriteError | None = None
+        for hook in self.hooks:
+            hook.stop(self)
+        if self.started and self.config is not None:
+            try:
+                self.alloc.state.stopped(self.alloc.alloc_id, self.task.name)
+            except StateWriteError as err:
+                unrecorded = err
+            if self.config.id not in self._destroyed:
+                self._destroy_task(self.config.id)
+            self.alloc.drivers.untrack(self.config.id)
+        self._postrun()
+        for hook in self.hooks:
+            hook.destroy(self)
+        if unrecorded is not None:
+            raise unrecorded
+
+    # --- restarts (Nomad's restart policy) ------------------------------------------------------
+
+    def _restart_after(self, result: ExitResult) -> ExitResult | None:
+        """Apply the restart policy to an exit: None when the task was started again, else the
+        result it ends with. Runs on the task-exit thread; a stop() during the delay ends the task
+        with its last exit."""
+        if self.tracker is None or self._stopping.is_set() or self.failure:
+            return result
+        self.tracker.exited(result)
+        while True:
+            kind, delay = self.tracker.state()
+            if kind == restarts.NOT_RESTARTING:
+                self._policy_event(kind)
+                if result.successful:  # a service task that keeps exiting: failed by its policy
+                    self.failure = self.tracker.reason
+                return result
+            if kind != restarts.RESTARTING:
+                return result  # Terminated: done, successfully
+            self._policy_event(kind, delay)
+            if not self._between:
+                self._between = True
+                self.alloc.state.restarting(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
+                                            self.tracker.restarts)  # fmt: skip
+                self._remove_exited()
+            if self._stopping.wait(delay):
+                return result
+            try:
+                self._start_again()
+                return None
+            except StateWriteError:
+                raise
+            except DriverSDKError as err:
+                self.event(f"restart failed: {err}")
+                self.tracker.start_failed(getattr(err, "recoverable", False))
+                result = ExitResult(exit_code=1)
+
+    def _remove_exited(self) -> None:
+        """The exited task is removed from its driver before the new one starts (same task dir,
+        same log collector)."""
+        assert self.config is not None
+        old = self.config.id
+        self._destroy_task(old)
+        self._destroyed.add(old)
+        self.alloc.drivers.untrack(old)
+
+    def _start_again(self) -> None:
+        """StartTask under a new task id with the config of the first start (env, mounts, the
+        same fifos), templates rendered again when the policy says render_templates."""
+        assert self.config is not None and self.tracker is not None
+        a, state = self.alloc, self.alloc.state
+        if self.tracker.policy.render_templates:
+            for hook in self.hooks:
+                if isinstance(hook, TemplateHook):
+                    hook.render(self)
+        config = dataclasses.replace(
+            self.config,
+            id=f"{a.alloc_id}/{self.task.name}/{secrets.token_hex(4)}",
+            env={**self.config.env, **self.template_env},
+        )
+        count = self.tracker.restarts
+        logmon = self.logmon.pid if self.logmon else 0
+        state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id,
+                       a.alloc_dir, logmon, count)  # fmt: skip
+        try:
+            handle = a.drivers.dispense(self.task.driver).start_task(config)
+        except BaseException:
+            state.start_failed(a.alloc_id, self.task.name)
+            raise
+        self.config, self.handle, self._between = config, handle, False
+        proto = convert.task_handle_to_proto(handle).SerializeToString()
+        state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id, proto,
+                      a.alloc_dir, logmon, count)  # fmt: skip
+        self._started_event(count)
+        self._track_and_wait()
+        if self._stopping.is_set():
+            self._stop_task()  # stop() came while StartTask ran
+
+    def _track_and_wait(self) -> None:
+        assert self.config is not None and self.handle is not None
+        drivers = self.alloc.drivers
+        drivers.track(
+            self.config.id,
+            TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
+        )
+        drivers.watch(self.config.id, self._wait)
+
+    def _recover_restarting(self, record: TaskRecord) -> None:
+        """The killed run was waiting to restart the task: the exited task is removed if it is
+        still there, and the task starts again at once (the rest of the delay is not waited)."""
+        handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
+        self.config, self.handle, self.started = handle.config, handle, True
+        self._prerun()
+        self.event(f"was waiting to restart (restart {record.restarts}) when the previous run was killed; starting it")
+        try:
+            self.alloc.drivers.dispense(self.task.driver).destroy_task(record.task_id, force=True)
+        except DriverSDKError:
+            pass  # removed before the run was killed, or gone with its plugin
+        self._destroyed.add(record.task_id)
+        if self.tracker is None:  # the job no longer has a restart block: start it once more all the same
+            self.tracker = restarts.RestartTracker(restarts.policy_for(self.alloc.job.type, None, None),
+                                                   self.alloc.job.type, count=record.restarts)  # fmt: skip
+        self.tracker.restarts = record.restarts
+        self._between = True
+        self._start_again()
+        for hook in self.hooks:
+            hook.poststart(self)
+
+    def _destroy_task(self, task_id: str) -> None:
+        """DestroyTask, tried again while the driver calls its failure recoverable (a Docker
+        engine restarting under the task answers again within seconds; giving up at once would
+        leave its container behind), for at most DESTROY_RETRY_WINDOW seconds."""
+        deadline = time.monotonic() + DESTROY_RETRY_WINDOW
+        said = False
+        while True:
+            try:
+                self.client.destroy_task(task_id, force=True)
+                return
+            except PluginCallError as err:
+                if err.code == "NOT_FOUND" and self._unrecovered:
+                    return  # nothing left to remove: the task was lost before this run
+                if not err.recoverable or time.monotonic() >= deadline:
+                    self.event(f"destroy failed: {err}")
+                    return
+                if not said:
+                    self.event(f"destroy failed for now, trying again for up to {DESTROY_RETRY_WINDOW:.0f}s: {err}")
+                    said = True
+            except DriverSDKError as err:
+                self.event(f"destroy failed: {err}")
+                return
+            time.sleep(DESTROY_RETRY_EVERY)
+
+
+def end_left_by_killed_run(alloc: AllocRunner, record: TaskRecord) -> None:
+    """A recovered allocation that ends before its task runners took over (its setup failed) is
+    over: the task the killed run left is removed from its driver and its log collector stopped,
+    or both would run on with no run to end them."""
+    if record.task_id and record.state in ("running", "restarting", "starting"):
+        why = ""
+        try:
+            plugin = alloc.drivers.dispense(record.driver)
+        except DriverSDKError as err:
+            plugin, why = None, str(err)
+        recovered = False
+        if plugin is not None and record.handle:
+            try:  # the driver removes only a task it tracks
+                plugin.recover_task(convert.task_handle_from_proto(_handle_proto(record.handle)))
+                recovered = True
+            except DriverSDKError:
+                pass  # ended while no run followed it; removing it finds nothing, or what is left of it
+        if plugin is not None:
+            try:
+                plugin.destroy_task(record.task_id, force=True)
+            except DriverSDKError as err:
+                why = str(err) if recovered else ""
+        if why:
+            alloc.event("task", f"the task the previous run left could not be removed: {why}", task=record.task)
+        alloc.state.stopped(alloc.alloc_id, record.task)
+    if record.logmon_pid:
+        logs = os.path.join(alloc.alloc_dir, "alloc", "logs")
+        logcollect.stop(logcollect.Logmon(record.logmon_pid, *logcollect.fifo_paths(logs, record.task)))
+
+
+def _handle_proto(data: bytes) -> Any:
+    from driversdk.pb import driver_pb2
+
+    proto = driver_pb2.TaskHandle()
+    proto.ParseFromString(data)
+    return proto

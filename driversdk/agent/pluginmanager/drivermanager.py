@@ -1,0 +1,377 @@
+"""The driver manager: one plugin instance per driver for the whole ``run`` process.
+
+As Nomad's client keeps one instance manager per driver plugin: the plugin is launched on first
+use (or taken over from validation, which launched it to read its schema), shared by every
+allocation and job this process runs, its reattach config kept in ``state.db`` so a restarted
+``run`` reattaches instead of launching a second one, relaunched when it dies (once per death,
+then ``RecoverTask`` for every task it ran), and shut down when no allocation uses it.
+
+Task events come on one stream per plugin and are handed to the allocation they belong to.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from driversdk.agent.events import Emit, RunEvent
+from driversdk.agent.state.runstate import RunState
+from driversdk.bundled import reinstall_hint
+from driversdk.client import DriverClient, launch, reattach
+from driversdk.errors import DriverSDKError
+from driversdk.jobspec.clientconfig import ClientConfig
+from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
+from driversdk.plugin.host import ReattachConfig, pid_alive, remove_dead_plugin_socket
+from driversdk.plugin.log import ENV_LOG_FILE
+from driversdk.plugin.verify import ReattachRefused
+
+# How often a driver plugin may die under one running task before the task counts as lost.
+MAX_PLUGIN_RELAUNCHES = 3
+AGENT_CONFIG = AgentConfig(14000, 14512)
+
+
+class NoDriverPlugin(DriverSDKError):
+    """No plugin is configured or bundled for a driver a job names."""
+
+
+class TaskLost(DriverSDKError):
+    """A task's driver plugin died and the task could not be taken over again."""
+
+
+class WaitFailed(DriverSDKError):
+    """WaitTask failed while the plugin lived on."""
+
+
+@dataclass
+class TrackedTask:
+    """A running task the manager recovers when its plugin dies."""
+
+    driver: str
+    handle: TaskHandle
+    event: Callable[[str], None]  # the task's own event line (task "x" …)
+    label: str  # "docker, alloc 1234abcd", as the started/recovered lines say
+    client: DriverClient
+    relaunches: int = 0
+    lost: str = ""
+    waiters: int = field(default=0)
+
+
+class DriverManager:
+    def __init__(
+        self,
+        client: ClientConfig,
+        state: RunState,
+        emit: Emit,
+        spare: dict[str, DriverClient] | None = None,
+    ) -> None:
+        self.client = client
+        self.state = state
+        self.emit = emit
+        # Plugins validation launched and configured: the first use of each takes it.
+        self._spare: dict[str, DriverClient] = dict(spare or {})
+        self._plugins: dict[str, DriverClient] = {}
+        self._users: dict[str, int] = {}
+        self._tasks: dict[str, TrackedTask] = {}
+        self._subscribers: dict[str, Callable[[TaskEvent], None]] = {}
+        # Held while a plugin is launched or replaced: tasks that lost it together relaunch it once.
+        self._lock = threading.RLock()
+        self._closing = False
+
+    # --- instances -----------------------------------------------------------------------------
+
+    def dispense(self, driver: str) -> DriverClient:
+        """The driver's live plugin: reattached, taken from validation, or launched now."""
+        with self._lock:
+            current = self._plugins.get(driver)
+            if current is not None and current.process.alive():
+                return current
+            if current is not None:  # died between uses: same path as a death seen by a waiting task
+                return self._replace(driver, current)
+            plugin = self._reattach(driver)
+            if plugin is None:
+                plugin = self._launch(driver)
+            else:
+                spare = self._spare.pop(driver, None)
+                if spare is not None:  # validation's instance is not needed: the reattached one runs the tasks
+                    spare.kill()
+            self._plugins[driver] = plugin
+            self._relay_events(plugin)
+            return plugin
+
+    def acquire(self, driver: str) -> DriverClient:
+        """Count one more user (an allocation) of the driver; see :meth:`release`."""
+        with self._lock:
+            plugin = self.dispense(driver)
+            self._users[driver] = self._users.get(driver, 0) + 1
+            return plugin
+
+    def release(self, driver: str) -> None:
+        """One user fewer; the last one shuts the plugin down, as Nomad's client does with a plugin it drops."""
+        with self._lock:
+            self._users[driver] = self._users.get(driver, 0) - 1
+            if self._users[driver] > 0:
+                return
+            del self._users[driver]
+            plugin = self._plugins.pop(driver, None)
+            if plugin is not None:
+                plugin.kill()
+                self.state.plugin_gone(driver)
+            self._shut_down_retired(driver)
+
+    def running(self) -> dict[str, int]:
+        """Driver → pid of its plugin process, for status and tests."""
+        with self._lock:
+            return {d: p.process.pid for d, p in self._plugins.items()}
+
+    def _launch(self, driver: str) -> DriverClient:
+        plugin = self._spare.pop(driver, None)
+        if plugin is None:
+            command = self.client.driver_command(driver)
+            if command is None:
+                raise NoDriverPlugin(f'no plugin is configured for driver "{driver}"' + reinstall_hint(driver))
+            plugin = launch(command, name=driver, env=self._plugin_env(driver))
+        try:
+            plugin.set_config(self.client.plugin_config(driver), AGENT_CONFIG)
+            plugin.init()
+            # Not recorded (a full disk), a plugin would outlive the run with nobody knowing it.
+            self.state.plugin_started(driver, plugin.process.reattach_config.to_json())
+        except BaseException:
+            plugin.kill()
+            raise
+        return plugin
+
+    def _plugin_env(self, driver: str) -> dict[str, str]:
+        """The plugin also logs to <data_dir>/logs/plugin-<driver>.log: a plugin outlives a killed
+        host and is reattached by the next one, and its lines in between reach no reader's pipe."""
+        logs = os.path.join(self.client.data_dir, "logs")
+        try:
+            os.makedirs(logs, mode=0o700, exist_ok=True)
+        except OSError:
+            return dict(os.environ)
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", driver).lstrip(".")
+        return {**os.environ, ENV_LOG_FILE: os.path.join(logs, f"plugin-{name}.log")}
+
+    def _reattach(self, driver: str) -> DriverClient | None:
+        """The plugin a killed run of this data dir left running, or one of the per-allocation
+        plugins a run before the driver manager left (state migration 2)."""
+        candidates = self.state.plugins_to_adopt(driver, pid_alive)
+        for at, (old_pid, saved) in enumerate(candidates):
+            plugin = self._try_reattach(driver, saved)
+            if plugin is None:
+                self.state.plugin_gone(driver, old_pid)
+                continue
+            self.state.plugin_adopted(driver, old_pid, saved)
+            self._shut_down_redundant(driver, candidates[at + 1 :])
+            return plugin
+        for alloc_id, saved in self.state.retired_plugins(driver):
+            plugin = self._try_reattach(driver, saved)
+            self.state.retired_plugin_gone(alloc_id, driver)
+            if plugin is not None:
+                self.state.plugin_started(driver, saved)
+                return plugin
+        return None
+
+    def _try_reattach(self, driver: str, saved: str) -> DriverClient | None:
+        """The recorded plugin, reconnected to, or None: it is gone, or it is not provably the
+        process that was launched (then said, and nothing is sent to it). Either way the caller
+        drops the record and goes on as for a dead plugin: a new one, and RecoverTask."""
+        try:
+            config = ReattachConfig.from_json(saved)
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged record: nothing to reattach to
+        try:
+            plugin = reattach(config, name=driver)
+        except ReattachRefused as refused:
+            self.emit(RunEvent("driver", f"{refused}; a new plugin is launched instead", name=driver))
+            return None
+        except DriverSDKError:
+            # It died with the run: a new one is launched and RecoverTask finds the tasks. Killed
+            # with its host, it could not remove its socket dir, and nobody else knows of it.
+            remove_dead_plugin_socket(config)
+            return None
+        self.emit(RunEvent("driver", "reattached to its running plugin", name=driver))
+        return plugin
+
+    def _shut_down_redundant(self, driver: str, others: list[tuple[int, str]]) -> None:
+        """Plugins of other killed runs of this data dir: one instance runs (and recovers) every task
+        of the driver, and the tasks outlive their plugin, so the rest would only outlive every run."""
+        for old_pid, saved in others:
+            if old_pid == os.getpid():
+                continue
+            try:
+                config = ReattachConfig.from_json(saved)
+            except (ValueError, KeyError, TypeError):
+                self.state.plugin_gone(driver, old_pid)  # a damaged record: nothing to reach
+                continue
+            try:
+                reattach(config, name=driver).kill()
+            except ReattachRefused as refused:  # not provably the plugin launched: not ours to stop
+                self.emit(RunEvent("driver", str(refused), name=driver))
+            except DriverSDKError:
+                remove_dead_plugin_socket(config)  # gone already, maybe with its socket dir left
+            self.state.plugin_gone(driver, old_pid)
+
+    def _shut_down_retired(self, driver: str) -> None:
+        """Per-allocation plugins of an older run: their tasks were recovered through the shared
+        instance (or are gone), so the processes only hold memory now."""
+        for alloc_id, saved in self.state.retired_plugins(driver):
+            try:
+                config = ReattachConfig.from_json(saved)
+            except (ValueError, KeyError, TypeError):
+                self.state.retired_plugin_gone(alloc_id, driver)
+                continue
+            try:
+                reattach(config, name=driver).kill()
+            except ReattachRefused as refused:  # not ours to stop
+                self.emit(RunEvent("driver", str(refused), name=driver))
+            except DriverSDKError:
+                remove_dead_plugin_socket(config)  # already gone, maybe with its socket dir left
+            self.state.retired_plugin_gone(alloc_id, driver)
+
+    # --- task events ---------------------------------------------------------------------------
+
+    def subscribe(self, alloc_id: str, handler: Callable[[TaskEvent], None]) -> None:
+        with self._lock:
+            self._subscribers[alloc_id] = handler
+
+    def unsubscribe(self, alloc_id: str) -> None:
+        with self._lock:
+            self._subscribers.pop(alloc_id, None)
+
+    def _relay_events(self, plugin: DriverClient) -> None:
+        """One stream per plugin instance, each event handed to its allocation (image pulls, OOM
+        kills, …); the stream ends with the instance."""
+
+        def relay() -> None:
+            try:
+                for event in plugin.task_events():
+                    handler = self._subscribers.get(event.alloc_id)
+                    if handler is not None:
+                        handler(event)
+            except DriverSDKError:
+                pass  # the plugin went away: the stream ends with it
+
+        threading.Thread(target=relay, daemon=True, name=f"task-events-{plugin.name}").start()
+
+    # --- tasks through plugin deaths ------------------------------------------------------------
+
+    def track(self, task_id: str, task: TrackedTask) -> None:
+        with self._lock:
+            self._tasks[task_id] = task
+
+    def untrack(self, task_id: str) -> None:
+        with self._lock:
+            self._tasks.pop(task_id, None)
+
+    def client_of(self, task_id: str, driver: str) -> DriverClient:
+        """The plugin instance that runs the task now (it changes when a plugin is relaunched)."""
+        with self._lock:
+            tracked = self._tasks.get(task_id)
+            return tracked.client if tracked is not None else self.dispense(driver)
+
+    def watch(self, task_id: str, on_outcome: Callable[[ExitResult | DriverSDKError], None]) -> None:
+        """:meth:`wait_task` with no thread held while the task runs: ``on_outcome`` gets the exit,
+        or :class:`TaskLost` / :class:`WaitFailed`, exactly once, on a short-lived thread of its
+        own (it may block: record the exit, wait out a restart delay). A plugin that dies meanwhile
+        is relaunched and the task recovered before the wait is asked for again."""
+        self._watch(task_id, self._tasks[task_id], on_outcome)
+
+    def _watch(
+        self, task_id: str, tracked: TrackedTask, on_outcome: Callable[[ExitResult | DriverSDKError], None]
+    ) -> None:
+        client = tracked.client
+
+        def settled(outcome: ExitResult | DriverSDKError) -> None:
+            # gRPC's callback thread serves every pending call: nothing slow happens on it.
+            threading.Thread(
+                target=self._settle_wait, args=(task_id, tracked, client, outcome, on_outcome),
+                daemon=True, name="task-exit",
+            ).start()  # fmt: skip
+
+        try:
+            client.watch_task(task_id, settled)
+        except DriverSDKError as err:
+            settled(err)
+
+    def _settle_wait(
+        self,
+        task_id: str,
+        tracked: TrackedTask,
+        client: DriverClient,
+        outcome: ExitResult | DriverSDKError,
+        on_outcome: Callable[[ExitResult | DriverSDKError], None],
+    ) -> None:
+        if isinstance(outcome, ExitResult):
+            on_outcome(outcome)
+            return
+        if tracked.client is client:
+            if self._closing or not client.process.exited_within(1.0):
+                on_outcome(WaitFailed(f"wait failed: {outcome}"))
+                return
+            with self._lock:
+                if tracked.client is client:
+                    try:
+                        self._replace(tracked.driver, client)
+                    except DriverSDKError as err:
+                        tracked.lost = f"could not be recovered after its driver plugin exited: {err}"
+                        tracked.event(tracked.lost)
+        # else: another task saw the death first and recovered this one too.
+        if tracked.lost:
+            on_outcome(TaskLost(tracked.lost))
+            return
+        self._watch(task_id, tracked, on_outcome)
+
+    def _replace(self, driver: str, dead: DriverClient) -> DriverClient:
+        """A fresh plugin in place of one that died, then RecoverTask for every task it ran.
+        Called with the lock held; a death is handled once, by whoever sees it first."""
+        current = self._plugins.get(driver)
+        if current is not None and current is not dead and current.process.alive():
+            return current
+        dead.kill()  # reaps the process and removes its socket
+        self.state.plugin_gone(driver)
+        orphans = [t for t in self._tasks.values() if t.client is dead and not t.lost]
+        for tracked in orphans:
+            if tracked.relaunches >= MAX_PLUGIN_RELAUNCHES:
+                tracked.lost = f"the {driver} driver plugin died {tracked.relaunches + 1} times while the task ran"
+                tracked.event(f"lost: {tracked.lost}")
+            else:
+                tracked.event(f"driver plugin {driver!r} exited; relaunching it and recovering the task")
+        self._plugins.pop(driver, None)
+        plugin = self._launch(driver)
+        self._plugins[driver] = plugin
+        self._relay_events(plugin)
+        for tracked in orphans:
+            if tracked.lost:
+                continue
+            tracked.relaunches += 1
+            tracked.client = plugin
+            try:
+                plugin.recover_task(tracked.handle)
+            except DriverSDKError as err:
+                tracked.lost = f"could not be recovered after its driver plugin exited: {err}"
+                tracked.event(tracked.lost)
+                continue
+            tracked.event(f"recovered ({tracked.label})")
+        return plugin
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut down every plugin still held (an allocation that never released its driver, or
+        validation's plugins no allocation needed). Every plugin is shut down before any record of
+        them is removed: a record that cannot be removed (a full disk) is raised at the end."""
+        with self._lock:
+            self._closing = True
+            held = list(self._plugins.items())
+            self._plugins.clear()
+            for _, plugin in held:
+                plugin.kill()
+            for plugin in self._spare.values():
+                plugin.kill()
+            self._spare.clear()
+            for driver, _ in held:
+                self.state.plugin_gone(driver)
+                self._shut_down_retired(driver)

@@ -1,0 +1,388 @@
+"""What `driversdk run` records in the client's state.db: allocations and their tasks, with the
+task handles a later process needs to find them again."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from driversdk.agent.state.db import connect, open_state
+from driversdk.errors import DriverSDKError, StateWriteError
+
+_TASK_COLUMNS = (
+    "alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, handle, alloc_dir, updated, logmon_pid, "
+    "restarts"
+)
+
+# Events kept per task, as Nomad's client keeps a task's last ten.
+TASK_EVENTS_KEPT = 10
+
+
+@dataclass(frozen=True)
+class AllocRecord:
+    alloc_id: str
+    job: str
+    group: str
+    index: int
+    alloc_dir: str
+    state: str
+    run_pid: int
+    network: str | None
+    csi: str | None
+
+
+class RunStateError(DriverSDKError):
+    """A task or log that the run state does not know."""
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    alloc_id: str
+    job: str
+    group: str
+    task: str
+    driver: str
+    task_id: str
+    state: str
+    exit_code: int | None
+    signal: int | None
+    oom: bool
+    alloc_dir: str
+    updated: float
+    handle: bytes | None = None
+    logmon_pid: int = 0
+    restarts: int = 0  # times the restart policy started the task again
+
+
+class RunState:
+    def __init__(self, data_dir: str) -> None:
+        path = os.path.join(data_dir, "state.db")
+        self._db = open_state(path)  # tables: driversdk.agent.state.migrations
+        self._lock = threading.Lock()
+        # What the API and the CLI read goes through a second connection: in WAL mode a reader
+        # sees the last commit without waiting, where sharing the writer's lock queued every read
+        # behind the fsyncs of allocations starting (a GET took 15x its idle time, issue 31).
+        self._reader = connect(path)
+        self._read_lock = threading.Lock()
+
+    # --- what a failed write was recording ------------------------------------------------------
+
+    @contextmanager
+    def _recording(self, what: str) -> Iterator[None]:
+        """Hold the lock for one write; a :class:`StateWriteError` says what was being recorded."""
+        try:
+            with self._lock:
+                yield
+        except StateWriteError as err:
+            raise err.about(what) from None
+
+    def _of_task(self, what: str, alloc_id: str, task: str, job: str | None = None) -> str:
+        if job is None:
+            try:
+                with self._lock:
+                    row = self._db.execute("SELECT job FROM run_allocs WHERE alloc_id=?", (alloc_id,)).fetchone()
+            except DriverSDKError:
+                row = None
+            job = str(row[0]) if row else None
+        return f'{what} of task "{task}" of ' + (f'job "{job}"' if job is not None else f"allocation {alloc_id[:8]}")
+
+    # --- allocations ---------------------------------------------------------------------------
+
+    def alloc_started(self, alloc_id: str, job: str, group: str, index: int, alloc_dir: str) -> None:
+        with self._recording(f'the start of allocation {alloc_id[:8]} of job "{job}"'):
+            self._db.execute(
+                "INSERT OR REPLACE INTO run_allocs VALUES (?, ?, ?, ?, ?, 'running', ?, NULL, NULL, ?)",
+                (alloc_id, job, group, index, alloc_dir, os.getpid(), time.time()),
+            )
+
+    def alloc_update(self, alloc_id: str, **fields: str | int | None) -> None:
+        allowed = {"state", "run_pid", "network", "csi"}
+        assert set(fields) <= allowed, fields
+        assignments = ", ".join(f"{k}=?" for k in fields)
+        with self._recording(f"the {' and '.join(fields)} of allocation {alloc_id[:8]}"):
+            self._db.execute(
+                f"UPDATE run_allocs SET {assignments}, updated=? WHERE alloc_id=?",
+                (*fields.values(), time.time(), alloc_id),
+            )
+
+    def running_allocs(self, job: str) -> list[AllocRecord]:
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs "
+                "WHERE job=? AND state='running' ORDER BY updated",
+                (job,),
+            ).fetchall()
+        return [AllocRecord(*r) for r in rows]
+
+    def allocs(self, job: str | None = None) -> list[tuple[AllocRecord, float]]:
+        """Every allocation (of one job), oldest first, with when it last changed (Unix seconds)."""
+        query = "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs"
+        with self._read_lock:
+            if job is None:
+                rows = self._reader.execute(query + " ORDER BY rowid").fetchall()
+            else:
+                rows = self._reader.execute(query + " WHERE job=? ORDER BY rowid", (job,)).fetchall()
+        return [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+
+    def alloc_by_id(self, alloc_id: str) -> tuple[AllocRecord, float] | None:
+        """One allocation by its whole id, with when it last changed."""
+        with self._read_lock:
+            row = self._reader.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs "
+                "WHERE alloc_id=?",
+                (alloc_id,),
+            ).fetchone()
+        return None if row is None else (AllocRecord(*row[:9]), float(row[9] or 0))
+
+    def allocs_by_prefix(self, prefix: str) -> list[tuple[AllocRecord, float]]:
+        """Allocations whose id starts with ``prefix`` (Nomad's CLI takes a short id)."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs "
+                "WHERE alloc_id LIKE ? ESCAPE '\\' ORDER BY rowid",
+                (escaped + "%",),
+            ).fetchall()
+        return [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+
+    # --- garbage collection of terminal allocations (driversdk.agent.allocgc) -------------------
+
+    def terminal_allocs(self) -> list[AllocRecord]:
+        """Allocations that are over (stopped or failed), the one over longest first: the order
+        Nomad's client garbage-collects them in."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs "
+                "WHERE state IN ('stopped', 'failed') ORDER BY updated, rowid",
+            ).fetchall()
+        return [AllocRecord(*r) for r in rows]
+
+    def alloc_count(self) -> int:
+        """Allocations this data dir knows, whatever their state (Nomad's NumAllocs)."""
+        with self._read_lock:
+            return int(self._reader.execute("SELECT COUNT(*) FROM run_allocs").fetchone()[0])
+
+    def csi_use_left(self, alloc_id: str) -> bool:
+        """Whether a CSI volume claim or staging use of the allocation is not released yet."""
+        with self._lock:
+            claim = self._db.execute("SELECT 1 FROM volume_claims WHERE alloc_id=? LIMIT 1", (alloc_id,)).fetchone()
+            usage = self._db.execute("SELECT 1 FROM csi_usage WHERE alloc_id=? LIMIT 1", (alloc_id,)).fetchone()
+        return claim is not None or usage is not None
+
+    def alloc_collected(self, alloc_id: str) -> None:
+        """Forget a garbage-collected allocation and its tasks, as Nomad's client deletes a
+        destroyed allocation from its state."""
+        with self._recording(f"the garbage collection of allocation {alloc_id[:8]}"):
+            self._db.execute("BEGIN IMMEDIATE")  # both rows or neither: `status` never shows half of it
+            try:
+                self._db.execute("DELETE FROM run_tasks WHERE alloc_id=?", (alloc_id,))
+                self._db.execute("DELETE FROM run_allocs WHERE alloc_id=?", (alloc_id,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # --- driver plugins: one per driver per run process (the driver manager) --------------------
+
+    def allocs_without_tasks(self) -> list[AllocRecord]:
+        """Allocations no task of which was ever started (a prerun hook failed), oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs a "
+                "WHERE NOT EXISTS (SELECT 1 FROM run_tasks t WHERE t.alloc_id = a.alloc_id) ORDER BY updated",
+            ).fetchall()
+        return [AllocRecord(*r) for r in rows]
+
+    def plugin_started(self, driver: str, reattach: str) -> None:
+        with self._recording(f'the launch of the "{driver}" driver plugin'):
+            self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (driver, os.getpid(), reattach))
+
+    def plugins_to_adopt(self, driver: str, alive: Callable[[int], bool]) -> list[tuple[int, str]]:
+        """Reattach configs of this driver's plugins whose run process is gone (newest first), as
+        (run pid, config): a restarted run takes one over. A live run's plugin is its own."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run_pid, reattach FROM run_plugins WHERE driver=? ORDER BY rowid DESC", (driver,)
+            ).fetchall()
+        return [(int(pid), str(config)) for pid, config in rows if pid == os.getpid() or not alive(int(pid))]
+
+    def plugin_adopted(self, driver: str, old_pid: int, reattach: str) -> None:
+        with self._recording(f'the take-over of the "{driver}" driver plugin'):
+            self._db.execute("DELETE FROM run_plugins WHERE driver=? AND run_pid=?", (driver, old_pid))
+            self._db.execute("INSERT OR REPLACE INTO run_plugins VALUES (?, ?, ?)", (driver, os.getpid(), reattach))
+
+    def plugin_gone(self, driver: str, run_pid: int | None = None) -> None:
+        pid = os.getpid() if run_pid is None else run_pid
+        with self._recording(f'the end of the "{driver}" driver plugin'):
+            self._db.execute("DELETE FROM run_plugins WHERE driver=? AND run_pid=?", (driver, pid))
+
+    def retired_plugins(self, driver: str) -> list[tuple[str, str]]:
+        """Per-allocation plugins a run before the driver manager left (alloc id, reattach config)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT alloc_id, reattach FROM run_plugins_retired WHERE driver=? ORDER BY rowid DESC", (driver,)
+            ).fetchall()
+        return [(str(a), str(r)) for a, r in rows]
+
+    def retired_plugin_gone(self, alloc_id: str, driver: str) -> None:
+        with self._recording(f'the end of the "{driver}" driver plugin of allocation {alloc_id[:8]}'):
+            self._db.execute("DELETE FROM run_plugins_retired WHERE alloc_id=? AND driver=?", (alloc_id, driver))
+
+    def set_logmon(self, alloc_id: str, task: str, pid: int) -> None:
+        with self._recording(self._of_task("the log collector", alloc_id, task)):
+            self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))
+
+    def starting(
+        self,
+        alloc_id: str,
+        job: str,
+        group: str,
+        task: str,
+        driver: str,
+        task_id: str,
+        alloc_dir: str,
+        logmon_pid: int = 0,
+        restarts: int = 0,
+    ) -> None:
+        """Recorded before StartTask: a run killed during the call leaves this row, and the next run
+        knows which task id the interrupted start used (so it adopts or removes what it made)."""
+        with self._recording(self._of_task("the start", alloc_id, task, job)):
+            self._db.execute(
+                f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'starting', NULL, NULL, 0, NULL, ?, ?, ?, ?)",
+                (alloc_id, job, group, task, driver, task_id, alloc_dir, time.time(), logmon_pid, restarts),
+            )
+
+    def start_failed(self, alloc_id: str, task: str) -> None:
+        with self._recording(self._of_task("the failed start", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state='failed', updated=? WHERE alloc_id=? AND task=? AND state='starting'",
+                (time.time(), alloc_id, task),
+            )
+
+    def started(
+        self,
+        alloc_id: str,
+        job: str,
+        group: str,
+        task: str,
+        driver: str,
+        task_id: str,
+        handle: bytes,
+        alloc_dir: str,
+        logmon_pid: int = 0,
+        restarts: int = 0,
+    ) -> None:
+        with self._recording(self._of_task("the start", alloc_id, task, job)):
+            self._db.execute(
+                f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?, ?, ?)",
+                (alloc_id, job, group, task, driver, task_id, handle, alloc_dir, time.time(), logmon_pid, restarts),
+            )
+
+    def restarting(self, alloc_id: str, task: str, exit_code: int, signal: int, restarts: int) -> None:
+        """The task exited and its restart policy starts it again after a delay. A run killed
+        meanwhile leaves this row (with the exited task's handle); the next run restarts it."""
+        with self._recording(self._of_task("the restart", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state='restarting', exit_code=?, signal=?, restarts=?, updated=? "
+                "WHERE alloc_id=? AND task=?",
+                (exit_code, signal, restarts, time.time(), alloc_id, task),
+            )
+
+    def finished(self, alloc_id: str, task: str, exit_code: int, signal: int, oom: bool) -> None:
+        state = "complete" if exit_code == 0 and signal == 0 else "failed"
+        with self._recording(self._of_task("the exit", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state=?, exit_code=?, signal=?, oom=?, updated=? WHERE alloc_id=? AND task=?",
+                (state, exit_code, signal, int(oom), time.time(), alloc_id, task),
+            )
+
+    def killed(self, alloc_id: str, task: str) -> None:
+        """The task was stopped on purpose (Ctrl-C, its sidecar role done, a sibling failed): it is
+        dead and not failed, as Nomad's Killed task. Its last exit stays in its Terminated event."""
+        with self._recording(self._of_task("the stop", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state='complete', exit_code=NULL, signal=NULL, updated=? "
+                "WHERE alloc_id=? AND task=?",
+                (time.time(), alloc_id, task),
+            )
+
+    def task_event(self, alloc_id: str, task: str, event: Mapping[str, object]) -> None:
+        """Keep one of a task's events (``RunEvent.to_json``); the last TASK_EVENTS_KEPT are kept."""
+        with self._recording(self._of_task("an event", alloc_id, task)):
+            self._db.execute(
+                "INSERT INTO run_task_events (alloc_id, task, event) VALUES (?, ?, ?)",
+                (alloc_id, task, json.dumps(event, sort_keys=True)),
+            )
+            self._db.execute(
+                "DELETE FROM run_task_events WHERE alloc_id=? AND task=? AND seq NOT IN "
+                "(SELECT seq FROM run_task_events WHERE alloc_id=? AND task=? ORDER BY seq DESC LIMIT ?)",
+                (alloc_id, task, alloc_id, task, TASK_EVENTS_KEPT),
+            )
+
+    def task_events(self, alloc_id: str, task: str) -> list[dict[str, Any]]:
+        """A task's kept events, oldest first."""
+        with self._read_lock:
+            rows = self._reader.execute(
+                "SELECT event FROM run_task_events WHERE alloc_id=? AND task=? ORDER BY seq", (alloc_id, task)
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def lost(self, alloc_id: str, task: str) -> None:
+        """The task ended while no run followed it and its driver cannot tell how (Nomad's "lost"):
+        no exit code is recorded."""
+        with self._recording(self._of_task("the loss", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state='lost', exit_code=NULL, signal=NULL, updated=? WHERE alloc_id=? AND task=?",
+                (time.time(), alloc_id, task),
+            )
+
+    def stopped(self, alloc_id: str, task: str) -> None:
+        """The run ended while the task had not exited by itself (Ctrl-C, or a failure elsewhere)."""
+        with self._recording(self._of_task("the stop", alloc_id, task)):
+            self._db.execute(
+                "UPDATE run_tasks SET state='stopped', updated=? WHERE alloc_id=? AND task=? AND state='running'",
+                (time.time(), alloc_id, task),
+            )
+
+    def tasks(self, alloc_id: str | None = None) -> list[TaskRecord]:
+        query = (
+            "SELECT alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, alloc_dir, updated, "
+            "handle, logmon_pid, restarts FROM run_tasks"
+        )
+        with self._read_lock:
+            if alloc_id is None:
+                rows = self._reader.execute(query + " ORDER BY updated").fetchall()
+            else:
+                rows = self._reader.execute(query + " WHERE alloc_id=? ORDER BY updated", (alloc_id,)).fetchall()
+        return [
+            TaskRecord(
+                alloc_id=r[0],
+                job=r[1],
+                group=r[2],
+                task=r[3],
+                driver=r[4],
+                task_id=r[5],
+                state=r[6],
+                exit_code=r[7],
+                signal=r[8],
+                oom=bool(r[9]),
+                alloc_dir=r[10],
+                updated=r[11],
+                handle=r[12],
+                logmon_pid=r[13],
+                restarts=r[14],
+            )
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        self._reader.close()
+        self._db.close()

@@ -1,1 +1,0 @@
-"""From job files to checked task mounts: jobspec, client config, validation."""

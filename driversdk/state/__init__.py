@@ -1,7 +1,0 @@
-"""The client's one state file: :func:`open_state` connects (private files, WAL, busy timeout)
-and migrates it to the current schema; every store goes through it."""
-
-from driversdk.state.migrations import SCHEMA_VERSION, StateVersionError, migrate
-from driversdk.statedb import connect, open_state
-
-__all__ = ["SCHEMA_VERSION", "StateVersionError", "connect", "migrate", "open_state"]
