@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from driversdk.taskkit.cgroups import CGROUP_PARENT
 from driversdk.taskkit.fields import decode_state, encode_state
-from driversdk.taskkit.owner import ProcessIdentity
-from driversdk.taskkit.shared import Spawned
+from driversdk.taskkit.shared import SharedRunState
 from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
@@ -16,31 +15,21 @@ STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class DriverState:
-    """Everything a relaunched plugin needs to find the task again (TaskHandle.driver_state)."""
+class DriverState(SharedRunState):
+    """Everything a relaunched plugin needs to find the task again (TaskHandle.driver_state).
+
+    ``task_pid`` (from SharedRunState) is the container's init on the host; a state without it
+    (0) names a task under a supervisor of its own, followed by ``supervisor_pid``."""
 
     container_id: str
     task_dir: str
     """The task's state dir: bundle (config.json, rootfs), launch spec, pid file and status file."""
-    supervisor_pid: int
     cgroup_v2: bool
     started_at: float
     runc_path: str
     runc_root: str = ""
     host_pid_mode: bool = False
     cgroup_parent: str = CGROUP_PARENT
-    task_pid: int = 0
-    """The container's init on the host, a child of the shared supervisor (0: a task started
-    under a supervisor of its own, by an earlier release, followed by ``supervisor_pid``)."""
-    task_start_time: int = 0
-    supervisor_start_time: int = 0
-
-    @property
-    def shared_run(self) -> Spawned | None:
-        if not self.task_start_time:
-            return None
-        sup = ProcessIdentity(self.supervisor_pid, self.supervisor_start_time)
-        return Spawned(sup, ProcessIdentity(self.task_pid, self.task_start_time))
 
     @property
     def status_file(self) -> str:

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 from drivers.raw_exec.cgroups import RawCgroup
 from driversdk.taskkit.fields import decode_state, encode_state
-from driversdk.taskkit.owner import ProcessIdentity
-from driversdk.taskkit.shared import Spawned
+from driversdk.taskkit.shared import SharedRunState
 from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE
 
 # Version of the driver_state layout below; bump it and keep reading older ones.
@@ -16,32 +15,21 @@ STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class RawState:
+class RawState(SharedRunState):
     """Everything a relaunched plugin needs to find the task again (TaskHandle.driver_state)."""
 
     task_key: str
     """The task's name on this host: its cgroup and state dir are named after it."""
     state_dir: str
     """``<plugin state_dir>/tasks/<task_key>``: the launch spec and the supervisor's status file."""
-    supervisor_pid: int
-    task_pid: int
-    """The task's main process, also its process group id."""
+    task_pid: int = field(kw_only=True)
+    """The task's main process, also its process group id, which stop signals go to: required, as
+    0 would signal the plugin's own process group."""
     started_at: float
     cgroup_v2: bool
     cgroup_parent: str
     cgroup_v1_override: dict[str, str] = field(default_factory=dict)
     cgroup_v2_override: str = ""
-    task_start_time: int = 0
-    """With ``task_pid``, the task's identity under the shared supervisor (0: a task started under
-    a supervisor of its own, by an earlier release, followed by ``supervisor_pid``)."""
-    supervisor_start_time: int = 0
-
-    @property
-    def shared_run(self) -> Spawned | None:
-        if not self.task_start_time:
-            return None
-        sup = ProcessIdentity(self.supervisor_pid, self.supervisor_start_time)
-        return Spawned(sup, ProcessIdentity(self.task_pid, self.task_start_time))
 
     @property
     def status_file(self) -> str:

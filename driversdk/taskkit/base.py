@@ -31,7 +31,7 @@ from driversdk.signals import signal_name
 from driversdk.taskkit import shared, supervisor
 from driversdk.taskkit.cgroups import CgroupSample, CounterFiles, TaskCgroup
 from driversdk.taskkit.owner import ProcessIdentity
-from driversdk.taskkit.shared import Spawned
+from driversdk.taskkit.shared import SharedRunState, Spawned
 from driversdk.taskkit.stats import task_stats
 from driversdk.taskkit.streaming import exit_result, run_session
 from driversdk.taskkit.taskmap import TaskMap
@@ -66,11 +66,10 @@ S = TypeVar("S", bound=SupervisedState)
 
 
 def shared_run(state: SupervisedState) -> Spawned | None:
-    """The task and the shared supervisor running it, from a state that has a ``shared_run``
-    property (exec's, raw_exec's); None for a task under a supervisor of its own (ProcessDriver's,
-    tasks of earlier releases, a driver's state without the property), followed by that pid."""
-    run = getattr(state, "shared_run", None)
-    return run if isinstance(run, Spawned) else None
+    """The task and the shared supervisor running it, for a state built on SharedRunState (exec's,
+    raw_exec's); None for a task under a supervisor of its own (ProcessDriver's, or a SharedRunState
+    without a task start time), which is followed by ``supervisor_pid``."""
+    return state.shared_run if isinstance(state, SharedRunState) else None
 
 
 @dataclass(frozen=True)

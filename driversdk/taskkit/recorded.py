@@ -229,7 +229,7 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
         if record is not None:
             # Should this plugin die half-way, the next one's reconciler finishes the removal.
             owner.save(record.moved_to("destroying"))
-        run = getattr(state, "shared_run", None)
+        run = shared_run(state)
         # Under the shared supervisor no process of the task's own names it but the runc (or
         # `launch.py exec`) this plugin or that supervisor started: their children are read
         # instead of every process on the node, which cost ~15 ms a destroy with 1000 tasks

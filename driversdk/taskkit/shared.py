@@ -51,6 +51,32 @@ class Spawned:
     task: ProcessIdentity
 
 
+@dataclass(frozen=True, kw_only=True)
+class SharedRunState:
+    """The processes a kit driver's saved task state (exec's, raw_exec's) follows: the fields are
+    flat, so they sit in the driver's state JSON beside its own, under these names.
+
+    A task run by the shared supervisor has both identities (pid plus start time). One whose
+    ``task_start_time`` is 0 runs under a supervisor of its own, which is then the process
+    followed by ``supervisor_pid``. The fields are keyword-only, so a driver's own fields keep
+    their order in its constructor.
+    """
+
+    supervisor_pid: int
+    supervisor_start_time: int = 0
+    task_pid: int = 0
+    """The task's main process on the host, a child of the shared supervisor."""
+    task_start_time: int = 0
+
+    @property
+    def shared_run(self) -> Spawned | None:
+        """The task and the shared supervisor running it; None for a task under a supervisor of its own."""
+        if not self.task_start_time:
+            return None
+        sup = ProcessIdentity(self.supervisor_pid, self.supervisor_start_time)
+        return Spawned(sup, ProcessIdentity(self.task_pid, self.task_start_time))
+
+
 def is_server(identity: ProcessIdentity) -> bool:
     """Whether ``identity`` is still a running shared supervisor (pid and start time, so not a
     process that reused the pid)."""

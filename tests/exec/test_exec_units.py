@@ -15,6 +15,8 @@ from driversdk.model import LinuxResources, NetworkIsolationMode, NetworkIsolati
 from driversdk.mounts import Mount, Propagation
 from driversdk.taskkit.cgroups import MIB, memory_limit_bytes
 from driversdk.taskkit.ids import HostUser
+from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.shared import Spawned
 from driversdk.taskkit.supervisor import read_status
 
 NOBODY = HostUser("nobody", 65534, 65534, (), "/nonexistent")
@@ -127,12 +129,38 @@ def test_exec_memory_limit_from_resources() -> None:
 
 
 def test_exec_state_round_trip_and_version_gate() -> None:
-    state = DriverState("dsx-1", "/s/tasks/dsx-1", 42, False, 1.5, "runc")
+    state = DriverState("dsx-1", "/s/tasks/dsx-1", False, 1.5, "runc", supervisor_pid=42)
     assert DriverState.decode(state.encode(), 1) == state
     with pytest.raises(ConfigError, match="unknown state version"):
         DriverState.decode(state.encode(), 2)
     with pytest.raises(ConfigError, match="failed to decode the exec driver's task state"):
         DriverState.decode(b"{}", 1)
+
+
+# A driver_state as the exec plugin wrote it while the shared-supervisor fields were declared in
+# DriverState itself; tasks started then must still be recovered, and re-saved byte for byte.
+SAVED_SHARED_RUN = (
+    b'{"cgroup_parent": "nomad.slice", "cgroup_v2": true, "container_id": "c1", "host_pid_mode": false, '
+    b'"runc_path": "/usr/bin/runc", "runc_root": "/run/r", "started_at": 1.5, "supervisor_pid": 41, '
+    b'"supervisor_start_time": 7001, "task_dir": "/s/tasks/c1", "task_pid": 42, "task_start_time": 7002, "version": 1}'
+)
+# One of a task under a supervisor of its own: no task or start-time fields at all.
+SAVED_OWN_SUPERVISOR = (
+    b'{"cgroup_parent": "nomad.slice", "cgroup_v2": true, "container_id": "c2", "host_pid_mode": false, '
+    b'"runc_path": "/usr/bin/runc", "runc_root": "", "started_at": 2.5, "supervisor_pid": 43, '
+    b'"task_dir": "/s/tasks/c2", "version": 1}'
+)
+
+
+def test_exec_state_saved_before_shared_run_state_is_recovered_and_saved_unchanged() -> None:
+    state = DriverState.decode(SAVED_SHARED_RUN, 1)
+    assert state.shared_run == Spawned(ProcessIdentity(41, 7001), ProcessIdentity(42, 7002))
+    assert (state.container_id, state.task_dir, state.runc_path, state.cgroup_parent) == (
+        "c1", "/s/tasks/c1", "/usr/bin/runc", "nomad.slice",
+    )  # fmt: skip
+    assert state.encode() == SAVED_SHARED_RUN
+    own = DriverState.decode(SAVED_OWN_SUPERVISOR, 1)
+    assert own.shared_run is None and own.supervisor_pid == 43 and own.task_pid == 0
 
 
 def test_exec_status_file_parsing(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from drivers.raw_exec.config import PluginConfig, TaskRawConfig, glob_match, tas
 from drivers.raw_exec.store import RawState
 from driversdk.errors import ConfigError
 from driversdk.taskkit.ids import IdRanges
+from driversdk.taskkit.owner import ProcessIdentity
+from driversdk.taskkit.shared import Spawned
 
 
 def test_raw_exec_id_ranges_parse_and_contain() -> None:
@@ -54,10 +56,34 @@ def test_raw_exec_denied_envvars_glob_like_nomad() -> None:
 
 
 def test_raw_exec_state_round_trip_and_version_gate() -> None:
-    state = RawState("dsr-x", "/s/tasks/dsr-x", 10, 11, 1.5, False, "p", {"pids": "c"}, "")
+    state = RawState("dsr-x", "/s/tasks/dsr-x", 1.5, False, "p", {"pids": "c"}, "", supervisor_pid=10, task_pid=11)
     assert RawState.decode(state.encode(), 1) == state
     with pytest.raises(ConfigError, match="unknown state version"):
         RawState.decode(state.encode(), 2)
+
+
+# A driver_state as the raw_exec plugin wrote it while the shared-supervisor fields were declared
+# in RawState itself; tasks started then must still be recovered, and re-saved byte for byte.
+SAVED_SHARED_RUN = (
+    b'{"cgroup_parent": "nomad", "cgroup_v1_override": {"pids": "/x"}, "cgroup_v2": false, "cgroup_v2_override": "", '
+    b'"started_at": 2.5, "state_dir": "/s/tasks/k1", "supervisor_pid": 51, "supervisor_start_time": 8001, '
+    b'"task_key": "k1", "task_pid": 52, "task_start_time": 8002, "version": 1}'
+)
+
+
+def test_raw_exec_state_saved_before_shared_run_state_is_recovered_and_saved_unchanged() -> None:
+    state = RawState.decode(SAVED_SHARED_RUN, 1)
+    assert state.shared_run == Spawned(ProcessIdentity(51, 8001), ProcessIdentity(52, 8002))
+    assert (state.task_key, state.state_dir, state.cgroup_v1_override) == ("k1", "/s/tasks/k1", {"pids": "/x"})
+    assert state.encode() == SAVED_SHARED_RUN
+    own = RawState.decode(SAVED_SHARED_RUN.replace(b'"task_start_time": 8002, ', b""), 1)
+    assert own.shared_run is None and own.task_pid == 52
+
+
+def test_raw_exec_state_without_its_task_pid_is_refused() -> None:
+    # Stop signals go to the task_pid's process group: a 0 would reach the plugin's own group.
+    with pytest.raises(ConfigError, match="task_pid"):
+        RawState.decode(SAVED_SHARED_RUN.replace(b'"task_pid": 52, ', b""), 1)
 
 
 def test_raw_exec_cgroup_procs_files_follow_the_overrides(monkeypatch: pytest.MonkeyPatch) -> None:

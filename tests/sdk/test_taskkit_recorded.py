@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +22,18 @@ from driversdk.hclspec import Spec
 from driversdk.model import ExitResult, TaskConfig, TaskHandle
 from driversdk.taskkit import owner
 from driversdk.taskkit.hostcfg import HostPluginConfig
-from driversdk.taskkit.owner import ProcessIdentity
 from driversdk.taskkit.recorded import RecordedDriver, Start
-from driversdk.taskkit.shared import Spawned
+from driversdk.taskkit.shared import SharedRunState, Spawned
 from driversdk.taskkit.streaming import exit_result
 from driversdk.taskkit.supervisor import SPEC_FILE, STATUS_FILE, Launch
 from driversdk.testing import AllocDir
 
 
 @dataclass(frozen=True)
-class State:
+class State(SharedRunState):
     key: str
     home: str
-    supervisor_pid: int
     started_at: float
-    task: ProcessIdentity = field(default_factory=lambda: ProcessIdentity(0, 0))
-    supervisor_start_time: int = 0
-
-    @property
-    def shared_run(self) -> Spawned | None:
-        if not self.task.start_time:
-            return None
-        return Spawned(ProcessIdentity(self.supervisor_pid, self.supervisor_start_time), self.task)
 
     @property
     def status_file(self) -> str:
@@ -84,7 +74,7 @@ class Tiny(RecordedDriver[State, Record]):
 
     def prepare(self, task: TaskConfig) -> Start[State]:
         key = "tiny-" + task.id.replace("/", "-")
-        state = State(key, os.path.join(self.config.state_dir, "tasks", key), 0, 1.0)
+        state = State(key, os.path.join(self.config.state_dir, "tasks", key), 1.0, supervisor_pid=0)
 
         def build() -> Launch:
             self.built.append("not empty" if os.listdir(state.home) else "empty")
@@ -99,7 +89,11 @@ class Tiny(RecordedDriver[State, Record]):
 
     def started(self, state: State, run: Spawned) -> State:
         return dataclasses.replace(
-            state, supervisor_pid=run.supervisor.pid, supervisor_start_time=run.supervisor.start_time, task=run.task
+            state,
+            supervisor_pid=run.supervisor.pid,
+            supervisor_start_time=run.supervisor.start_time,
+            task_pid=run.task.pid,
+            task_start_time=run.task.start_time,
         )
 
     def task_config_schema(self) -> Spec:
