@@ -12,8 +12,6 @@ from __future__ import annotations
 # imports driversdk.errors, starts before each task does (type checkers know this spelling too).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from driversdk.client import DriverClient, launch, reattach
     from driversdk.driver import DriverPlugin, ExecSession
     from driversdk.serving import serve
@@ -33,7 +31,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'driversdk' has no attribute {name!r}")

@@ -68,7 +68,7 @@ class ExecSession(abc.ABC):
         """The latest size the client asked for (tty sessions), or None."""
 
     @abc.abstractmethod
-    def on_resize(self, callback: Any) -> None:
+    def on_resize(self, callback: Callable[[TerminalSize], None]) -> None:
         """Call ``callback(TerminalSize)`` on every later resize request."""
 
     @property
@@ -267,7 +267,8 @@ class DriverPlugin(abc.ABC):
                 self._event_listeners.remove(listener)
 
     def subscribe_events(self) -> queue.Queue[TaskEvent]:
-        """A queue receiving every later event (for in-process use and older code)."""
+        """A queue receiving every later event, for a consumer in this process that reads events
+        from a queue rather than through a listener."""
         subscriber: queue.Queue[TaskEvent] = queue.Queue()
         # Bound methods compare equal by object and function, so unsubscribe finds it again.
         self.add_event_listener(subscriber.put)

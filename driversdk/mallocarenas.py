@@ -4,8 +4,8 @@ and the freed heap given back once a big job is gone.
 glibc gives threads that contend on malloc arenas of their own, up to eight per core, and keeps
 what a thread freed in its arena for reuse instead of returning it. A process that starts and
 ends short threads by the thousand (the agent: a thread per allocation start, per task exit, per
-API request) then holds tens of MiB in arenas it barely uses: the agent with 1000 allocations
-was 167 MiB with the default and 133 MiB with two arenas (bench/bench_agent.py --count 1000).
+API request) then holds tens of MiB in arenas it barely uses: bench/bench_agent.py --count 1000
+measured the agent at 167 MiB with the default and 133 MiB with two arenas.
 Python's own small objects live in pymalloc's pools, untouched by this.
 """
 

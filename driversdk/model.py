@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from driversdk.plugin.handshake import DRIVER_API_VERSION as DRIVER_API_VERSION  # kept importable from here
+from driversdk.plugin.handshake import DRIVER_API_VERSION as DRIVER_API_VERSION  # part of the model's API
 
 if TYPE_CHECKING:
     # An annotation here; the mount rules (and /proc/self/mountinfo parsing) load with their first use.
@@ -369,8 +369,10 @@ class ExecResult:
     result: ExitResult
 
 
-def __getattr__(name: str) -> Any:
-    if name == "Mount":  # still importable from here, as it always was
+def __getattr__(name: str) -> type[Mount]:
+    # Mount is part of the model (TaskConfig.mounts holds them); its module, with the mountinfo
+    # parser, loads on first use.
+    if name == "Mount":
         from driversdk.mounts import Mount
 
         return Mount

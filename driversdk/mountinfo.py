@@ -63,7 +63,8 @@ class MountEntry:
 
 
 class MountinfoError(DriverSDKError, ValueError):
-    """mountinfo that does not parse (a ValueError too, as it always was)."""
+    """mountinfo that does not parse (also a ValueError, so a caller that catches ValueError for a
+    bad value catches it)."""
 
 
 def parse_line(line: str) -> MountEntry:

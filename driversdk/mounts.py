@@ -53,7 +53,7 @@ _LINUX_PROPAGATION = {
 
 class UnknownPropagationError(ConfigError, ValueError):
     """A propagation mode outside the three Nomad accepts: operator config, INVALID_ARGUMENT on
-    the wire. A ValueError too, as it always was."""
+    the wire. Also a ValueError, so a caller that catches ValueError for a bad value catches it."""
 
     def __init__(self, text: str) -> None:
         choices = ", ".join(repr(m.value) for m in Propagation)

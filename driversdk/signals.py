@@ -14,9 +14,9 @@ from driversdk.errors import DriverError
 class UnknownSignalError(DriverError):
     """A signal name this host does not know.
 
-    A DriverError, not a ConfigError: the drivers raise it from SignalTask and StopTask, where
-    an unknown name has always gone over the wire as INTERNAL (not recoverable), and validate
-    catches it by this class.
+    A DriverError, not a ConfigError: the drivers raise it from SignalTask and StopTask, where an
+    unknown name goes over the wire as INTERNAL (not recoverable), and validate catches it by this
+    class.
     """
 
 

@@ -168,7 +168,7 @@ class StatsSampler:
 
     def dispatch(self, requests: list[_Request]) -> None:
         """Sample ``requests`` on the pool: split over the workers, so a driver whose sample waits
-        on I/O (a daemon's API) still has as many samples in flight as before batching."""
+        on I/O (a daemon's API) has one sample in flight per worker, not one per batch."""
         loop = asyncio.get_running_loop()
         jobs = min(self._workers, len(requests))
         share = -(-len(requests) // jobs)

@@ -22,9 +22,8 @@ every plugin can check it:
 A container is dangling only when all of these hold: it carries our task labels and an owner
 record, it is not one of this plugin's tasks, it is older than creation_grace, neither owner
 record names a live process, and it has been seen ownerless for creation_grace (so a plugin
-that another host is relaunching gets that long to recover the task). Containers without an
-owner record (made before this existed) are never touched: there is no way to tell they are
-free.
+that another host is relaunching gets that long to recover the task). A container with our
+labels but no owner record is never touched: nothing tells whether it is free.
 """
 
 from __future__ import annotations

@@ -254,8 +254,8 @@ class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
         run, signum = state.shared_run, getattr(signals.Signals, sig, None)
         if run is not None and signum is not None and not state.host_pid_mode:
             # What `runc kill` does for a container with its own pid namespace (signal its init),
-            # without starting a runc process per stop: the teardown of 1000 tasks was mostly
-            # runc processes (bench_agent --count 1000).
+            # without starting a runc process per stop, which would be most of the teardown of
+            # 1000 tasks (bench_agent --count 1000).
             return run.task.send(signum)
         # In the host's pid namespace the task's own processes are not killed with its init:
         # runc finds them all in the container's cgroup.

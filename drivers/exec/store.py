@@ -37,7 +37,8 @@ class DriverState(SharedRunState):
 
     @property
     def spec_file(self) -> str:
-        """The supervisor's launch spec (absent for a task started before the kit's supervisor)."""
+        """The supervisor's launch spec; absent when the supervisor is the ``/bin/sh`` running
+        ``runc run`` (see driver.is_supervisor), which has none."""
         return os.path.join(self.task_dir, SPEC_FILE)
 
     def encode(self) -> bytes:

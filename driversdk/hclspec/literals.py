@@ -11,7 +11,8 @@ from driversdk.hclspec.types import to_number
 
 
 class LiteralError(DriverSDKError, ValueError):
-    """A Literal whose expression we cannot evaluate (a ValueError too, as it always was)."""
+    """A Literal whose expression we cannot evaluate (also a ValueError, so a caller that catches
+    ValueError for a bad value catches it)."""
 
 
 _NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][+-]?\d+)?")

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 class SpecError(DriverSDKError, ValueError):
     """A schema that can never work (a driver author's mistake, caught at construction).
 
-    Not a ConfigError: no operator config is wrong. A ValueError too, as it always was.
+    Not a ConfigError: no operator config is wrong. Also a ValueError, so a caller that catches
+    ValueError for a bad argument catches it.
     """
 
 

@@ -16,7 +16,8 @@ from driversdk.errors import ConfigError, DriverSDKError
 
 
 class TypeExprError(DriverSDKError, ValueError):
-    """An hclspec type expression that does not parse (a ValueError too, as it always was)."""
+    """An hclspec type expression that does not parse (also a ValueError, so a caller that catches
+    ValueError for a bad value catches it)."""
 
 
 @dataclass(frozen=True)

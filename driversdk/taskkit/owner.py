@@ -161,7 +161,7 @@ def owner_fields(raw: dict[str, Any]) -> dict[str, Any]:
 class TaskRecord(OwnedRecord):
     """What every kit driver's record holds: the owner fields and the task's own cgroup, named
     after :attr:`key`. A driver's record extends it with where its task lives (:attr:`directory`,
-    under the JSON name its older versions read) and what else it must remove."""
+    under the JSON name that driver's saved records use) and what else it must remove."""
 
     phase: Phase
     owner_pid: int

@@ -233,7 +233,7 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
         # Under the shared supervisor no process of the task's own names it but the runc (or
         # `launch.py exec`) this plugin or that supervisor started: their children are read
         # instead of every process on the node, which cost ~15 ms a destroy with 1000 tasks
-        # running. A task of an older release has a supervisor of its own, found by the full scan.
+        # running. A task under a supervisor of its own (no shared run) is found by the full scan.
         among = None if run is None else supervisor.children_of(os.getpid(), run.supervisor.pid)
         self.release_record(record or self.record_of(state), why="destroy was requested", among=among)
 

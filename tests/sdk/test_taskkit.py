@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,7 +206,7 @@ class _Session(ExecSession):
     def terminal_size(self) -> TerminalSize | None:
         return None
 
-    def on_resize(self, callback: Any) -> None:
+    def on_resize(self, callback: Callable[[TerminalSize], None]) -> None:
         pass
 
     @property

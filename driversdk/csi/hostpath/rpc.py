@@ -1,6 +1,6 @@
 """The one preamble of every hostpath RPC, as a decorator: ``@rpc(required=("volume_id",))``.
 
-In this order, as the plugin has always answered: UNIMPLEMENTED for an RPC whose capability is
+In this order, the first that applies being the answer: UNIMPLEMENTED for an RPC whose capability is
 not advertised; then the injected fault (fail, delay, hang); then the required arguments, each
 INVALID_ARGUMENT naming the first one missing; then the method's own logic, whose OSError
 becomes INTERNAL with its text. Argument checks all run before the method looks anything up.
