@@ -136,6 +136,10 @@ def test_python_nomad_runs_a_docker_job(tcp_agent: tuple[AgentProcess, int]) -> 
     assert "t.stdout.0" in [f["Name"] for f in listing] and all(not f["IsDir"] for f in listing)
     stopped = client.job.deregister_job("pn-docker", purge=True)
     assert stopped["EvalID"]
+    # The agent forgets a purged job once its allocations are torn down (Nomad: at once).
+    deadline = time.monotonic() + 60
+    while "pn-docker" in client.jobs and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert "pn-docker" not in client.jobs
 
 

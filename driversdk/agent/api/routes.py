@@ -257,10 +257,8 @@ def force_periodic(agent: Agent, request: Request, match: re.Match[str]) -> Resp
 @route(r"/v1/job/(?P<id>[^/]+)/allocations", "GET")
 def job_allocations(agent: Agent, request: Request, match: re.Match[str]) -> Response:
     _blocking(agent, request)
-    record = _job_record(agent, match["id"])
-    assert agent.node is not None
-    allocs = agent.node.state.allocs(match["id"])
-    return Response(body=[shapes.alloc_stub(agent, a, updated, record) for a, updated in allocs])
+    _job_record(agent, match["id"])  # 404 for a job the agent does not know
+    return Response(body=shapes.alloc_stubs(agent, job=match["id"]))
 
 
 @route(r"/v1/job/(?P<id>[^/]+)/summary", "GET")
@@ -276,9 +274,7 @@ def job_summary(agent: Agent, request: Request, match: re.Match[str]) -> Respons
 def list_allocations(agent: Agent, request: Request, _: re.Match[str]) -> Response:
     _blocking(agent, request)
     assert agent.node is not None
-    prefix = request.query.get("prefix", "")
-    allocs = agent.node.state.allocs_by_prefix(prefix) if prefix else agent.node.state.allocs()
-    return Response(body=[shapes.alloc_stub(agent, a, updated) for a, updated in allocs])
+    return Response(body=shapes.alloc_stubs(agent, prefix=request.query.get("prefix", "")))
 
 
 def _alloc(agent: Agent, alloc_id: str) -> tuple[Any, float]:

@@ -2,16 +2,22 @@
 their events, the node with its drivers. Field names and values are those of Nomad's ``api``
 package, so Nomad's clients read them unchanged. Everything is read from ``state.db`` (the same
 records ``driversdk status`` reads), so recovered and finished allocations look as live ones do.
+
+An answer about many allocations (a job's allocations, its summary, the job list) reads their tasks
+and events in one query each (:class:`Reads`), not once per allocation: under a job of 1000
+allocations starting, a client waiting on the list (a blocking query) asks again after each change.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from driversdk.agent.events import RunEventType
 from driversdk.agent.state.jobstore import JobRecord
-from driversdk.agent.state.runstate import AllocRecord, TaskRecord
+from driversdk.agent.state.runstate import AllocRecord, KeptEvent, RunState, TaskRecord
 
 if TYPE_CHECKING:
     from driversdk.agent.agent import Agent
@@ -36,7 +42,8 @@ def job_status(agent: Agent, record: JobRecord) -> str:
     if record.status.value != "running" or agent.node is None:
         return record.status.value  # pending: being started (or replaced by an update) right now
     allocs = agent.node.state.allocs(record.id)
-    if allocs and all(client_status(a, agent.node.state.tasks(a.alloc_id)) in _TERMINAL for a, _ in allocs):
+    tasks = agent.node.state.tasks_by_alloc(record.id) if allocs else {}
+    if allocs and all(client_status(a, tasks.get(a.alloc_id, [])) in _TERMINAL for a, _ in allocs):
         return "dead"
     return record.status.value
 
@@ -95,9 +102,10 @@ def summary(agent: Agent, record: JobRecord) -> dict[str, Any]:
         if isinstance(group, dict) and isinstance(group.get("Name"), str):
             groups[group["Name"]] = _empty_summary()
     assert agent.node is not None
+    tasks = agent.node.state.tasks_by_alloc(record.id)
     for alloc, _ in agent.node.state.allocs(record.id):
         counts = groups.setdefault(alloc.group, _empty_summary())
-        status = client_status(alloc, agent.node.state.tasks(alloc.alloc_id))
+        status = client_status(alloc, tasks.get(alloc.alloc_id, []))
         key = {"pending": "Starting", "running": "Running", "complete": "Complete", "failed": "Failed",
                "lost": "Lost"}.get(status, "Unknown")  # fmt: skip
         counts[key] += 1
@@ -129,12 +137,13 @@ _TASK_STATES = {
 }
 
 
-def task_state(record: TaskRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Nomad's TaskState of a task, from its record and its kept events."""
+def task_state(record: TaskRecord, events: list[KeptEvent], converted: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Nomad's TaskState of a task, from its record and its kept events (``converted``: the API
+    form of each event by seq, filled here as needed)."""
     state, failed = _TASK_STATES.get(record.state, ("pending", False))
     # "finished" is the run's own closing line (the exit after the restart policy); Nomad's
     # Terminated and Killed events already say it.
-    api_events = [_event(e) for e in events if e.get("type") != RunEventType.FINISHED]
+    api_events = [_event(e, converted) for e in events if e.event.get("type") != RunEventType.FINISHED]
     if failed and api_events and api_events[-1]["Type"] == "Restarting":
         state, failed = "pending", False  # waiting out its restart delay, as Nomad shows it
     started = [e["Time"] for e in api_events if e["Type"] == "Started"]
@@ -151,10 +160,15 @@ def task_state(record: TaskRecord, events: list[dict[str, Any]]) -> dict[str, An
     }
 
 
-def _event(stored: dict[str, Any]) -> dict[str, Any]:
-    """A kept event (``RunEvent.to_json``) as Nomad's TaskEvent."""
+def _event(kept: KeptEvent, converted: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A kept event (``RunEvent.to_json``) as Nomad's TaskEvent, converted once per row: the dict
+    is shared by every answer that shows the event, which only serialise it."""
+    found = converted.get(kept.seq)
+    if found is not None:
+        return found
     from driversdk.agent.events import RunEvent
 
+    stored = kept.event
     details = stored.get("details")
     event = RunEvent(
         str(stored.get("kind") or "task"),
@@ -166,7 +180,39 @@ def _event(stored: dict[str, Any]) -> dict[str, Any]:
         fails_task=bool(stored.get("fails_task")),
         details={str(k): str(v) for k, v in details.items()} if isinstance(details, dict) else {},
     )
-    return event.to_api()
+    if len(converted) >= CONVERTED_EVENTS_CACHED:
+        converted.clear()
+    api = converted[kept.seq] = event.to_api()
+    return api
+
+
+# The API form of kept events, per state store (one per data dir), by seq.
+_CONVERTED: weakref.WeakKeyDictionary[RunState, dict[int, dict[str, Any]]] = weakref.WeakKeyDictionary()
+CONVERTED_EVENTS_CACHED = 20_000
+
+
+def _converted(state: RunState) -> dict[int, dict[str, Any]]:
+    found = _CONVERTED.get(state)
+    if found is None:
+        found = _CONVERTED[state] = {}
+    return found
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What answers about allocations read of their tasks, each in one query."""
+
+    tasks: dict[str, list[TaskRecord]]
+    events: dict[tuple[str, str], list[KeptEvent]]
+
+    @classmethod
+    def of_job(cls, state: RunState, job: str | None) -> Reads:
+        """Every allocation of ``job`` (of every job when None)."""
+        return cls(state.tasks_by_alloc(job), state.events_by_task(job=job))
+
+    @classmethod
+    def of_alloc(cls, state: RunState, alloc_id: str) -> Reads:
+        return cls({alloc_id: state.tasks(alloc_id)}, state.events_by_task(alloc_id=alloc_id))
 
 
 def client_status(alloc: AllocRecord, tasks: list[TaskRecord]) -> str:
@@ -188,22 +234,27 @@ def _alloc_name(alloc: AllocRecord) -> str:
     return f"{alloc.job}.{alloc.group}[{alloc.index}]"
 
 
-def _killed(events: list[dict[str, Any]]) -> bool:
+def _killed(events: list[KeptEvent]) -> bool:
     """Whether the task was stopped by the client (a Killing event) rather than ending by itself."""
-    return any(e.get("type") == "Killing" for e in events)
+    return any(e.event.get("type") == "Killing" for e in events)
 
 
-def _first_event_time(events: list[dict[str, Any]], task: TaskRecord) -> float:
-    times = [float(e.get("time") or 0) for e in events[:1]]
+def _first_event_time(events: list[KeptEvent], task: TaskRecord) -> float:
+    times = [float(e.event.get("time") or 0) for e in events[:1]]
     return times[0] if times and times[0] else task.updated
 
 
-def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float, record: JobRecord | None = None) -> dict[str, Any]:
-    """Nomad's AllocListStub; ``record``: the allocation's job, when the caller has read it."""
+def alloc_stub(
+    agent: Agent, alloc: AllocRecord, updated: float, record: JobRecord | None = None, reads: Reads | None = None
+) -> dict[str, Any]:
+    """Nomad's AllocListStub; ``record``: the allocation's job, when the caller has read it;
+    ``reads``: its tasks and events, when the caller has read them with others'."""
     assert agent.node is not None
-    tasks = agent.node.state.tasks(alloc.alloc_id)
-    # Each task's events read once: an answer under load is mostly these reads.
-    events = {t.task: agent.node.state.task_events(t.alloc_id, t.task) for t in tasks}
+    if reads is None:
+        reads = Reads.of_alloc(agent.node.state, alloc.alloc_id)
+    tasks = reads.tasks.get(alloc.alloc_id, [])
+    events = {t.task: reads.events.get((alloc.alloc_id, t.task), []) for t in tasks}
+    converted = _converted(agent.node.state)
     if record is None and agent.jobs is not None:
         record = agent.jobs.get(alloc.job)
     node = agent.node_info()
@@ -226,12 +277,31 @@ def alloc_stub(agent: Agent, alloc: AllocRecord, updated: float, record: JobReco
         "DesiredDescription": "alloc is being stopped" if desired == "stop" and alloc.state == "running" else "",
         "ClientStatus": client_status(alloc, tasks),
         "ClientDescription": "",
-        "TaskStates": {t.task: task_state(t, events[t.task]) for t in tasks},
+        "TaskStates": {t.task: task_state(t, events[t.task], converted) for t in tasks},
         "CreateIndex": 0,
         "ModifyIndex": agent.index,
         "CreateTime": int(min([updated, *(_first_event_time(events[t.task], t) for t in tasks)]) * 1e9),
         "ModifyTime": int(updated * 1e9),
     }
+
+
+def alloc_stubs(agent: Agent, job: str | None = None, prefix: str = "") -> list[dict[str, Any]]:
+    """Nomad's AllocListStub of every allocation (of ``job``; whose id starts with ``prefix``),
+    oldest first, their tasks and events read once for all."""
+    assert agent.node is not None
+    state = agent.node.state
+    allocs = state.allocs_by_prefix(prefix) if prefix else state.allocs(job)
+    if not allocs:
+        return []
+    # A short prefix list reads per allocation; otherwise one read of every task beats one each.
+    reads = Reads.of_job(state, job) if not prefix or len(allocs) > 16 else None
+    records: dict[str, JobRecord | None] = {}
+    out = []
+    for alloc, updated in allocs:
+        if alloc.job not in records:
+            records[alloc.job] = agent.jobs.get(alloc.job) if agent.jobs is not None else None
+        out.append(alloc_stub(agent, alloc, updated, records[alloc.job], reads))
+    return out
 
 
 def allocation(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:

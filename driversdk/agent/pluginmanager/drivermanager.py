@@ -24,8 +24,9 @@ from driversdk.client import DriverClient, launch, reattach
 from driversdk.errors import DriverSDKError
 from driversdk.jobspec.clientconfig import ClientConfig
 from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
-from driversdk.plugin.host import ReattachConfig, pid_alive, remove_dead_plugin_socket
+from driversdk.plugin.host import pid_alive, remove_dead_plugin_socket
 from driversdk.plugin.log import ENV_LOG_FILE
+from driversdk.plugin.reattach import ReattachConfig
 from driversdk.plugin.verify import ReattachRefused
 
 # How often a driver plugin may die under one running task before the task counts as lost.

@@ -22,6 +22,13 @@ _TASK_COLUMNS = (
 
 # Events kept per task, as Nomad's client keeps a task's last ten.
 TASK_EVENTS_KEPT = 10
+# Parsed events kept in memory: the last ten of 2000 tasks; past that the cache starts again.
+PARSED_EVENTS_CACHED = 20_000
+
+_TASK_QUERY = (
+    "SELECT alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, alloc_dir, updated, "
+    "handle, logmon_pid, restarts FROM run_tasks"
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,15 @@ class AllocRecord:
     run_pid: int
     network: str | None
     csi: str | None
+
+
+@dataclass(frozen=True)
+class KeptEvent:
+    """One kept event of a task (``RunEvent.to_json``), under its row's sequence number. Shared by
+    every reader of the row: read it, never change it."""
+
+    seq: int
+    event: Mapping[str, Any]
 
 
 class RunStateError(DriverSDKError):
@@ -70,6 +86,7 @@ class RunState:
         # behind the fsyncs of allocations starting (a GET took 15x its idle time, issue 31).
         self._reader = connect(path)
         self._read_lock = threading.Lock()
+        self._parsed: dict[int, KeptEvent] = {}
 
     # --- what a failed write was recording ------------------------------------------------------
 
@@ -331,9 +348,9 @@ class RunState:
         """A task's kept events, oldest first."""
         with self._read_lock:
             rows = self._reader.execute(
-                "SELECT event FROM run_task_events WHERE alloc_id=? AND task=? ORDER BY seq", (alloc_id, task)
+                "SELECT seq, event FROM run_task_events WHERE alloc_id=? AND task=? ORDER BY seq", (alloc_id, task)
             ).fetchall()
-        return [json.loads(r[0]) for r in rows]
+        return [dict(self._kept(seq, text).event) for seq, text in rows]
 
     def lost(self, alloc_id: str, task: str) -> None:
         """The task ended while no run followed it and its driver cannot tell how (Nomad's "lost"):
@@ -353,36 +370,76 @@ class RunState:
             )
 
     def tasks(self, alloc_id: str | None = None) -> list[TaskRecord]:
-        query = (
-            "SELECT alloc_id, job, grp, task, driver, task_id, state, exit_code, signal, oom, alloc_dir, updated, "
-            "handle, logmon_pid, restarts FROM run_tasks"
-        )
         with self._read_lock:
             if alloc_id is None:
-                rows = self._reader.execute(query + " ORDER BY updated").fetchall()
+                rows = self._reader.execute(_TASK_QUERY + " ORDER BY updated").fetchall()
             else:
-                rows = self._reader.execute(query + " WHERE alloc_id=? ORDER BY updated", (alloc_id,)).fetchall()
-        return [
-            TaskRecord(
-                alloc_id=r[0],
-                job=r[1],
-                group=r[2],
-                task=r[3],
-                driver=r[4],
-                task_id=r[5],
-                state=r[6],
-                exit_code=r[7],
-                signal=r[8],
-                oom=bool(r[9]),
-                alloc_dir=r[10],
-                updated=r[11],
-                handle=r[12],
-                logmon_pid=r[13],
-                restarts=r[14],
-            )
-            for r in rows
-        ]
+                rows = self._reader.execute(_TASK_QUERY + " WHERE alloc_id=? ORDER BY updated", (alloc_id,)).fetchall()
+        return [_task_record(r) for r in rows]
+
+    def tasks_by_alloc(self, job: str | None = None) -> dict[str, list[TaskRecord]]:
+        """Every task (of one job) by allocation, in one read: an answer about many allocations
+        reads their tasks once, not once per allocation."""
+        with self._read_lock:
+            if job is None:
+                rows = self._reader.execute(_TASK_QUERY + " ORDER BY updated").fetchall()
+            else:
+                rows = self._reader.execute(_TASK_QUERY + " WHERE job=? ORDER BY updated", (job,)).fetchall()
+        found: dict[str, list[TaskRecord]] = {}
+        for r in rows:
+            found.setdefault(r[0], []).append(_task_record(r))
+        return found
+
+    def events_by_task(
+        self, job: str | None = None, alloc_id: str | None = None
+    ) -> dict[tuple[str, str], list[KeptEvent]]:
+        """The kept events of every task (of one job, or of one allocation) by (allocation, task),
+        oldest first, in one read."""
+        query = "SELECT seq, alloc_id, task, event FROM run_task_events"
+        with self._read_lock:
+            if alloc_id is not None:
+                rows = self._reader.execute(query + " WHERE alloc_id=? ORDER BY seq", (alloc_id,)).fetchall()
+            elif job is not None:
+                rows = self._reader.execute(
+                    query + " WHERE alloc_id IN (SELECT alloc_id FROM run_allocs WHERE job=?) ORDER BY seq", (job,)
+                ).fetchall()
+            else:
+                rows = self._reader.execute(query + " ORDER BY seq").fetchall()
+        found: dict[tuple[str, str], list[KeptEvent]] = {}
+        for seq, alloc, task, text in rows:
+            found.setdefault((alloc, task), []).append(self._kept(seq, text))
+        return found
+
+    def _kept(self, seq: int, text: str) -> KeptEvent:
+        """A kept event, parsed once: a row never changes under its seq (it is only deleted)."""
+        event = self._parsed.get(seq)
+        if event is None:
+            if len(self._parsed) >= PARSED_EVENTS_CACHED:
+                self._parsed.clear()  # the newest are read again on the next answer
+            event = self._parsed[seq] = KeptEvent(seq, json.loads(text))
+        return event
 
     def close(self) -> None:
         self._reader.close()
         self._db.close()
+
+
+def _task_record(r: tuple[Any, ...]) -> TaskRecord:
+    """A row of ``_TASK_QUERY``."""
+    return TaskRecord(
+        alloc_id=r[0],
+        job=r[1],
+        group=r[2],
+        task=r[3],
+        driver=r[4],
+        task_id=r[5],
+        state=r[6],
+        exit_code=r[7],
+        signal=r[8],
+        oom=bool(r[9]),
+        alloc_dir=r[10],
+        updated=r[11],
+        handle=r[12],
+        logmon_pid=r[13],
+        restarts=r[14],
+    )

@@ -1,0 +1,120 @@
+"""Answers about many allocations read their tasks and events once, not once per allocation.
+
+Under a job of hundreds of allocations starting, a client waiting on the job's allocations (a
+blocking query) asks again after every change, and each answer read every allocation's tasks and
+every task's events one query at a time: thousands of reads per answer, and every other request of
+the API waited behind them. The statements a real state.db sees are counted through sqlite's trace
+hook; the answers are compared with the per-allocation ones, field by field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from driversdk.agent.api import shapes
+from driversdk.agent.events import RunEvent
+from driversdk.agent.state.jobstore import JobStore
+from driversdk.agent.state.runstate import RunState
+
+ALLOCS = 40
+
+
+@dataclass
+class _Node:
+    state: RunState
+
+
+@dataclass
+class _NodeInfo:
+    id: str = "node-1"
+    name: str = "vm"
+
+
+class _Agent:
+    """What the shapes read of an agent: its stores, its index and its node's name."""
+
+    def __init__(self, data: Path) -> None:
+        self.node = _Node(RunState(str(data)))
+        self.jobs = JobStore(str(data))
+        self.index = 7
+
+    def node_info(self) -> _NodeInfo:
+        return _NodeInfo()
+
+
+def _record_job(agent: _Agent, job: str, allocs: int) -> list[str]:
+    state = agent.node.state
+    agent.jobs.put(job, {"ID": job, "Name": job, "Type": "service", "TaskGroups": [{"Name": "g"}]})
+    ids = []
+    for index in range(allocs):
+        alloc_id = f"{job}-{index:04d}-0000-0000-000000000000"[:36]
+        state.alloc_started(alloc_id, job, "g", index, f"/allocs/{alloc_id}")
+        for task in ("main", "side"):
+            state.starting(alloc_id, job, "g", task, "exec", f"{alloc_id}/{task}", f"/allocs/{alloc_id}")
+            state.started(alloc_id, job, "g", task, "exec", f"{alloc_id}/{task}", b"handle", f"/allocs/{alloc_id}")
+            for kind, message in (("Received", "Task received by client"), ("Started", "Task started by client")):
+                event = RunEvent("task", message, job=job, task=task, type=kind)
+                state.task_event(alloc_id, task, event.to_json())
+        ids.append(alloc_id)
+    return ids
+
+
+def _count_reads(agent: _Agent) -> list[str]:
+    seen: list[str] = []
+    agent.node.state._reader.set_trace_callback(seen.append)
+    agent.jobs._reader.set_trace_callback(seen.append)
+    return seen
+
+
+def test_a_jobs_allocations_are_answered_in_a_few_reads(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    ids = _record_job(agent, "web", ALLOCS)
+    _record_job(agent, "other", 3)
+    seen = _count_reads(agent)
+    stubs = shapes.alloc_stubs(agent, job="web")  # type: ignore[arg-type]
+    assert [s["ID"] for s in stubs] == ids
+    # allocations, their tasks, their events, the job: a handful, whatever the count (was 1 + 3 per allocation)
+    assert len(seen) <= 6, seen
+    assert all(s["ClientStatus"] == "running" for s in stubs)
+    assert [e["Type"] for e in stubs[0]["TaskStates"]["main"]["Events"]] == ["Received", "Started"]
+
+
+def test_the_batched_answer_is_the_per_allocation_answer(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    _record_job(agent, "web", 5)
+    _record_job(agent, "other", 2)
+    state = agent.node.state
+    batched = shapes.alloc_stubs(agent, job="web")  # type: ignore[arg-type]
+    one_by_one = [shapes.alloc_stub(agent, a, updated) for a, updated in state.allocs("web")]  # type: ignore[arg-type]
+    assert batched == one_by_one
+    everything = shapes.alloc_stubs(agent)  # type: ignore[arg-type]
+    assert {s["JobID"] for s in everything} == {"web", "other"} and len(everything) == 7
+    by_prefix = shapes.alloc_stubs(agent, prefix="other")  # type: ignore[arg-type]
+    assert [s["JobID"] for s in by_prefix] == ["other", "other"]
+    assert by_prefix == [s for s in everything if s["JobID"] == "other"]
+
+
+def test_a_job_summary_and_status_read_tasks_once(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    _record_job(agent, "web", ALLOCS)
+    record = agent.jobs.get("web")
+    assert record is not None
+    seen = _count_reads(agent)
+    summary: dict[str, Any] = shapes.summary(agent, record)  # type: ignore[arg-type]
+    assert summary["Summary"]["g"]["Running"] == ALLOCS
+    assert len(seen) <= 3, seen
+
+
+def test_kept_events_are_parsed_once_and_never_shared_for_writing(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    [alloc_id] = _record_job(agent, "web", 1)
+    state = agent.node.state
+    first = state.task_events(alloc_id, "main")
+    first[0]["message"] = "changed by a caller"
+    again = state.task_events(alloc_id, "main")
+    assert again[0]["message"] == "Task received by client"
+    a = state.events_by_task(job="web")[(alloc_id, "main")]
+    b = state.events_by_task(alloc_id=alloc_id)[(alloc_id, "main")]
+    assert [k.seq for k in a] == [k.seq for k in b] and a[0] is b[0]  # one parse per row
