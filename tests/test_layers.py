@@ -75,28 +75,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 # Runtime import cycles allowed: none. Cycles through ``if TYPE_CHECKING:`` imports known today, each by
 # its exact member set and what removes it.
-TYPE_LEVEL_CYCLES: dict[frozenset[str], str] = {
-    frozenset(
-        {
-            "driversdk.agent.allocrunner.allocrunner",
-            "driversdk.agent.allocrunner.taskrunner",
-            "driversdk.agent.allocrunner.lifecycle",
-            "driversdk.agent.nodeattrs",
-            "driversdk.agent.allocrunner.hooks",
-            "driversdk.agent.allocrunner.hooks.alloc_dir",
-            "driversdk.agent.allocrunner.hooks.artifact",
-            "driversdk.agent.allocrunner.hooks.csi_plugin",
-            "driversdk.agent.allocrunner.hooks.csi_volumes",
-            "driversdk.agent.allocrunner.hooks.logs",
-            "driversdk.agent.allocrunner.hooks.network",
-            "driversdk.agent.allocrunner.hooks.port_forward",
-            "driversdk.agent.allocrunner.hooks.ports",
-            "driversdk.agent.allocrunner.hooks.task_dir",
-            "driversdk.agent.allocrunner.hooks.template",
-            "driversdk.agent.allocrunner.hooks.volume_mounts",
-        }
-    ): "hooks are typed by the runners they write into; removed when the hook contract (issue 28 item 3) lands",
-}
+TYPE_LEVEL_CYCLES: dict[frozenset[str], str] = {}
 
 IMPORTERS = {"import_module", "__import__"}
 LOGGERS = {"getLogger"}

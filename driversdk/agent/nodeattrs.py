@@ -17,7 +17,7 @@ import functools
 import os
 import platform
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from driversdk.errors import DriverSDKError
@@ -26,7 +26,6 @@ from driversdk.jobspec.taskenv import Node
 from driversdk.model import Attribute, HealthState
 
 if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
     from driversdk.agent.pluginmanager.inprocess import InProcessDriver
     from driversdk.client import DriverClient
 
@@ -221,10 +220,15 @@ def _node_id(client: ClientConfig) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"driversdk-node:{machine}"))
 
 
-def for_alloc(alloc: AllocRunner) -> Node:
-    """The node for an allocation of a run: its drivers fingerprinted once per run."""
-    known = alloc.node.driver_attributes
-    for driver in sorted({t.driver for t in alloc.group.tasks}):
+def for_alloc(
+    client: ClientConfig,
+    drivers: Iterable[str],
+    dispense: Callable[[str], DriverClient],
+    known: dict[str, dict[str, str]],
+) -> Node:
+    """The node for an allocation whose tasks use ``drivers``: each driver fingerprinted once per
+    run (``known``: the run's fingerprints, filled in here)."""
+    for driver in sorted(set(drivers)):
         if driver not in known:
-            known[driver] = driver_attributes(driver, alloc.drivers.dispense(driver))
-    return node(alloc.client, known)
+            known[driver] = driver_attributes(driver, dispense(driver))
+    return node(client, known)

@@ -15,6 +15,14 @@ from driversdk.agent.allocrunner import allocrunner, taskrunner
 from driversdk.agent.allocrunner.allocrunner import AllocRunner, NodeServices
 from driversdk.agent.allocrunner.hooks import AllocHook, TaskHook
 from driversdk.agent.allocrunner.hooks.alloc_dir import AllocDirHook
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocPostrunRequest,
+    AllocPostrunResponse,
+    TaskPostrunRequest,
+    TaskPrerunRequest,
+    TaskPrerunResponse,
+    TaskStopRequest,
+)
 from driversdk.agent.allocrunner.hooks.csi_plugin import CSIPluginDirHook, CSIPluginSupervisorHook
 from driversdk.agent.allocrunner.hooks.csi_volumes import CSIVolumesHook
 from driversdk.agent.allocrunner.hooks.logs import LogCollectionHook
@@ -71,12 +79,13 @@ def test_task_teardown_runs_the_hooks_that_ran_in_reverse(world: tuple[Path, lis
         def __init__(self, name: str, fail: bool = False) -> None:
             self.name, self.fail = name, fail
 
-        def prerun(self, task: TaskRunner) -> None:
+        def prerun(self, req: TaskPrerunRequest) -> TaskPrerunResponse:
             calls.append(f"prerun {self.name}")
             if self.fail:
                 raise DriverSDKError(f"{self.name} failed")
+            return TaskPrerunResponse()
 
-        def postrun(self, task: TaskRunner) -> None:
+        def postrun(self, req: TaskPostrunRequest) -> None:
             calls.append(f"postrun {self.name}")
 
     alloc = _alloc(tmp_path, events, Group("g", tasks=[Task(name="t", driver="exec")]))
@@ -94,9 +103,9 @@ def test_alloc_dir_hook_lays_out_the_shared_dir(world: tuple[Path, list[RunEvent
     tmp_path, events = world
     alloc = _alloc(tmp_path, events, Group("g"))
     try:
-        AllocDirHook().prerun(alloc)
+        AllocDirHook().prerun(alloc.prerun_request())
         assert sorted(p.name for p in (Path(alloc.alloc_dir) / "alloc").iterdir()) == ["data", "logs", "tmp"]
-        AllocDirHook().prerun(alloc)  # a recovered allocation goes through it again
+        AllocDirHook().prerun(alloc.prerun_request())  # a recovered allocation goes through it again
     finally:
         alloc.node.close()
 
@@ -107,12 +116,11 @@ def test_network_hook_host_mode_needs_no_driver_and_other_modes_are_refused(
     tmp_path, events = world
     alloc = _alloc(tmp_path, events, Group("g", network_mode="host"))
     try:
-        NetworkHook().prerun(alloc)
-        assert alloc.network is None and alloc.drivers.running() == {}
+        assert NetworkHook().prerun(alloc.prerun_request()).network is None and alloc.drivers.running() == {}
         alloc.group.network_mode = "none"
         with pytest.raises(NetworkRefused, match="network mode 'none' is not run by driversdk run"):
-            NetworkHook().prerun(alloc)
-        NetworkHook().postrun(alloc)  # nothing was made: nothing to remove
+            NetworkHook().prerun(alloc.prerun_request())
+        NetworkHook().postrun(alloc.postrun_request())  # nothing was made: nothing to remove
     finally:
         alloc.node.close()
 
@@ -122,9 +130,9 @@ def test_csi_volumes_hook_does_nothing_for_a_group_without_csi_volumes(world: tu
     alloc = _alloc(tmp_path, events, Group("g"))
     try:
         hook = CSIVolumesHook()
-        hook.prerun(alloc)
-        hook.postrun(alloc)
-        assert hook.csi is None and alloc.csi_sources == {} and not alloc.teardown_failed
+        assert hook.prerun(alloc.prerun_request()).csi_sources is None
+        assert hook.postrun(alloc.postrun_request()) == AllocPostrunResponse(teardown_failed=False)
+        assert hook.csi is None
     finally:
         alloc.node.close()
 
@@ -136,12 +144,12 @@ def test_task_dir_hook_makes_dirs_a_private_secrets_dir_and_the_environment(
     alloc = _alloc(tmp_path, events, Group("g", tasks=[Task(name="t", driver="exec", user="1234:2345")]))
     try:
         runner = TaskRunner(alloc, alloc.group.tasks[0])
-        TaskDirHook().prerun(runner)
+        env = TaskDirHook().prerun(runner.prerun_request()).env
         task_dir = Path(alloc.alloc_dir) / "t"
         assert sorted(p.name for p in task_dir.iterdir()) == ["local", "private", "secrets", "tmp"]
         st = (task_dir / "secrets").stat()
         assert stat.S_IMODE(st.st_mode) == 0o700 and (st.st_uid, st.st_gid) == (1234, 2345)
-        assert runner.env["NOMAD_TASK_NAME"] == "t" and runner.env["NOMAD_ALLOC_ID"] == alloc.alloc_id
+        assert env["NOMAD_TASK_NAME"] == "t" and env["NOMAD_ALLOC_ID"] == alloc.alloc_id
     finally:
         alloc.node.close()
 
@@ -150,17 +158,17 @@ def test_log_collection_hook_runs_a_collector_and_stops_it_at_postrun(world: tup
     tmp_path, events = world
     alloc = _alloc(tmp_path, events, Group("g", tasks=[Task(name="t", driver="exec")]))
     try:
-        AllocDirHook().prerun(alloc)
+        AllocDirHook().prerun(alloc.prerun_request())
         runner = TaskRunner(alloc, alloc.group.tasks[0])
         hook = LogCollectionHook()
-        hook.prerun(runner)
-        assert runner.logmon is not None
-        pid = runner.logmon.pid
-        with open(runner.logmon.stdout_fifo, "w") as fifo:  # what a driver does with the task's stdout
+        logmon = hook.prerun(runner.prerun_request()).logmon
+        assert logmon is not None
+        pid = logmon.pid
+        with open(logmon.stdout_fifo, "w") as fifo:  # what a driver does with the task's stdout
             fifo.write("hello from the task\n")
-        hook.postrun(runner)
+        hook.postrun(TaskPostrunRequest(runner.info, logmon))
         assert (Path(alloc.alloc_dir) / "alloc" / "logs" / "t.stdout.0").read_text() == "hello from the task\n"
-        assert not os.path.lexists(runner.logmon.stdout_fifo), "the task's fifos are removed"
+        assert not os.path.lexists(logmon.stdout_fifo), "the task's fifos are removed"
         # The data dir's collector, serving nothing now and held by nobody, ends by itself.
         deadline = time.monotonic() + 10
         while Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text():
@@ -176,8 +184,7 @@ def test_log_collection_hook_is_skipped_when_the_driver_collects_nothing(world: 
     try:
         runner = TaskRunner(alloc, alloc.group.tasks[0])
         runner.caps = Capabilities(disable_log_collection=True)
-        LogCollectionHook().prerun(runner)
-        assert runner.logmon is None
+        assert LogCollectionHook().prerun(runner.prerun_request()).logmon is None
     finally:
         alloc.node.close()
 
@@ -196,12 +203,11 @@ def test_volume_mounts_hook_turns_host_volumes_into_mounts_and_refuses_drivers_w
     try:
         runner = TaskRunner(alloc, task)
         runner.caps = Capabilities(mount_configs=MountConfigSupport.ALL)
-        VolumeMountsHook().prerun(runner)
-        [mount] = runner.mounts
+        [mount] = VolumeMountsHook().prerun(runner.prerun_request()).mounts or ()
         assert (mount.host_path, mount.task_path, mount.readonly) == (str(shared), "/data", True)
         runner.caps = Capabilities(mount_configs=MountConfigSupport.NONE)
         with pytest.raises(DriverSDKError, match="does not support"):
-            VolumeMountsHook().prerun(runner)
+            VolumeMountsHook().prerun(runner.prerun_request())
     finally:
         alloc.node.close()
 
@@ -217,14 +223,14 @@ def test_csi_plugin_hooks_hand_out_bidirectional_mounts_and_release_the_shared_d
         runner = TaskRunner(alloc, task)
         runner.caps = Capabilities(fs_isolation=FSIsolation.IMAGE)  # the endpoint as the task sees it
         hook = CSIPluginSupervisorHook()
-        hook.prerun(runner)
+        response = hook.prerun(runner.prerun_request())
         assert any(e.mount_point == csi and e.shared for e in read_mountinfo()), "the csi dir is a shared mount"
-        assert {m.volume for m in runner.mount_requests} == {"csi-plugin-socket", "csi-plugin-mounts"}
-        assert {m.propagation for m in runner.mount_requests} == {"bidirectional"}
-        assert runner.env["CSI_ENDPOINT"] == "unix:///csi/csi.sock"
-        hook.stop(runner)
-        hook.postrun(runner)
-        CSIPluginDirHook().postrun(alloc)
+        assert {m.volume for m in response.mount_requests} == {"csi-plugin-socket", "csi-plugin-mounts"}
+        assert {m.propagation for m in response.mount_requests} == {"bidirectional"}
+        assert response.env["CSI_ENDPOINT"] == "unix:///csi/csi.sock"
+        hook.stop(TaskStopRequest(runner.info))
+        hook.postrun(TaskPostrunRequest(runner.info, None))
+        CSIPluginDirHook().postrun(alloc.postrun_request())
         assert not any(e.mount_point == csi for e in read_mountinfo()), "the shared bind is released"
         assert not (data / "client" / "csi" / "plugins").exists()
     finally:
@@ -242,15 +248,16 @@ def test_alloc_teardown_reports_a_failing_hook_and_goes_on(world: tuple[Path, li
     class Failing(AllocHook):
         name = "failing"
 
-        def postrun(self, alloc: AllocRunner) -> None:
+        def postrun(self, req: AllocPostrunRequest) -> AllocPostrunResponse:
             calls.append("failing")
             raise DriverSDKError("stuck")
 
     class Last(AllocHook):
         name = "last"
 
-        def postrun(self, alloc: AllocRunner) -> None:
+        def postrun(self, req: AllocPostrunRequest) -> AllocPostrunResponse:
             calls.append("last")
+            return AllocPostrunResponse()
 
     alloc = _alloc(tmp_path, events, Group("g"))
     try:

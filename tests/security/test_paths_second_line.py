@@ -38,7 +38,7 @@ def test_a_task_name_that_escapes_the_alloc_dir_is_refused_where_the_task_dir_is
         client = ClientConfig(data_dir=str(data))
         alloc = AllocRunner(job, job.groups[0], 0, client, print, node, DriverManager(client, node.state, print))
         with pytest.raises(UnsafePathError, match="outside"):
-            TaskDirHook().prerun(TaskRunner(alloc, task))  # the hook that builds the task dir
+            TaskDirHook().prerun(TaskRunner(alloc, task).prerun_request())  # the hook that builds the task dir
     finally:
         node.close()
     assert not (tmp_path / "victim").exists()

@@ -15,8 +15,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from driversdk.agent import nodeattrs
 from driversdk.agent.allocrunner.hooks import AllocHook
 from driversdk.agent.allocrunner.hooks.alloc_dir import AllocDirHook
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocDestroyRequest,
+    AllocInfo,
+    AllocPostrunRequest,
+    AllocPrerunRequest,
+    AllocPrerunResponse,
+    AllocServices,
+    AllocStopRequest,
+)
 from driversdk.agent.allocrunner.hooks.csi_plugin import CSIPluginDirHook
 from driversdk.agent.allocrunner.hooks.csi_volumes import CSIVolumesHook
 from driversdk.agent.allocrunner.hooks.network import NetworkHook
@@ -35,7 +45,7 @@ from driversdk.errors import DriverSDKError, StateWriteError
 from driversdk.jobspec import restarts
 from driversdk.jobspec.clientconfig import ClientConfig
 from driversdk.jobspec.job import Group, Job
-from driversdk.jobspec.taskenv import PortValue
+from driversdk.jobspec.taskenv import Node, PortValue
 from driversdk.model import NetworkIsolationSpec, TaskEvent
 from driversdk.paths import resolve_under
 
@@ -134,10 +144,23 @@ class AllocRunner:
         # The alloc id is ours (a UUID) or read back from state.db; resolved all the same.
         self.alloc_dir = resolve_under(client.data_dir, "allocs", self.alloc_id, what="the alloc dir")
         self.hooks = [make() for make in ALLOC_HOOKS]
+        # What every hook of this allocation (and of its tasks) is given: no hook sees the runner.
+        services = AllocServices(
+            state=node.state,
+            drivers=drivers,
+            volumes=node.volumes,
+            csi_state=node.csi_state,
+            registry=node.registry,
+            plugin_failure=node.plugin_failure,
+            node=self._node_facts,
+            emit=emit,
+            event=self.event,
+        )
+        self.info = AllocInfo(self.alloc_id, index, job, group, self.alloc_dir, client, services)
         self._ran: list[AllocHook] = []
         self.tasks: list[TaskRunner] = []
         self._acquired: list[str] = []
-        # What the prerun hooks hand the task runners.
+        # What the prerun hooks hand the task runners (their responses, applied in list order).
         self.network: NetworkIsolationSpec | None = None
         self.ports: list[PortValue] = []
         self.csi_sources: dict[str, str] = {}
@@ -161,6 +184,26 @@ class AllocRunner:
     @property
     def provides_plugins(self) -> bool:
         return any(t.csi_plugin is not None for t in self.group.tasks)
+
+    def _node_facts(self) -> Node:
+        return nodeattrs.for_alloc(self.client, (t.driver for t in self.group.tasks), self.drivers.dispense,
+                                   self.node.driver_attributes)  # fmt: skip
+
+    def prerun_request(self) -> AllocPrerunRequest:
+        """What a prerun hook is given: the allocation, and what the hooks before it produced."""
+        return AllocPrerunRequest(self.info, self.restoring, tuple(self.ports), self.network)
+
+    def postrun_request(self) -> AllocPostrunRequest:
+        return AllocPostrunRequest(self.info, tuple(self.ports))
+
+    def _apply(self, response: AllocPrerunResponse) -> None:
+        """What a prerun hook hands the tasks, kept for the next hooks and the task runners."""
+        if response.ports is not None:
+            self.ports = list(response.ports)
+        if response.network is not None:
+            self.network = response.network
+        if response.csi_sources is not None:
+            self.csi_sources = dict(response.csi_sources)
 
     def event(self, kind: str, message: str, *, task: str = "", name: str = "", type: str = "") -> None:
         self.emit(RunEvent(kind, message, job=self.job.name, group=self.group.name, alloc_id=self.alloc_id,
@@ -191,7 +234,7 @@ class AllocRunner:
         for hook in self.hooks:
             self._ran.append(hook)
             try:
-                hook.prerun(self)
+                self._apply(hook.prerun(self.prerun_request()))
             except BaseException:
                 self.prerun_failed = True  # recorded as failed: `status` lists it though no task ran
                 raise
@@ -224,7 +267,7 @@ class AllocRunner:
             self._deadline.cancel()
         self.lifecycle.join(wait)  # a stage being started finishes starting first
         for hook in self.hooks:
-            hook.stop(self)
+            hook.stop(AllocStopRequest(self.info))
         if len(self.tasks) > 1 and not has_hooks(self.tasks):
             # Tasks that started together stop together: each stop waits up to its kill_timeout.
             stoppers = [threading.Thread(target=r.stop, name=f"stop-{r.task.name}") for r in self.tasks]
@@ -264,7 +307,8 @@ class AllocRunner:
                     unrecorded.append(err)
         for hook in reversed(self._ran):
             try:
-                hook.postrun(self)
+                if hook.postrun(self.postrun_request()).teardown_failed:
+                    self.teardown_failed = True
             except DriverSDKError as err:
                 self.event("group", f"{hook.name}: cleanup failed: {err}")
         self._ran.clear()
@@ -281,6 +325,6 @@ class AllocRunner:
         except StateWriteError as err:
             unrecorded.append(err)
         for hook in self.hooks:
-            hook.destroy(self)
+            hook.destroy(AllocDestroyRequest(self.info))
         if unrecorded:
             raise unrecorded[0]

@@ -24,39 +24,74 @@ run in the coordinator's thread, and a start failure there fails the allocation 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from driversdk.errors import DriverSDKError
 from driversdk.jobspec import restarts
+from driversdk.jobspec.job import Group, Job, Task
+from driversdk.model import ExitResult
 from driversdk.paths import show
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
-    from driversdk.agent.allocrunner.taskrunner import TaskRunner
 
 PRESTART, MAIN, POSTSTART, POSTSTOP = "prestart", "main", "poststart", "poststop"
 WAIT_STEP = 0.2
 
 
-def stage(runner: TaskRunner) -> str:
+class LifecycleTask(Protocol):
+    """What the coordinator uses of a task runner."""
+
+    failure: str  # why the task failed; set here when its start failed
+
+    @property
+    def task(self) -> Task: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def done(self) -> threading.Event: ...
+    @property
+    def result(self) -> ExitResult | None: ...
+    @property
+    def stopped(self) -> bool: ...
+    def run(self) -> None: ...
+    def stop(self) -> None: ...
+    def skip(self, why: str) -> None: ...
+    def event(self, message: str) -> None: ...
+
+
+class LifecycleAlloc(Protocol):
+    """What the coordinator uses of an alloc runner."""
+
+    @property
+    def alloc_id(self) -> str: ...
+    @property
+    def job(self) -> Job: ...
+    @property
+    def group(self) -> Group: ...
+    @property
+    def tasks(self) -> Sequence[LifecycleTask]: ...
+    def stop_requested(self) -> bool: ...
+    def event(self, kind: str, message: str) -> None: ...
+
+
+def stage(runner: LifecycleTask) -> str:
     return runner.task.lifecycle_hook or MAIN
 
 
-def is_sidecar(runner: TaskRunner) -> bool:
+def is_sidecar(runner: LifecycleTask) -> bool:
     return runner.task.lifecycle_sidecar and stage(runner) in (PRESTART, POSTSTART)
 
 
-def has_hooks(runners: list[TaskRunner]) -> bool:
+def has_hooks(runners: Sequence[LifecycleTask]) -> bool:
     return any(stage(r) != MAIN for r in runners)
 
 
-def start_together(runners: list[TaskRunner]) -> None:
+def start_together(runners: Sequence[LifecycleTask]) -> None:
     """Start (or recover) every runner in its own thread; the first failure is raised once all
     have returned, so none is left half-started behind another's exception."""
     pending = [r for r in runners if not r.started and not r.done.is_set()]
     errors: list[BaseException] = []
 
-    def one(runner: TaskRunner) -> None:
+    def one(runner: LifecycleTask) -> None:
         try:
             runner.run()
         except BaseException as err:  # handed to the caller below
@@ -81,7 +116,7 @@ def start_together(runners: list[TaskRunner]) -> None:
 class Coordinator:
     """Moves one allocation's tasks through the stages; ``failure`` says why the allocation failed."""
 
-    def __init__(self, alloc: AllocRunner, stopping: threading.Event) -> None:
+    def __init__(self, alloc: LifecycleAlloc, stopping: threading.Event) -> None:
         self.alloc = alloc
         self.stopping = stopping
         self.failure = ""
@@ -89,7 +124,7 @@ class Coordinator:
         self._killed = False  # a failed task or a dead leader has stopped the others already
         self._kill_lock = threading.Lock()
 
-    def of(self, name: str) -> list[TaskRunner]:
+    def of(self, name: str) -> list[LifecycleTask]:
         return [r for r in self.alloc.tasks if stage(r) == name]
 
     def start(self) -> None:
@@ -101,7 +136,7 @@ class Coordinator:
         self._thread = threading.Thread(target=self._rest, daemon=True, name=f"lifecycle-{self.alloc.alloc_id[:8]}")
         self._thread.start()
 
-    def _wait(self, runners: list[TaskRunner]) -> bool:
+    def _wait(self, runners: Sequence[LifecycleTask]) -> bool:
         """Until every runner is done; False when the allocation is stopped first."""
         while not all(r.done.is_set() for r in runners):
             if self.stopping.wait(WAIT_STEP):
@@ -134,7 +169,7 @@ class Coordinator:
         self._stage(self.of(POSTSTOP))
         return None
 
-    def _stage(self, runners: list[TaskRunner]) -> bool:
+    def _stage(self, runners: Sequence[LifecycleTask]) -> bool:
         """Start a stage; a start failure fails the allocation: the sidecars are stopped and what
         has not started is skipped (but the poststop tasks)."""
         if self.stopping.is_set():
@@ -151,7 +186,7 @@ class Coordinator:
             return False
         return True
 
-    def task_ended(self, runner: TaskRunner) -> None:
+    def task_ended(self, runner: LifecycleTask) -> None:
         """A task has ended for good (past its restarts): when it failed, or it is the leader,
         the allocation's other live tasks are stopped, as Nomad's handleTaskStateUpdates does."""
         if stage(runner) == POSTSTOP or runner.stopped or self.alloc.stop_requested():
@@ -179,7 +214,7 @@ class Coordinator:
         started = [r for r in live if r.started]
         threading.Thread(target=_kill, args=(started,), daemon=True, name="kill-siblings").start()
 
-    def _unstarted(self) -> list[TaskRunner]:
+    def _unstarted(self) -> list[LifecycleTask]:
         return [r for r in self.alloc.tasks if not r.started and not r.done.is_set()]
 
     def _stop_sidecars(self, why: str, sibling: str = "") -> None:
@@ -189,7 +224,7 @@ class Coordinator:
                 runner.stop()
 
     @staticmethod
-    def _skip(runners: list[TaskRunner], why: str) -> None:
+    def _skip(runners: Sequence[LifecycleTask], why: str) -> None:
         for runner in runners:
             if not runner.started and not runner.done.is_set():
                 runner.skip(why)
@@ -199,7 +234,7 @@ class Coordinator:
             self._thread.join(timeout)
 
 
-def _kill(live: list[TaskRunner]) -> None:
+def _kill(live: Sequence[LifecycleTask]) -> None:
     """Stop the tasks as Nomad's killTasks does: the leader first, then the others together, the
     sidecars last."""
     for r in [r for r in live if r.task.leader]:
@@ -213,7 +248,7 @@ def _kill(live: list[TaskRunner]) -> None:
             thread.join()
 
 
-def _outcome(runner: TaskRunner) -> str:
+def _outcome(runner: LifecycleTask) -> str:
     if runner.failure:
         return runner.failure
     if runner.result is None:

@@ -13,32 +13,51 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from driversdk import convert
 from driversdk.agent.allocrunner.hooks import TaskHook
 from driversdk.agent.allocrunner.hooks.artifact import ArtifactHook
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocInfo,
+    TaskDestroyRequest,
+    TaskInfo,
+    TaskPostrunRequest,
+    TaskPoststartRequest,
+    TaskPrerunRequest,
+    TaskPrerunResponse,
+    TaskStopRequest,
+)
 from driversdk.agent.allocrunner.hooks.csi_plugin import CSIPluginSupervisorHook
 from driversdk.agent.allocrunner.hooks.logs import LogCollectionHook
 from driversdk.agent.allocrunner.hooks.task_dir import TaskDirHook
 from driversdk.agent.allocrunner.hooks.template import TemplateHook
 from driversdk.agent.allocrunner.hooks.volume_mounts import VolumeMountsHook
-from driversdk.agent.events import EventType, RunEvent, RunEventType, split_type
+from driversdk.agent.allocrunner.lifecycle import Coordinator
+from driversdk.agent.csi.pluginsupervisor import PluginSupervisor
+from driversdk.agent.events import Emit, EventType, RunEvent, RunEventType, split_type
 from driversdk.agent.logmon import tasklogs as logcollect
 from driversdk.agent.logmon.tasklogs import MIB
-from driversdk.agent.pluginmanager.drivermanager import TaskLost, TrackedTask
-from driversdk.agent.state.runstate import TaskRecord
+from driversdk.agent.pluginmanager.drivermanager import DriverManager, TaskLost, TrackedTask
+from driversdk.agent.state.runstate import RunState, TaskRecord
 from driversdk.client import DriverClient
 from driversdk.durations import parse_duration
 from driversdk.errors import DriverSDKError, PluginCallError, StateWriteError
 from driversdk.jobspec import restarts, taskenv
-from driversdk.jobspec.job import Task
-from driversdk.model import Capabilities, ExitResult, LinuxResources, PortMapping, Resources, TaskConfig, TaskHandle
+from driversdk.jobspec.job import Group, Job, Task
+from driversdk.jobspec.taskenv import PortValue
+from driversdk.model import (
+    Capabilities,
+    ExitResult,
+    LinuxResources,
+    NetworkIsolationSpec,
+    PortMapping,
+    Resources,
+    TaskConfig,
+    TaskHandle,
+)
 from driversdk.mounts import Mount, MountRequest
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
 
 # The order of start; teardown runs it backwards. A new hook is a new file and a line here.
 TASK_HOOKS: list[Callable[[], TaskHook]] = [
@@ -55,19 +74,64 @@ DESTROY_RETRY_WINDOW = 30.0
 DESTROY_RETRY_EVERY = 0.5
 
 
+class RunNode(Protocol):
+    """What a task runner uses of the run's shared services."""
+
+    @property
+    def stopping(self) -> threading.Event: ...
+    @property
+    def supervisors(self) -> list[PluginSupervisor]: ...
+    def state_failed(self, err: StateWriteError) -> None: ...
+
+
+class TaskAlloc(Protocol):
+    """What a task runner uses of its allocation (an alloc runner): who it is, the run's state and
+    drivers, what the alloc hooks produced, and its lifecycle. Typed here, so the alloc runner
+    imports the task runner and not the other way round."""
+
+    @property
+    def alloc_id(self) -> str: ...
+    @property
+    def alloc_dir(self) -> str: ...
+    @property
+    def job(self) -> Job: ...
+    @property
+    def group(self) -> Group: ...
+    @property
+    def info(self) -> AllocInfo: ...
+    @property
+    def state(self) -> RunState: ...
+    @property
+    def drivers(self) -> DriverManager: ...
+    @property
+    def emit(self) -> Emit: ...
+    @property
+    def node(self) -> RunNode: ...
+    @property
+    def lifecycle(self) -> Coordinator: ...
+    @property
+    def ports(self) -> Sequence[PortValue]: ...
+    @property
+    def network(self) -> NetworkIsolationSpec | None: ...
+    @property
+    def csi_sources(self) -> dict[str, str]: ...
+    def event(self, kind: str, message: str, *, task: str = "", name: str = "", type: str = "") -> None: ...
+    def stop_requested(self) -> bool: ...
+
+
 class InterruptedStartError(DriverSDKError):
     """A half-started task a killed run left could not be removed."""
 
 
 class TaskRunner:
-    def __init__(self, alloc: AllocRunner, task: Task, restoring: TaskRecord | None = None) -> None:
+    def __init__(self, alloc: TaskAlloc, task: Task, restoring: TaskRecord | None = None) -> None:
         self.alloc = alloc
         self.task = task
         self.restoring = restoring
         self.hooks = [make() for make in TASK_HOOKS]
         self._ran: list[TaskHook] = []
         self.caps = Capabilities()
-        # What the prerun hooks hand StartTask.
+        # What the prerun hooks hand StartTask (their responses, applied in list order).
         self.env: dict[str, str] = {}  # the task environment (task_dir hook), then what later hooks add
         self.node_facts: dict[str, str] = {}  # ${attr.*}, ${node.*}, ${meta.*} of this node
         self.mount_requests: list[MountRequest] = []
@@ -131,15 +195,50 @@ class TaskRunner:
 
     # --- hooks ---------------------------------------------------------------------------------
 
+    @property
+    def info(self) -> TaskInfo:
+        """The task as its hooks see it (with the driver's capabilities, once known)."""
+        return TaskInfo(self.alloc.info, self.task, self.caps, self.event)
+
+    def prerun_request(self) -> TaskPrerunRequest:
+        """What a prerun hook is given: the task, and what the hooks before it produced."""
+        a = self.alloc
+        return TaskPrerunRequest(self.info, self.restoring, ports=tuple(a.ports), csi_sources=dict(a.csi_sources),
+                                 env=dict(self.env), node_facts=dict(self.node_facts),
+                                 mount_requests=tuple(self.mount_requests))  # fmt: skip
+
+    def _apply(self, response: TaskPrerunResponse) -> None:
+        """A prerun hook's response, applied before the next hook: env merged over what came
+        before, mount requests and template env added, the rest set when given."""
+        self.env.update(response.env)
+        if response.node_facts is not None:
+            self.node_facts = dict(response.node_facts)
+        self.mount_requests += response.mount_requests
+        if response.mounts is not None:
+            self.mounts = list(response.mounts)
+        if response.logmon is not None:
+            self.logmon = response.logmon
+        self.template_env.update(response.template_env)
+
     def _prerun(self) -> None:
         for hook in self.hooks:
             self._ran.append(hook)
-            hook.prerun(self)
+            self._apply(hook.prerun(self.prerun_request()))
+
+    def _poststart(self) -> None:
+        for hook in self.hooks:
+            response = hook.poststart(TaskPoststartRequest(self.info, self.logmon, self.fail, self.done))
+            if response.csi_supervisor is not None:  # a volume waiting for the plugin stops when it failed
+                self.alloc.node.supervisors.append(response.csi_supervisor)
+
+    def _stop_hooks(self) -> None:
+        for hook in self.hooks:
+            hook.stop(TaskStopRequest(self.info))
 
     def _postrun(self) -> None:
         for hook in reversed(self._ran):
             try:
-                hook.postrun(self)
+                hook.postrun(TaskPostrunRequest(self.info, self.logmon))
             except DriverSDKError as err:
                 self.event(f"{hook.name}: cleanup failed: {err}")
         self._ran.clear()
@@ -354,8 +453,7 @@ class TaskRunner:
             TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
         )
         drivers.watch(self.config.id, self._wait)
-        for hook in self.hooks:
-            hook.poststart(self)
+        self._poststart()
 
     def _wait(self, outcome: ExitResult | DriverSDKError) -> None:
         """The task's end, on the short-lived thread the driver manager gives it (no thread waits
@@ -449,16 +547,14 @@ class TaskRunner:
 
     def stop(self) -> None:
         self._stopping.set()
-        for hook in self.hooks:
-            hook.stop(self)
+        self._stop_hooks()
         self._stop_task()
 
     def destroy(self) -> None:
         """The task is gone or must go: remove it from its driver, then undo the hooks. A stop
         the run state cannot record is raised once everything is undone."""
         unrecorded: StateWriteError | None = None
-        for hook in self.hooks:
-            hook.stop(self)
+        self._stop_hooks()
         if self.started and self.config is not None:
             try:
                 self.alloc.state.stopped(self.alloc.alloc_id, self.task.name)
@@ -469,7 +565,7 @@ class TaskRunner:
             self.alloc.drivers.untrack(self.config.id)
         self._postrun()
         for hook in self.hooks:
-            hook.destroy(self)
+            hook.destroy(TaskDestroyRequest(self.info))
         if unrecorded is not None:
             raise unrecorded
 
@@ -526,7 +622,7 @@ class TaskRunner:
         if self.tracker.policy.render_templates:
             for hook in self.hooks:
                 if isinstance(hook, TemplateHook):
-                    hook.render(self)
+                    self.template_env.update(hook.render(self.prerun_request()))
         config = dataclasses.replace(
             self.config,
             id=f"{a.alloc_id}/{self.task.name}/{secrets.token_hex(4)}",
@@ -577,8 +673,7 @@ class TaskRunner:
         self.tracker.restarts = record.restarts
         self._between = True
         self._start_again()
-        for hook in self.hooks:
-            hook.poststart(self)
+        self._poststart()
 
     def _destroy_task(self, task_id: str) -> None:
         """DestroyTask, tried again while the driver calls its failure recoverable (a Docker
@@ -605,7 +700,7 @@ class TaskRunner:
             time.sleep(DESTROY_RETRY_EVERY)
 
 
-def end_left_by_killed_run(alloc: AllocRunner, record: TaskRecord) -> None:
+def end_left_by_killed_run(alloc: TaskAlloc, record: TaskRecord) -> None:
     """A recovered allocation that ends before its task runners took over (its setup failed) is
     over: the task the killed run left is removed from its driver and its log collector stopped,
     or both would run on with no run to end them."""

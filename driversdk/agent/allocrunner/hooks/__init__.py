@@ -6,7 +6,7 @@ order (teardown phases in reverse), so the order of start and teardown is the li
 line there. Phases, as Nomad names them:
 
 - ``prerun``: before the allocation's tasks start (alloc) or before StartTask (task); on a
-  recovered allocation or task the runner's ``restoring`` record is set and the hook takes over
+  recovered allocation or task the request's ``restoring`` record is set and the hook takes over
   what the killed run made instead of making it again;
 - ``poststart``: the task runs;
 - ``stop``: the allocation or task is asked to stop, before its tasks are stopped;
@@ -14,53 +14,72 @@ line there. Phases, as Nomad names them:
 - ``destroy``: the allocation's state is removed (after postrun);
 - ``update``: a running allocation's job changed (driversdk run does not update jobs in place;
   the phase exists so a hook can say what it would do).
+
+Each phase takes its request and returns its response (:mod:`.contract`); no hook module imports
+a runner, and no hook writes into one: the runner applies each response, in list order.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
-    from driversdk.agent.allocrunner.taskrunner import TaskRunner
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocDestroyRequest,
+    AllocPostrunRequest,
+    AllocPostrunResponse,
+    AllocPrerunRequest,
+    AllocPrerunResponse,
+    AllocStopRequest,
+    AllocUpdateRequest,
+    TaskDestroyRequest,
+    TaskPostrunRequest,
+    TaskPoststartRequest,
+    TaskPoststartResponse,
+    TaskPrerunRequest,
+    TaskPrerunResponse,
+    TaskStopRequest,
+    TaskUpdateRequest,
+)
 
 
 class AllocHook:
     name = "alloc hook"
 
-    def prerun(self, alloc: AllocRunner) -> None:
+    def prerun(self, req: AllocPrerunRequest) -> AllocPrerunResponse:
         """Before any task of the allocation starts."""
+        return AllocPrerunResponse()
 
-    def stop(self, alloc: AllocRunner) -> None:
+    def stop(self, req: AllocStopRequest) -> None:
         """The allocation is asked to stop."""
 
-    def postrun(self, alloc: AllocRunner) -> None:
+    def postrun(self, req: AllocPostrunRequest) -> AllocPostrunResponse:
         """Every task is gone; undo prerun. Report failures as events, do not raise."""
+        return AllocPostrunResponse()
 
-    def destroy(self, alloc: AllocRunner) -> None:
+    def destroy(self, req: AllocDestroyRequest) -> None:
         """The allocation is removed."""
 
-    def update(self, alloc: AllocRunner) -> None:
+    def update(self, req: AllocUpdateRequest) -> None:
         """The allocation's job changed while it ran."""
 
 
 class TaskHook:
     name = "task hook"
 
-    def prerun(self, task: TaskRunner) -> None:
-        """Before StartTask (or RecoverTask, with ``task.restoring`` set)."""
+    def prerun(self, req: TaskPrerunRequest) -> TaskPrerunResponse:
+        """Before StartTask (or RecoverTask, with ``req.restoring`` set)."""
+        return TaskPrerunResponse()
 
-    def poststart(self, task: TaskRunner) -> None:
+    def poststart(self, req: TaskPoststartRequest) -> TaskPoststartResponse:
         """The task runs."""
+        return TaskPoststartResponse()
 
-    def stop(self, task: TaskRunner) -> None:
+    def stop(self, req: TaskStopRequest) -> None:
         """The task is asked to stop, before its driver stops it."""
 
-    def postrun(self, task: TaskRunner) -> None:
+    def postrun(self, req: TaskPostrunRequest) -> None:
         """The task is gone (or never started): undo prerun. Report, do not raise."""
 
-    def destroy(self, task: TaskRunner) -> None:
+    def destroy(self, req: TaskDestroyRequest) -> None:
         """The task's state is removed."""
 
-    def update(self, task: TaskRunner) -> None:
+    def update(self, req: TaskUpdateRequest) -> None:
         """The task's job changed while it ran."""

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from driversdk.agent.allocrunner.hooks import AllocHook
+from driversdk.agent.allocrunner.hooks.contract import AllocPrerunRequest, AllocPrerunResponse
 from driversdk.paths import UnsafePathError
 from driversdk.pinning import Kind, PinError, kind_of, open_beneath
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
 
 ALLOC_SUBDIRS = ("alloc/logs", "alloc/tmp", "alloc/data")
 
@@ -18,7 +15,8 @@ ALLOC_SUBDIRS = ("alloc/logs", "alloc/tmp", "alloc/data")
 class AllocDirHook(AllocHook):
     name = "alloc dir"
 
-    def prerun(self, alloc: AllocRunner) -> None:
+    def prerun(self, req: AllocPrerunRequest) -> AllocPrerunResponse:
+        alloc = req.alloc
         # alloc.alloc_dir was resolved under the data dir where it was built; recreating what a
         # killed run made is harmless, so restoring takes the same path. But a killed run's tasks
         # could write alloc/: what they left where a dir belongs (a file, a symlink to a host
@@ -38,3 +36,4 @@ class AllocDirHook(AllocHook):
                     )
             finally:
                 os.close(fd)
+        return AllocPrerunResponse()

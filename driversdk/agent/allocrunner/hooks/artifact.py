@@ -10,13 +10,10 @@ again. What is fetched and how is :mod:`driversdk.jobspec.artifacts`.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from driversdk.agent.allocrunner.hooks import TaskHook
+from driversdk.agent.allocrunner.hooks.contract import TaskPrerunRequest, TaskPrerunResponse
 from driversdk.jobspec import artifacts
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.taskrunner import TaskRunner
 
 DOWNLOADING = "Downloading Artifacts"  # Nomad's TaskDownloadingArtifacts
 FAILED = "Failed Artifact Download"  # Nomad's TaskArtifactDownloadFailed
@@ -28,22 +25,23 @@ class ArtifactHook(TaskHook):
     def __init__(self) -> None:
         self._done: set[int] = set()  # fetched already: not again on a restart (Nomad's DoneArtifacts)
 
-    def prerun(self, task: TaskRunner) -> None:
+    def prerun(self, req: TaskPrerunRequest) -> TaskPrerunResponse:
+        task = req.task
         wanted = [i for i in range(len(task.task.artifacts)) if i not in self._done]
-        if task.restoring is not None or not wanted:
-            return  # a recovered task's artifacts are there already
+        if req.restoring is not None or not wanted:
+            return TaskPrerunResponse()  # a recovered task's artifacts are there already
         task.event("Client is downloading artifacts", type=DOWNLOADING)
         task_dir = os.path.join(task.alloc.alloc_dir, task.task.name)
         for i in wanted:
             a = task.task.artifacts[i]
-            options = {k: str(task.interpolate(v)) for k, v in a.options.items()}
+            options = {k: str(req.interpolate(v)) for k, v in a.options.items()}
             item = artifacts.Fetch(
-                source=str(task.interpolate(a.source)),
-                destination=str(task.interpolate(a.destination)),
+                source=str(req.interpolate(a.source)),
+                destination=str(req.interpolate(a.destination)),
                 mode=a.mode,
                 checksum=options.get("checksum", ""),
                 archive=options.get("archive", "true").lower() != "false",
-                headers=tuple((k, str(task.interpolate(v))) for k, v in a.headers.items()),
+                headers=tuple((k, str(req.interpolate(v))) for k, v in a.headers.items()),
                 insecure=a.insecure,
             )
             where = f'task "{task.task.name}" artifact[{i}]'
@@ -53,3 +51,4 @@ class ArtifactHook(TaskHook):
                 task.event(f"Failed to download artifacts: {err}", type=FAILED, details={"download_error": str(err)})
                 raise
             self._done.add(i)
+        return TaskPrerunResponse()

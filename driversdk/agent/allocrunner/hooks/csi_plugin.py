@@ -10,17 +10,23 @@ See :mod:`driversdk.agent.csi.pluginsupervisor`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from driversdk.agent.allocrunner.hooks import AllocHook, TaskHook
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocPostrunRequest,
+    AllocPostrunResponse,
+    AllocPrerunRequest,
+    AllocPrerunResponse,
+    TaskPostrunRequest,
+    TaskPoststartRequest,
+    TaskPoststartResponse,
+    TaskPrerunRequest,
+    TaskPrerunResponse,
+    TaskStopRequest,
+)
 from driversdk.agent.csi.pluginsupervisor import PluginSupervisor, csi_dir, release_shared
 from driversdk.agent.csi.volumewatcher import start_background, stop_background
 from driversdk.agent.events import RunEvent
 from driversdk.model import FSIsolation
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
-    from driversdk.agent.allocrunner.taskrunner import TaskRunner
 
 
 class CSIPluginSupervisorHook(TaskHook):
@@ -29,35 +35,37 @@ class CSIPluginSupervisorHook(TaskHook):
     def __init__(self) -> None:
         self.supervisor: PluginSupervisor | None = None
 
-    def prerun(self, task: TaskRunner) -> None:
-        record = task.restoring
+    def prerun(self, req: TaskPrerunRequest) -> TaskPrerunResponse:
+        record, task = req.restoring, req.task
         if task.task.csi_plugin is None or (record is not None and record.state not in ("running", "restarting")):
-            return
+            return TaskPrerunResponse()
         alloc = task.alloc
+        event = task.event
         self.supervisor = PluginSupervisor(
             task=task.task,
             alloc_id=alloc.alloc_id,
             data_dir=alloc.client.data_dir,
-            registry=alloc.node.registry,
+            registry=alloc.services.registry,
             say=lambda _: None,
-            event=lambda text: task.event(text, kind="plugin"),
+            event=lambda text: event(text, kind="plugin"),
             fs_isolated=task.caps.fs_isolation != FSIsolation.NONE,
         )
         mounts, env = self.supervisor.prestart()
-        if record is None:  # a recovered task has its mounts and environment already
-            task.mount_requests += mounts
-            task.env.update(env)
+        if record is not None:  # a recovered task has its mounts and environment already
+            return TaskPrerunResponse()
+        return TaskPrerunResponse(env=env, mount_requests=tuple(mounts))
 
-    def poststart(self, task: TaskRunner) -> None:
-        if self.supervisor is not None:
-            self.supervisor.start(task.fail, task.done)
-            task.alloc.node.supervisors.append(self.supervisor)
+    def poststart(self, req: TaskPoststartRequest) -> TaskPoststartResponse:
+        if self.supervisor is None:
+            return TaskPoststartResponse()
+        self.supervisor.start(req.fail, req.done)
+        return TaskPoststartResponse(csi_supervisor=self.supervisor)
 
-    def stop(self, task: TaskRunner) -> None:
+    def stop(self, req: TaskStopRequest) -> None:
         if self.supervisor is not None:
             self.supervisor.stop()
 
-    def postrun(self, task: TaskRunner) -> None:
+    def postrun(self, req: TaskPostrunRequest) -> None:
         if self.supervisor is not None:
             self.supervisor.cleanup()
 
@@ -75,16 +83,21 @@ class CSIPluginDirHook(AllocHook):
     def __init__(self) -> None:
         self._watching = False
 
-    def prerun(self, alloc: AllocRunner) -> None:
+    def prerun(self, req: AllocPrerunRequest) -> AllocPrerunResponse:
+        emit = req.alloc.services.emit
+
         def say(volume: str, text: str) -> None:
-            alloc.emit(RunEvent("volume", text, name=volume) if volume else RunEvent("run", text))
+            emit(RunEvent("volume", text, name=volume) if volume else RunEvent("run", text))
 
-        start_background(alloc.client.data_dir, alloc.node.registry, say)
+        start_background(req.alloc.client.data_dir, req.alloc.services.registry, say)
         self._watching = True
+        return AllocPrerunResponse()
 
-    def postrun(self, alloc: AllocRunner) -> None:
+    def postrun(self, req: AllocPostrunRequest) -> AllocPostrunResponse:
+        alloc = req.alloc
         if any(t.csi_plugin is not None for t in alloc.group.tasks):
             release_shared(csi_dir(alloc.client.data_dir))
         if self._watching:
             self._watching = False
             stop_background(alloc.client.data_dir)
+        return AllocPostrunResponse()

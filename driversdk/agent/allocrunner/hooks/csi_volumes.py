@@ -6,14 +6,15 @@ stays a past claim (released later by the volume watcher) and marks the allocati
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from driversdk.agent.allocrunner.hooks import AllocHook
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocPostrunRequest,
+    AllocPostrunResponse,
+    AllocPrerunRequest,
+    AllocPrerunResponse,
+)
 from driversdk.agent.csi.csihook import CSIHook
 from driversdk.agent.csi.volumewatcher import VolumeWatcher
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
 
 
 class CSIVolumesHook(AllocHook):
@@ -22,35 +23,37 @@ class CSIVolumesHook(AllocHook):
     def __init__(self) -> None:
         self.csi: CSIHook | None = None
 
-    def prerun(self, alloc: AllocRunner) -> None:
+    def prerun(self, req: AllocPrerunRequest) -> AllocPrerunResponse:
+        alloc = req.alloc
         if not any(r.type == "csi" for r in alloc.group.volumes.values()):
-            return
-        node = alloc.node
+            return AllocPrerunResponse()
+        services, alloc_id = alloc.services, alloc.alloc_id
         self.csi = CSIHook(
             job=alloc.job,
             group=alloc.group,
-            alloc_id=alloc.alloc_id,
+            alloc_id=alloc_id,
             alloc_index=alloc.index,
-            volumes=node.volumes,
-            registry=node.registry,
-            store=node.csi_state,
-            say=lambda volume, text: alloc.event("volume", text, name=volume),
-            persist=lambda text: alloc.state.alloc_update(alloc.alloc_id, csi=text),
-            plugin_failure=node.plugin_failure,
-            watcher=VolumeWatcher(alloc.client.data_dir, volumes=node.volumes, csi=node.csi_state),
+            volumes=services.volumes,
+            registry=services.registry,
+            store=services.csi_state,
+            say=lambda volume, text: services.event("volume", text, name=volume),
+            persist=lambda text: services.state.alloc_update(alloc_id, csi=text),
+            plugin_failure=services.plugin_failure,
+            watcher=VolumeWatcher(alloc.client.data_dir, volumes=services.volumes, csi=services.csi_state),
         )
-        if alloc.restoring is not None:
-            alloc.csi_sources = self.csi.restore(alloc.restoring.csi)
-        else:
-            alloc.csi_sources = self.csi.prerun()
+        if req.restoring is not None:
+            return AllocPrerunResponse(csi_sources=self.csi.restore(req.restoring.csi))
+        return AllocPrerunResponse(csi_sources=self.csi.prerun())
 
-    def postrun(self, alloc: AllocRunner) -> None:
+    def postrun(self, req: AllocPostrunRequest) -> AllocPostrunResponse:
         if self.csi is None:
-            return
+            return AllocPostrunResponse()
+        failed = False
         for failure in self.csi.postrun():
-            alloc.event(
+            req.alloc.services.event(
                 "group",
                 f"{failure}; the claim is kept as a past claim, released by the volume watcher of every "
                 "`driversdk run` and `driversdk volume` command (see `driversdk volume status`)",
             )
-            alloc.teardown_failed = True
+            failed = True
+        return AllocPostrunResponse(teardown_failed=failed)

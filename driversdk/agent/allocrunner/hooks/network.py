@@ -7,19 +7,23 @@ without one, the driver's own (docker: the pause container's id; exec: the task'
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from driversdk.agent import nodeattrs
 from driversdk.agent.allocrunner.hooks import AllocHook
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocInfo,
+    AllocPostrunRequest,
+    AllocPostrunResponse,
+    AllocPrerunRequest,
+    AllocPrerunResponse,
+)
 from driversdk.agent.allocrunner.hooks.ports import ports_json
 from driversdk.errors import ConfigError, DriverSDKError
 from driversdk.jobspec import taskenv
 from driversdk.jobspec.job import Group, hostname_problem
+from driversdk.jobspec.taskenv import PortValue
 from driversdk.model import HostsConfig, NetworkIsolationMode, NetworkIsolationSpec
 from driversdk.paths import show
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
 
 
 class NetworkRefused(ConfigError):
@@ -41,26 +45,28 @@ class NetworkHook(AllocHook):
             return None
         return f'group "{group.name}": network mode {mode!r} is not run by driversdk run; use mode = "host" or "bridge"'
 
-    def prerun(self, alloc: AllocRunner) -> None:
+    def prerun(self, req: AllocPrerunRequest) -> AllocPrerunResponse:
+        alloc = req.alloc
         refusal = self.refusal(alloc.group)
         if refusal is not None:
             raise NetworkRefused(refusal)
         mode = alloc.group.network_mode or "host"
-        if alloc.restoring is not None:
-            self._restore(alloc, alloc.restoring.network)
+        if req.restoring is not None:
+            self._restore(req.restoring.network)
         elif mode == "bridge":
-            self._create(alloc)
-        alloc.network = self.spec
+            self._create(alloc, req.ports)
+        return AllocPrerunResponse(network=self.spec)
 
-    def _create(self, alloc: AllocRunner) -> None:
+    def _create(self, alloc: AllocInfo, ports: tuple[PortValue, ...]) -> None:
+        services = alloc.services
         for task in alloc.group.tasks:
-            plugin = alloc.drivers.dispense(task.driver)
+            plugin = services.drivers.dispense(task.driver)
             caps = plugin.capabilities()
             if caps.must_create_network and NetworkIsolationMode.GROUP in caps.network_isolation_modes:
-                self.spec, _ = plugin.create_network(alloc.alloc_id, self.hostname(alloc))
+                self.spec, _ = plugin.create_network(alloc.alloc_id, self.hostname(alloc, ports))
                 self.owner = task.driver
-                alloc.state.alloc_update(alloc.alloc_id, network=json.dumps(self._json(alloc)))
-                alloc.event("group", f"network created by the {task.driver} driver")
+                services.state.alloc_update(alloc.alloc_id, network=json.dumps(self._json(ports)))
+                services.event("group", f"network created by the {task.driver} driver")
                 return
         drivers = ", ".join(sorted({t.driver for t in alloc.group.tasks}))
         raise NetworkRefused(
@@ -69,7 +75,7 @@ class NetworkHook(AllocHook):
         )
 
     @staticmethod
-    def hostname(alloc: AllocRunner) -> str:
+    def hostname(alloc: AllocInfo, ports: tuple[PortValue, ...]) -> str:
         """``network.hostname`` with the allocation's ``${…}`` filled in; refused (with the value it
         came to) when that is no DNS name, since it reaches the driver's hosts file and UTS name."""
         written = alloc.group.network_hostname
@@ -78,8 +84,8 @@ class NetworkHook(AllocHook):
         env = taskenv.for_alloc(
             alloc.job,
             alloc.group,
-            taskenv.Alloc(id=alloc.alloc_id, index=alloc.index, dir=alloc.alloc_dir, ports=tuple(alloc.ports)),
-            node=nodeattrs.for_alloc(alloc),
+            taskenv.Alloc(id=alloc.alloc_id, index=alloc.index, dir=alloc.alloc_dir, ports=ports),
+            node=alloc.services.node(),
         )
         where = f'group "{alloc.group.name}" network.hostname {show(written)}'
         unknown = env.unresolved(written)
@@ -91,14 +97,14 @@ class NetworkHook(AllocHook):
             raise NetworkRefused(f"{where} came to {show(hostname)}, which is {why}")
         return hostname
 
-    def _json(self, alloc: AllocRunner) -> dict[str, Any]:
+    def _json(self, ports: tuple[PortValue, ...]) -> dict[str, Any]:
         assert self.spec is not None
         hosts = self.spec.hosts
         return {"owner": self.owner, "mode": self.spec.mode.value, "path": self.spec.path, "labels": self.spec.labels,
                 "hosts": [hosts.hostname, hosts.address] if hosts is not None else None,
-                "ports": ports_json(alloc.ports)}  # fmt: skip
+                "ports": ports_json(ports)}  # fmt: skip
 
-    def _restore(self, alloc: AllocRunner, saved: str | None) -> None:
+    def _restore(self, saved: str | None) -> None:
         if not saved:
             return
         data = json.loads(saved)
@@ -108,11 +114,13 @@ class NetworkHook(AllocHook):
         hosts = HostsConfig(*data["hosts"]) if data.get("hosts") else None
         self.spec = NetworkIsolationSpec(NetworkIsolationMode(data["mode"]), data["path"], dict(data["labels"]), hosts)
 
-    def postrun(self, alloc: AllocRunner) -> None:
+    def postrun(self, req: AllocPostrunRequest) -> AllocPostrunResponse:
         if self.spec is None:
-            return
+            return AllocPostrunResponse()
+        alloc = req.alloc
         try:
-            alloc.drivers.dispense(self.owner).destroy_network(alloc.alloc_id, self.spec)
-            self.spec = alloc.network = None
+            alloc.services.drivers.dispense(self.owner).destroy_network(alloc.alloc_id, self.spec)
+            self.spec = None
         except DriverSDKError as err:
-            alloc.event("group", f"network removal failed: {err}")
+            alloc.services.event("group", f"network removal failed: {err}")
+        return AllocPostrunResponse()

@@ -11,14 +11,16 @@ run left, and the address is released with them."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from driversdk.agent.allocrunner import bridgenet, portalloc
 from driversdk.agent.allocrunner.hooks import AllocHook
+from driversdk.agent.allocrunner.hooks.contract import (
+    AllocPostrunRequest,
+    AllocPostrunResponse,
+    AllocPrerunRequest,
+    AllocPrerunResponse,
+)
 from driversdk.errors import ConfigError, DriverSDKError
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.allocrunner import AllocRunner
 
 
 class NoGroupAddress(ConfigError):
@@ -28,37 +30,40 @@ class NoGroupAddress(ConfigError):
 class PortForwardHook(AllocHook):
     name = "port forward"
 
-    def prerun(self, alloc: AllocRunner) -> None:
-        spec = alloc.network
+    def prerun(self, req: AllocPrerunRequest) -> AllocPrerunResponse:
+        alloc, spec, event = req.alloc, req.network, req.alloc.services.event
         if (alloc.group.network_mode or "host") != "bridge" or spec is None:
-            return
+            return AllocPrerunResponse()
         address = spec.labels.get("address") or (spec.hosts.address if spec.hosts is not None else "")
         if not address and spec.path and os.path.exists(spec.path):
             # docker's pause container has no network: give it one as Nomad's CNI bridge does
             # (the record a killed run left is taken over as it is).
             address = bridgenet.attach("", alloc.alloc_id, spec.path)
-            alloc.event("group", f"network namespace given {address} on bridge {bridgenet.BRIDGE}")
-        if not alloc.ports:
-            return
-        if alloc.restoring is not None and portalloc.rules_of(alloc.alloc_id):
-            return  # the killed run's rules are still in place
+            event("group", f"network namespace given {address} on bridge {bridgenet.BRIDGE}")
+        if not req.ports:
+            return AllocPrerunResponse()
+        if req.restoring is not None and portalloc.rules_of(alloc.alloc_id):
+            return AllocPrerunResponse()  # the killed run's rules are still in place
         if not address:
             raise NoGroupAddress(
                 f'group "{alloc.group.name}": its bridge network has no address and no namespace the host can reach '
                 f'({spec.path or "no path"}), so its ports cannot be forwarded; use network mode "host" with the '
                 "docker driver's ports option, or an exec task"
             )
-        portalloc.forward(alloc.alloc_id, alloc.ports, address)
-        alloc.event("group", f"ports forwarded from the host to {address}")
+        portalloc.forward(alloc.alloc_id, req.ports, address)
+        event("group", f"ports forwarded from the host to {address}")
+        return AllocPrerunResponse()
 
-    def postrun(self, alloc: AllocRunner) -> None:
+    def postrun(self, req: AllocPostrunRequest) -> AllocPostrunResponse:
+        alloc, event = req.alloc, req.alloc.services.event
         if (alloc.group.network_mode or "host") != "bridge":
-            return
-        if alloc.ports and portalloc.rules_of(alloc.alloc_id):
+            return AllocPostrunResponse()
+        if req.ports and portalloc.rules_of(alloc.alloc_id):
             for failure in portalloc.unforward(alloc.alloc_id):
-                alloc.event("group", f"port forwarding rule could not be removed: {failure}")
+                event("group", f"port forwarding rule could not be removed: {failure}")
         if bridgenet.address_of("", alloc.alloc_id) is not None:  # ours, also when a killed run made it
             try:
                 bridgenet.detach("", alloc.alloc_id)
             except DriverSDKError as err:
-                alloc.event("group", f"bridge address could not be released: {err}")
+                event("group", f"bridge address could not be released: {err}")
+        return AllocPostrunResponse()

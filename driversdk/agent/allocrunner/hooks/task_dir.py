@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import os
 import pwd
-from typing import TYPE_CHECKING
 
-from driversdk.agent import nodeattrs
 from driversdk.agent.allocrunner.hooks import TaskHook
+from driversdk.agent.allocrunner.hooks.contract import TaskPrerunRequest, TaskPrerunResponse
 from driversdk.jobspec import taskenv
 from driversdk.model import FSIsolation
 from driversdk.paths import resolve_under
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.taskrunner import TaskRunner
 
 SECRETS_DIR_MODE = 0o700
 
@@ -24,9 +20,10 @@ SECRETS_DIR_MODE = 0o700
 class TaskDirHook(TaskHook):
     name = "task dir"
 
-    def prerun(self, task: TaskRunner) -> None:
-        if task.restoring is not None:
-            return  # the recovered task's config (dirs, env) comes back with its handle
+    def prerun(self, req: TaskPrerunRequest) -> TaskPrerunResponse:
+        if req.restoring is not None:
+            return TaskPrerunResponse()  # the recovered task's config (dirs, env) comes back with its handle
+        task = req.task
         alloc = task.alloc
         # The task name comes from the job: validate refuses unsafe names, and this refuses any
         # path that would still leave the alloc dir.
@@ -40,12 +37,11 @@ class TaskDirHook(TaskHook):
             alloc.job,
             alloc.group,
             task.task,
-            taskenv.Alloc(id=alloc.alloc_id, index=alloc.index, dir=alloc.alloc_dir, ports=tuple(alloc.ports)),
-            node=nodeattrs.for_alloc(alloc),
+            taskenv.Alloc(id=alloc.alloc_id, index=alloc.index, dir=alloc.alloc_dir, ports=req.ports),
+            node=alloc.services.node(),
             fs_isolation=task.caps.fs_isolation != FSIsolation.NONE,
         )
-        task.node_facts = built.node
-        task.env.update(built.env)
+        return TaskPrerunResponse(env=built.env, node_facts=built.node)
 
 
 def task_owner(user: str, isolation: FSIsolation) -> tuple[int, int] | None:

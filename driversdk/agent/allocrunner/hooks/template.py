@@ -21,17 +21,14 @@ import errno
 import os
 import secrets
 import stat
-from typing import TYPE_CHECKING
 
 from driversdk.agent.allocrunner.hooks import TaskHook
+from driversdk.agent.allocrunner.hooks.contract import TaskPrerunRequest, TaskPrerunResponse
 from driversdk.errors import ConfigError
 from driversdk.jobspec import templates
 from driversdk.jobspec.job import Template
 from driversdk.jobspec.taskenv import TaskEnv
 from driversdk.paths import show
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.taskrunner import TaskRunner
 
 MAX_SOURCE = 10 * 1024 * 1024  # a template source file larger than this is refused
 
@@ -43,9 +40,10 @@ class TemplateRenderError(ConfigError):
 class TemplateHook(TaskHook):
     name = "template"
 
-    def prerun(self, task: TaskRunner) -> None:
-        if task.restoring is not None or not task.task.templates:
-            return  # a recovered task's files and environment are there already
+    def prerun(self, req: TaskPrerunRequest) -> TaskPrerunResponse:
+        task = req.task
+        if req.restoring is not None or not task.task.templates:
+            return TaskPrerunResponse()  # a recovered task's files and environment are there already
         for i, template in enumerate(task.task.templates):
             if template.cluster_functions:
                 task.event(
@@ -53,14 +51,16 @@ class TemplateHook(TaskHook):
                     f"{', '.join(template.cluster_functions)}, which need a Consul, Vault or Nomad server; not "
                     "rendered by driversdk run"
                 )
-        self.render(task)
+        return TaskPrerunResponse(template_env=self.render(req))
 
-    def render(self, task: TaskRunner) -> None:
-        """Render every template the node can answer (again, on a restart with render_templates)."""
-        t = task.task
-        env = TaskEnv(task.env)
-        variables = {**task.env, **{k: env.replace(v) for k, v in t.env.items()}}
-        alloc_dir = task.alloc.alloc_dir
+    def render(self, req: TaskPrerunRequest) -> dict[str, str]:
+        """Render every template the node can answer (again, on a restart with render_templates);
+        what the ``env = true`` ones set, for the task's environment."""
+        t = req.task.task
+        env = TaskEnv(req.env)
+        variables = {**req.env, **{k: env.replace(v) for k, v in t.env.items()}}
+        alloc_dir = req.task.alloc.alloc_dir
+        template_env: dict[str, str] = {}
         for i, template in enumerate(t.templates):
             if template.cluster_functions:
                 continue
@@ -74,13 +74,14 @@ class TemplateHook(TaskHook):
             try:
                 out = templates.render(text, variables, template.left_delimiter, template.right_delimiter)
                 if template.env:
-                    task.template_env.update(templates.parse_env(out))
+                    template_env.update(templates.parse_env(out))
             except templates.TemplateError as err:
                 raise TemplateRenderError(f"{where} ({show(template.destination)}): {err}") from None
             _write(root, dest, out.encode(), template, where)
         rendered = len([x for x in t.templates if not x.cluster_functions])
         if rendered:
-            task.event(f"Template: rendered {rendered} template(s)")
+            req.task.event(f"Template: rendered {rendered} template(s)")
+        return template_env
 
 
 def place(path: str, alloc_dir: str, task: str, what: str) -> tuple[str, list[str]]:

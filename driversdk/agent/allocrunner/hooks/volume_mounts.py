@@ -4,44 +4,43 @@ driver mounts, checked against the driver's MountConfigs and the host's mount pr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from driversdk.agent.allocrunner.hooks import TaskHook
+from driversdk.agent.allocrunner.hooks.contract import TaskPrerunRequest, TaskPrerunResponse
 from driversdk.mounts import MountRequest, check_mounts
-
-if TYPE_CHECKING:
-    from driversdk.agent.allocrunner.taskrunner import TaskRunner
 
 
 class VolumeMountsHook(TaskHook):
     name = "volume mounts"
 
-    def prerun(self, task: TaskRunner) -> None:
-        if task.restoring is not None:
-            return  # the recovered task's mounts come back with its handle
-        task.mounts = check_mounts(
-            volume_requests(task) + task.mount_requests,
+    def prerun(self, req: TaskPrerunRequest) -> TaskPrerunResponse:
+        if req.restoring is not None:
+            return TaskPrerunResponse()  # the recovered task's mounts come back with its handle
+        task = req.task
+        mounts = check_mounts(
+            volume_requests(req) + list(req.mount_requests),
             task=task.task.name,
             driver=task.task.driver,
             mount_configs=int(task.caps.mount_configs),
         )
+        return TaskPrerunResponse(mounts=tuple(mounts))
 
 
-def volume_requests(task: TaskRunner) -> list[MountRequest]:
-    alloc = task.alloc
+def volume_requests(req: TaskPrerunRequest) -> list[MountRequest]:
+    alloc = req.task.alloc
     requests = []
-    for mount in task.task.volume_mounts:
-        req = alloc.group.volumes[mount.volume]
-        if req.type == "csi":
-            host_path, kind, read_only = alloc.csi_sources[req.name], "csi", req.read_only or mount.read_only
+    for mount in req.task.task.volume_mounts:
+        req_volume = alloc.group.volumes[mount.volume]
+        if req_volume.type == "csi":
+            host_path, kind = req.csi_sources[req_volume.name], "csi"
+            read_only = req_volume.read_only or mount.read_only
         else:
-            volume = alloc.client.host_volumes[req.source]
+            volume = alloc.client.host_volumes[req_volume.source]
             host_path, kind = volume.host_path, "host"
-            read_only = volume.read_only or req.read_only or mount.read_only
+            read_only = volume.read_only or req_volume.read_only or mount.read_only
         requests.append(
             MountRequest(
-                volume=req.name,
-                destination=task.interpolate(mount.destination),
+                volume=req_volume.name,
+                destination=req.interpolate(mount.destination),
                 host_path=host_path,
                 kind=kind,
                 propagation=mount.propagation_mode,
