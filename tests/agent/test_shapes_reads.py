@@ -9,9 +9,12 @@ hook; the answers are compared with the per-allocation ones, field by field.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from driversdk.agent.api import shapes
 from driversdk.agent.events import RunEvent
@@ -73,7 +76,7 @@ def test_a_jobs_allocations_are_answered_in_a_few_reads(tmp_path: Path) -> None:
     ids = _record_job(agent, "web", ALLOCS)
     _record_job(agent, "other", 3)
     seen = _count_reads(agent)
-    stubs = shapes.alloc_stubs(agent, job="web")  # type: ignore[arg-type]
+    stubs = json.loads(shapes.alloc_stubs(agent, job="web"))  # type: ignore[arg-type]
     assert [s["ID"] for s in stubs] == ids
     # allocations, their tasks, their events, the job: a handful, whatever the count (was 1 + 3 per allocation)
     assert len(seen) <= 6, seen
@@ -86,12 +89,12 @@ def test_the_batched_answer_is_the_per_allocation_answer(tmp_path: Path) -> None
     _record_job(agent, "web", 5)
     _record_job(agent, "other", 2)
     state = agent.node.state
-    batched = shapes.alloc_stubs(agent, job="web")  # type: ignore[arg-type]
+    batched = json.loads(shapes.alloc_stubs(agent, job="web"))  # type: ignore[arg-type]
     one_by_one = [shapes.alloc_stub(agent, a, updated) for a, updated in state.allocs("web")]  # type: ignore[arg-type]
     assert batched == one_by_one
-    everything = shapes.alloc_stubs(agent)  # type: ignore[arg-type]
+    everything = json.loads(shapes.alloc_stubs(agent))  # type: ignore[arg-type]
     assert {s["JobID"] for s in everything} == {"web", "other"} and len(everything) == 7
-    by_prefix = shapes.alloc_stubs(agent, prefix="other")  # type: ignore[arg-type]
+    by_prefix = json.loads(shapes.alloc_stubs(agent, prefix="other"))  # type: ignore[arg-type]
     assert [s["JobID"] for s in by_prefix] == ["other", "other"]
     assert by_prefix == [s for s in everything if s["JobID"] == "other"]
 
@@ -118,3 +121,24 @@ def test_kept_events_are_parsed_once_and_never_shared_for_writing(tmp_path: Path
     a = state.events_by_task(job="web")[(alloc_id, "main")]
     b = state.events_by_task(alloc_id=alloc_id)[(alloc_id, "main")]
     assert [k.seq for k in a] == [k.seq for k in b] and a[0] is b[0]  # one parse per row
+
+
+def test_a_stub_is_encoded_again_only_when_what_it_shows_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = _Agent(tmp_path)
+    ids = _record_job(agent, "web", 3)
+    state = agent.node.state
+    first = json.loads(shapes.alloc_stubs(agent, job="web"))  # type: ignore[arg-type]
+    agent.index = 8
+    state.finished(ids[1], "main", 3, 0, False)
+    state.task_event(
+        ids[1], "main", RunEvent("task", "Exit Code: 3", job="web", task="main", type="Terminated").to_json()
+    )
+    second = json.loads(shapes.alloc_stubs(agent, job="web"))  # type: ignore[arg-type]
+    assert [s["ModifyIndex"] for s in first] == [7, 7, 7] and [s["ModifyIndex"] for s in second] == [8, 8, 8]
+    assert second[0] == dict(first[0], ModifyIndex=8) and second[2] == dict(first[2], ModifyIndex=8)
+    changed = second[1]["TaskStates"]["main"]
+    assert changed["State"] == "dead" and changed["Events"][-1]["Type"] == "Terminated"
+    one = shapes.alloc_stub(agent, *state.alloc_by_id(ids[1]))  # type: ignore[arg-type, misc]
+    assert second[1] == one

@@ -10,6 +10,7 @@ allocations starting, a client waiting on the list (a blocking query) asks again
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from dataclasses import dataclass
@@ -285,23 +286,58 @@ def alloc_stub(
     }
 
 
-def alloc_stubs(agent: Agent, job: str | None = None, prefix: str = "") -> list[dict[str, Any]]:
+def alloc_stubs(agent: Agent, job: str | None = None, prefix: str = "") -> bytes:
     """Nomad's AllocListStub of every allocation (of ``job``; whose id starts with ``prefix``),
-    oldest first, their tasks and events read once for all."""
+    oldest first, as the JSON answer: their tasks and events read once for all, and each
+    allocation's JSON encoded again only when something it shows changed."""
     assert agent.node is not None
     state = agent.node.state
     allocs = state.allocs_by_prefix(prefix) if prefix else state.allocs(job)
     if not allocs:
-        return []
+        return b"[]"
     # A short prefix list reads per allocation; otherwise one read of every task beats one each.
     reads = Reads.of_job(state, job) if not prefix or len(allocs) > 16 else None
     records: dict[str, JobRecord | None] = {}
-    out = []
+    encoded = _encoded(state)
+    if len(encoded) > ENCODED_STUBS_CACHED:
+        encoded.clear()
+    node = agent.node_info()
+    parts = []
     for alloc, updated in allocs:
         if alloc.job not in records:
             records[alloc.job] = agent.jobs.get(alloc.job) if agent.jobs is not None else None
-        out.append(alloc_stub(agent, alloc, updated, records[alloc.job], reads))
-    return out
+        record = records[alloc.job]
+        alloc_reads = reads or Reads.of_alloc(state, alloc.alloc_id)
+        tasks = alloc_reads.tasks.get(alloc.alloc_id, [])
+        # Everything the stub shows, but the agent's index (added below, it changes with anything).
+        key = (
+            alloc,
+            updated,
+            tuple((t.task, t.state, t.updated, t.restarts) for t in tasks),
+            tuple(tuple(k.seq for k in alloc_reads.events.get((alloc.alloc_id, t.task), [])) for t in tasks),
+            (record.modify_index, record.stop, record.status) if record is not None else None,
+            (node.id, node.name),
+        )
+        found = encoded.get(alloc.alloc_id)
+        if found is None or found[0] != key:
+            stub = alloc_stub(agent, alloc, updated, record, alloc_reads)
+            del stub["ModifyIndex"]
+            found = encoded[alloc.alloc_id] = (key, json.dumps(stub)[:-1].encode())
+        parts.append(found[1])
+    index = b',"ModifyIndex": %d}' % agent.index
+    return b"[" + b", ".join(part + index for part in parts) + b"]"
+
+
+# Each allocation's AllocListStub JSON without its ModifyIndex, per state store, by allocation id.
+_ENCODED: weakref.WeakKeyDictionary[RunState, dict[str, tuple[object, bytes]]] = weakref.WeakKeyDictionary()
+ENCODED_STUBS_CACHED = 10_000
+
+
+def _encoded(state: RunState) -> dict[str, tuple[object, bytes]]:
+    found = _ENCODED.get(state)
+    if found is None:
+        found = _ENCODED[state] = {}
+    return found
 
 
 def allocation(agent: Agent, alloc: AllocRecord, updated: float) -> dict[str, Any]:
