@@ -142,3 +142,27 @@ def test_a_stub_is_encoded_again_only_when_what_it_shows_changed(
     assert changed["State"] == "dead" and changed["Events"][-1]["Type"] == "Terminated"
     one = shapes.alloc_stub(agent, *state.alloc_by_id(ids[1]))  # type: ignore[arg-type, misc]
     assert second[1] == one
+
+
+def test_every_write_about_an_allocation_moves_its_version_and_reads_do_not(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    [alloc_id] = _record_job(agent, "web", 1)
+    state = agent.node.state
+    seen = [state.version(alloc_id)]
+
+    def moved() -> bool:
+        seen.append(state.version(alloc_id))
+        return seen[-1] != seen[-2]
+
+    state.task_events(alloc_id, "main")
+    state.tasks_by_alloc("web")
+    assert not moved()
+    state.task_event(alloc_id, "main", RunEvent("task", "x", job="web", task="main", type="Killing").to_json())
+    assert moved()
+    state.killed(alloc_id, "main")
+    assert moved()
+    state.alloc_update(alloc_id, state="stopped")
+    assert moved()
+    state.set_logmon(alloc_id, "side", 0)
+    assert moved()
+    assert state.version("never-written") == 0

@@ -288,44 +288,43 @@ def alloc_stub(
 
 def alloc_stubs(agent: Agent, job: str | None = None, prefix: str = "") -> bytes:
     """Nomad's AllocListStub of every allocation (of ``job``; whose id starts with ``prefix``),
-    oldest first, as the JSON answer: their tasks and events read once for all, and each
-    allocation's JSON encoded again only when something it shows changed."""
+    oldest first, as the JSON answer. Each allocation's JSON is kept, encoded, until the store
+    records something about it (its version) or its job or node changes; only the changed ones
+    are read (their tasks and events: per allocation when few, in one query each when many)."""
     assert agent.node is not None
     state = agent.node.state
     allocs = state.allocs_by_prefix(prefix) if prefix else state.allocs(job)
     if not allocs:
         return b"[]"
-    # A short prefix list reads per allocation; otherwise one read of every task beats one each.
-    reads = Reads.of_job(state, job) if not prefix or len(allocs) > 16 else None
-    records: dict[str, JobRecord | None] = {}
     encoded = _encoded(state)
     if len(encoded) > ENCODED_STUBS_CACHED:
         encoded.clear()
     node = agent.node_info()
-    parts = []
+    records: dict[str, JobRecord | None] = {}
+    keys = []
     for alloc, updated in allocs:
         if alloc.job not in records:
             records[alloc.job] = agent.jobs.get(alloc.job) if agent.jobs is not None else None
         record = records[alloc.job]
-        alloc_reads = reads or Reads.of_alloc(state, alloc.alloc_id)
-        tasks = alloc_reads.tasks.get(alloc.alloc_id, [])
-        # Everything the stub shows, but the agent's index (added below, it changes with anything).
-        key = (
-            alloc,
-            updated,
-            tuple((t.task, t.state, t.updated, t.restarts) for t in tasks),
-            tuple(tuple(k.seq for k in alloc_reads.events.get((alloc.alloc_id, t.task), [])) for t in tasks),
-            (record.modify_index, record.stop, record.status) if record is not None else None,
-            (node.id, node.name),
+        # Everything the stub shows but the agent's index, which is added below.
+        keys.append(
+            (
+                alloc,
+                updated,
+                state.version(alloc.alloc_id),
+                (record.modify_index, record.stop, record.status) if record is not None else None,
+                (node.id, node.name),
+            )
         )
-        found = encoded.get(alloc.alloc_id)
-        if found is None or found[0] != key:
-            stub = alloc_stub(agent, alloc, updated, record, alloc_reads)
-            del stub["ModifyIndex"]
-            found = encoded[alloc.alloc_id] = (key, json.dumps(stub)[:-1].encode())
-        parts.append(found[1])
+    stale = [i for i, key in enumerate(keys) if (found := encoded.get(key[0].alloc_id)) is None or found[0] != key]
+    reads = Reads.of_job(state, None if prefix else job) if len(stale) > 16 else None
+    for i in stale:
+        alloc, updated = allocs[i]
+        stub = alloc_stub(agent, alloc, updated, records[alloc.job], reads)
+        del stub["ModifyIndex"]
+        encoded[alloc.alloc_id] = (keys[i], json.dumps(stub)[:-1].encode())
     index = b',"ModifyIndex": %d}' % agent.index
-    return b"[" + b", ".join(part + index for part in parts) + b"]"
+    return b"[" + b", ".join(encoded[alloc.alloc_id][1] + index for alloc, _ in allocs) + b"]"
 
 
 # Each allocation's AllocListStub JSON without its ModifyIndex, per state store, by allocation id.

@@ -501,7 +501,8 @@ def _cmdline(pid: int) -> str:
 def _stop_legacy(pid: int, logs_dir: str, timeout: float = 5.0) -> None:
     """A per-task collector of an older release on this logs dir: SIGTERM (it drains), then wait."""
     cmdline = _cmdline(pid)
-    ours = "driversdk/agent/logmon/collector.py" in cmdline or "driversdk/agent/logmon/tasklogs.py" in cmdline
+    # Per-task collectors ran as these scripts of older releases (before the agent package layout).
+    ours = "driversdk/runner/logcollector.py" in cmdline or "driversdk/runner/logcollect.py" in cmdline
     if not ours or f"--dir {logs_dir} " not in cmdline + " ":
         return  # the shared collector, or a pid reused by something else
     try:

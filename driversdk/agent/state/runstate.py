@@ -3,6 +3,7 @@ task handles a later process needs to find them again."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -87,32 +88,52 @@ class RunState:
         self._reader = connect(path)
         self._read_lock = threading.Lock()
         self._parsed: dict[int, KeptEvent] = {}
+        self._versions: dict[str, int] = {}
+        self._clock = itertools.count(1)
 
     # --- what a failed write was recording ------------------------------------------------------
 
     @contextmanager
-    def _recording(self, what: str) -> Iterator[None]:
-        """Hold the lock for one write; a :class:`StateWriteError` says what was being recorded."""
+    def _recording(self, what: str | Callable[[], str], alloc_id: str | None = None) -> Iterator[None]:
+        """Hold the lock for one write; a :class:`StateWriteError` says what was being recorded
+        (``what``, worked out only then when it is a function). A write about ``alloc_id`` moves
+        the allocation's version on."""
         try:
             with self._lock:
                 yield
+                if alloc_id is not None:
+                    self._versions[alloc_id] = next(self._clock)
         except StateWriteError as err:
-            raise err.about(what) from None
+            raise err.about(what if isinstance(what, str) else what()) from None
 
-    def _of_task(self, what: str, alloc_id: str, task: str, job: str | None = None) -> str:
-        if job is None:
-            try:
-                with self._lock:
-                    row = self._db.execute("SELECT job FROM run_allocs WHERE alloc_id=?", (alloc_id,)).fetchone()
-            except DriverSDKError:
-                row = None
-            job = str(row[0]) if row else None
-        return f'{what} of task "{task}" of ' + (f'job "{job}"' if job is not None else f"allocation {alloc_id[:8]}")
+    def _of_task(self, what: str, alloc_id: str, task: str, job: str | None = None) -> Callable[[], str]:
+        """What a write about a task was recording, for its error: the job is looked up then."""
+
+        def said() -> str:
+            known = job
+            if known is None:
+                try:
+                    with self._lock:
+                        row = self._db.execute("SELECT job FROM run_allocs WHERE alloc_id=?", (alloc_id,)).fetchone()
+                except DriverSDKError:
+                    row = None
+                known = str(row[0]) if row else None
+            return f'{what} of task "{task}" of ' + (
+                f'job "{known}"' if known is not None else f"allocation {alloc_id[:8]}"
+            )
+
+        return said
+
+    def version(self, alloc_id: str) -> int:
+        """A number that changes whenever this store records anything about the allocation (its
+        row, its tasks, their events); 0 for one it has not written to since it was opened. The
+        agent is the only writer of its data dir, so an unchanged version means unchanged rows."""
+        return self._versions.get(alloc_id, 0)
 
     # --- allocations ---------------------------------------------------------------------------
 
     def alloc_started(self, alloc_id: str, job: str, group: str, index: int, alloc_dir: str) -> None:
-        with self._recording(f'the start of allocation {alloc_id[:8]} of job "{job}"'):
+        with self._recording(f'the start of allocation {alloc_id[:8]} of job "{job}"', alloc_id=alloc_id):
             self._db.execute(
                 "INSERT OR REPLACE INTO run_allocs VALUES (?, ?, ?, ?, ?, 'running', ?, NULL, NULL, ?)",
                 (alloc_id, job, group, index, alloc_dir, os.getpid(), time.time()),
@@ -122,7 +143,7 @@ class RunState:
         allowed = {"state", "run_pid", "network", "csi"}
         assert set(fields) <= allowed, fields
         assignments = ", ".join(f"{k}=?" for k in fields)
-        with self._recording(f"the {' and '.join(fields)} of allocation {alloc_id[:8]}"):
+        with self._recording(f"the {' and '.join(fields)} of allocation {alloc_id[:8]}", alloc_id=alloc_id):
             self._db.execute(
                 f"UPDATE run_allocs SET {assignments}, updated=? WHERE alloc_id=?",
                 (*fields.values(), time.time(), alloc_id),
@@ -195,7 +216,7 @@ class RunState:
     def alloc_collected(self, alloc_id: str) -> None:
         """Forget a garbage-collected allocation and its tasks, as Nomad's client deletes a
         destroyed allocation from its state."""
-        with self._recording(f"the garbage collection of allocation {alloc_id[:8]}"):
+        with self._recording(f"the garbage collection of allocation {alloc_id[:8]}", alloc_id=alloc_id):
             self._db.execute("BEGIN IMMEDIATE")  # both rows or neither: `status` never shows half of it
             try:
                 self._db.execute("DELETE FROM run_tasks WHERE alloc_id=?", (alloc_id,))
@@ -252,7 +273,7 @@ class RunState:
             self._db.execute("DELETE FROM run_plugins_retired WHERE alloc_id=? AND driver=?", (alloc_id, driver))
 
     def set_logmon(self, alloc_id: str, task: str, pid: int) -> None:
-        with self._recording(self._of_task("the log collector", alloc_id, task)):
+        with self._recording(self._of_task("the log collector", alloc_id, task), alloc_id=alloc_id):
             self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))
 
     def starting(
@@ -269,7 +290,7 @@ class RunState:
     ) -> None:
         """Recorded before StartTask: a run killed during the call leaves this row, and the next run
         knows which task id the interrupted start used (so it adopts or removes what it made)."""
-        with self._recording(self._of_task("the start", alloc_id, task, job)):
+        with self._recording(self._of_task("the start", alloc_id, task, job), alloc_id=alloc_id):
             self._db.execute(
                 f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'starting', NULL, NULL, 0, NULL, ?, ?, ?, ?)",
@@ -277,7 +298,7 @@ class RunState:
             )
 
     def start_failed(self, alloc_id: str, task: str) -> None:
-        with self._recording(self._of_task("the failed start", alloc_id, task)):
+        with self._recording(self._of_task("the failed start", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "UPDATE run_tasks SET state='failed', updated=? WHERE alloc_id=? AND task=? AND state='starting'",
                 (time.time(), alloc_id, task),
@@ -296,7 +317,7 @@ class RunState:
         logmon_pid: int = 0,
         restarts: int = 0,
     ) -> None:
-        with self._recording(self._of_task("the start", alloc_id, task, job)):
+        with self._recording(self._of_task("the start", alloc_id, task, job), alloc_id=alloc_id):
             self._db.execute(
                 f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?, ?, ?)",
@@ -306,7 +327,7 @@ class RunState:
     def restarting(self, alloc_id: str, task: str, exit_code: int, signal: int, restarts: int) -> None:
         """The task exited and its restart policy starts it again after a delay. A run killed
         meanwhile leaves this row (with the exited task's handle); the next run restarts it."""
-        with self._recording(self._of_task("the restart", alloc_id, task)):
+        with self._recording(self._of_task("the restart", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "UPDATE run_tasks SET state='restarting', exit_code=?, signal=?, restarts=?, updated=? "
                 "WHERE alloc_id=? AND task=?",
@@ -315,7 +336,7 @@ class RunState:
 
     def finished(self, alloc_id: str, task: str, exit_code: int, signal: int, oom: bool) -> None:
         state = "complete" if exit_code == 0 and signal == 0 else "failed"
-        with self._recording(self._of_task("the exit", alloc_id, task)):
+        with self._recording(self._of_task("the exit", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "UPDATE run_tasks SET state=?, exit_code=?, signal=?, oom=?, updated=? WHERE alloc_id=? AND task=?",
                 (state, exit_code, signal, int(oom), time.time(), alloc_id, task),
@@ -324,7 +345,7 @@ class RunState:
     def killed(self, alloc_id: str, task: str) -> None:
         """The task was stopped on purpose (Ctrl-C, its sidecar role done, a sibling failed): it is
         dead and not failed, as Nomad's Killed task. Its last exit stays in its Terminated event."""
-        with self._recording(self._of_task("the stop", alloc_id, task)):
+        with self._recording(self._of_task("the stop", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "UPDATE run_tasks SET state='complete', exit_code=NULL, signal=NULL, updated=? "
                 "WHERE alloc_id=? AND task=?",
@@ -333,7 +354,7 @@ class RunState:
 
     def task_event(self, alloc_id: str, task: str, event: Mapping[str, object]) -> None:
         """Keep one of a task's events (``RunEvent.to_json``); the last TASK_EVENTS_KEPT are kept."""
-        with self._recording(self._of_task("an event", alloc_id, task)):
+        with self._recording(self._of_task("an event", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "INSERT INTO run_task_events (alloc_id, task, event) VALUES (?, ?, ?)",
                 (alloc_id, task, json.dumps(event, sort_keys=True)),
@@ -355,7 +376,7 @@ class RunState:
     def lost(self, alloc_id: str, task: str) -> None:
         """The task ended while no run followed it and its driver cannot tell how (Nomad's "lost"):
         no exit code is recorded."""
-        with self._recording(self._of_task("the loss", alloc_id, task)):
+        with self._recording(self._of_task("the loss", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "UPDATE run_tasks SET state='lost', exit_code=NULL, signal=NULL, updated=? WHERE alloc_id=? AND task=?",
                 (time.time(), alloc_id, task),
@@ -363,7 +384,7 @@ class RunState:
 
     def stopped(self, alloc_id: str, task: str) -> None:
         """The run ended while the task had not exited by itself (Ctrl-C, or a failure elsewhere)."""
-        with self._recording(self._of_task("the stop", alloc_id, task)):
+        with self._recording(self._of_task("the stop", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "UPDATE run_tasks SET state='stopped', updated=? WHERE alloc_id=? AND task=? AND state='running'",
                 (time.time(), alloc_id, task),
