@@ -166,3 +166,20 @@ def test_every_write_about_an_allocation_moves_its_version_and_reads_do_not(tmp_
     state.set_logmon(alloc_id, "side", 0)
     assert moved()
     assert state.version("never-written") == 0
+
+
+def test_the_allocation_rows_are_read_again_after_each_write_of_one(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    ids = _record_job(agent, "web", 3)
+    state = agent.node.state
+    first = state.allocs("web")
+    seen = _count_reads(agent)
+    assert state.allocs("web") == first and seen == [], "kept while no allocation row was written"
+    state.task_event(ids[0], "main", RunEvent("task", "x", job="web", task="main", type="Killing").to_json())
+    assert state.allocs("web") == first and len([q for q in seen if "run_allocs" in q]) == 0
+    state.alloc_update(ids[0], state="stopped")
+    now = state.allocs("web")
+    assert now[0][0].state == "stopped" and now[1:] == first[1:]
+    state.alloc_collected(ids[2])
+    assert [a.alloc_id for a, _ in state.allocs("web")] == ids[:2]
+    assert [a.alloc_id for a, _ in state.allocs()] == ids[:2]

@@ -90,6 +90,10 @@ class RunState:
         self._parsed: dict[int, KeptEvent] = {}
         self._versions: dict[str, int] = {}
         self._clock = itertools.count(1)
+        # Moves on with every write of an allocation row (not of its tasks): allocs() is kept per job
+        # until then. Read before the rows, so a write racing a read only costs one more read.
+        self._alloc_rows = 0
+        self._allocs_kept: dict[str | None, tuple[int, list[tuple[AllocRecord, float]]]] = {}
 
     # --- what a failed write was recording ------------------------------------------------------
 
@@ -138,6 +142,7 @@ class RunState:
                 "INSERT OR REPLACE INTO run_allocs VALUES (?, ?, ?, ?, ?, 'running', ?, NULL, NULL, ?)",
                 (alloc_id, job, group, index, alloc_dir, os.getpid(), time.time()),
             )
+            self._alloc_rows += 1
 
     def alloc_update(self, alloc_id: str, **fields: str | int | None) -> None:
         allowed = {"state", "run_pid", "network", "csi"}
@@ -148,6 +153,7 @@ class RunState:
                 f"UPDATE run_allocs SET {assignments}, updated=? WHERE alloc_id=?",
                 (*fields.values(), time.time(), alloc_id),
             )
+            self._alloc_rows += 1
 
     def running_allocs(self, job: str) -> list[AllocRecord]:
         with self._read_lock:
@@ -159,14 +165,24 @@ class RunState:
         return [AllocRecord(*r) for r in rows]
 
     def allocs(self, job: str | None = None) -> list[tuple[AllocRecord, float]]:
-        """Every allocation (of one job), oldest first, with when it last changed (Unix seconds)."""
+        """Every allocation (of one job), oldest first, with when it last changed (Unix seconds).
+        Kept until this store writes an allocation row again (an API client waiting on a job's
+        allocations asks after every change of a task)."""
+        generation = self._alloc_rows
+        kept = self._allocs_kept.get(job)
+        if kept is not None and kept[0] == generation:
+            return list(kept[1])
         query = "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs"
         with self._read_lock:
             if job is None:
                 rows = self._reader.execute(query + " ORDER BY rowid").fetchall()
             else:
                 rows = self._reader.execute(query + " WHERE job=? ORDER BY rowid", (job,)).fetchall()
-        return [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+        found = [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+        if len(self._allocs_kept) > 64:
+            self._allocs_kept.clear()
+        self._allocs_kept[job] = (generation, found)
+        return list(found)
 
     def alloc_by_id(self, alloc_id: str) -> tuple[AllocRecord, float] | None:
         """One allocation by its whole id, with when it last changed."""
@@ -225,6 +241,7 @@ class RunState:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            self._alloc_rows += 1
 
     # --- driver plugins: one per driver per run process (the driver manager) --------------------
 
