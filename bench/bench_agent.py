@@ -41,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -379,38 +378,53 @@ def breakdown(pids: set[int], agent_pid: int) -> str:
     return ", ".join(f"{name} {len(v)} ({sum(v) / 1024:.0f} MiB)" for name, v in sorted(kinds.items()))
 
 
-class Sampler:
-    """GET one allocation over and over on a thread of its own while the job starts or stops: the
-    API's answer time under that load, beside the same request on an idle agent. Every other
-    request is made at nice -10 (as root): on a machine whose cores the job's start saturates, a
-    client at the default priority also waits for a core after each write and read, so the two
-    medians tell the agent's answer time from the client's own wait."""
+# The sampler of the API's answer time: a client process of its own (as any API client is), so
+# the bench's own work in its process (parsing the job's allocation lists while it waits for them)
+# does not delay its requests. Every other request is made at nice -10 (as root): on a machine
+# whose cores the job's start saturates, a client at the default priority also waits for a core
+# after each write and read, so the two medians tell the agent's answer time from the client's
+# own wait. Samples go out as "<0|1> <seconds>" lines when stdin closes.
+SAMPLER_CLIENT = """
+import os, sys, threading, time
+from driversdk.cli.apiclient import AgentClient
+client, path = AgentClient(sys.argv[1], timeout=120), sys.argv[2]
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+favoured, samples = False, []
+while not done.wait(0.05):
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10 if favoured else 0)
+    except OSError:
+        pass
+    start = time.perf_counter()
+    client.get(path)
+    samples.append((int(favoured), time.perf_counter() - start))
+    favoured = not favoured
+print("\\n".join(f"{f} {t}" for f, t in samples))
+"""
 
-    def __init__(self, client: AgentClient, path: str) -> None:
-        self.client, self.path = client, path
+
+class Sampler:
+    """GET one allocation over and over from a client process of its own while the job starts or
+    stops: the API's answer time under that load, beside the same request on an idle agent."""
+
+    def __init__(self, agent: Agent, path: str) -> None:
+        self.args = [sys.executable, "-c", SAMPLER_CLIENT, agent.address, path]
         self.samples: list[float] = []
         self.favoured: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        me = threading.get_native_id()
-        favoured = False
-        while not self._stop.wait(0.05):
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, me, -10 if favoured else 0)
-            start = time.perf_counter()
-            self.client.get(self.path)
-            (self.favoured if favoured else self.samples).append(time.perf_counter() - start)
-            favoured = not favoured
+        self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> Sampler:
-        self._thread.start()
+        self._proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                      env=ENV, cwd=ROOT)  # fmt: skip
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        assert self._proc is not None
+        out, _ = self._proc.communicate("", timeout=300)
+        for line in out.splitlines():
+            favoured, seconds = line.split()
+            (self.favoured if favoured == "1" else self.samples).append(float(seconds))
 
     def median(self) -> float:
         return statistics.median(self.samples) if self.samples else 0.0
@@ -480,7 +494,7 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
         before_jobs = latency(lambda: client.get("/v1/jobs"), samples)
         before_alloc = latency(lambda: client.get(f"/v1/allocation/{probe}"), samples)
         begin = time.monotonic()
-        with Sampler(agent.client(), f"/v1/allocation/{probe}") as starting:
+        with Sampler(agent, f"/v1/allocation/{probe}") as starting:
             register(client, big_job)
             allocs = wait_running(client, "sleepers", count, max(600.0, count * 2.0))
         all_running = time.monotonic() - begin
@@ -492,7 +506,7 @@ def bench_scale(work: Path, count: int, samples: int) -> None:
         after_other = latency(lambda: client.get(f"/v1/allocation/{some}"), samples)
         after_list = latency(lambda: client.get("/v1/job/sleepers/allocations"), max(3, samples // 10))
         stop_at = time.monotonic()
-        with Sampler(agent.client(), f"/v1/allocation/{probe}") as stopping:
+        with Sampler(agent, f"/v1/allocation/{probe}") as stopping:
             client.request("DELETE", "/v1/job/sleepers", {"purge": "true"})
             while any(j["ID"] == "sleepers" for j in client.get("/v1/jobs") or []):
                 time.sleep(0.1)
