@@ -50,6 +50,9 @@ SHUTDOWN_LOCK_WAIT = 30.0
 # node: read per allocation, 1000 of them made one list request take seconds and stalled the API.
 NODE_INFO_TTL = 15.0
 
+# How often allocation updates move the change index at most (Nomad's client: allocSyncIntv).
+ALLOC_SYNC_INTERVAL = 0.2
+
 
 class JobInvalid(ConfigError):
     """A job the agent will not run: each problem is one sentence."""
@@ -93,6 +96,8 @@ class Agent:
         # Bumped on every change a client may wait for (Nomad's index, for blocking queries).
         self._changed = threading.Condition()
         self.index = 1
+        self._synced_at = 0.0  # when an allocation update last moved the index
+        self._sync_due = False  # an update waits for the end of the batching period
         self.events = EventBuffer()
         self._gc: Any = None
         self.periodic: PeriodicDispatcher | None = None
@@ -112,10 +117,38 @@ class Agent:
             states = {event.task: {"Events": [event.to_api()]}} if event.task else {}
             allocation = {"ID": event.alloc_id, "JobID": event.job, "TaskGroup": event.group, "TaskStates": states}
             self.events.publish("Allocation", "AllocationUpdated", event.alloc_id, {"Allocation": allocation})
-        self.bump()
+        self._allocation_updated()
 
     def bump(self) -> None:
         with self._changed:
+            self.index += 1
+            self._changed.notify_all()
+
+    def _allocation_updated(self) -> None:
+        """An allocation's state changed: the index moves at once if it has not moved for an
+        allocation update within ALLOC_SYNC_INTERVAL, else once at the end of that period for all
+        the updates made in it. Nomad's client syncs allocation updates to its servers in such
+        batches, so a blocking query on a job's allocations wakes a few times a second while a
+        thousand of them start, not after each of their several thousand events (each answer
+        reads the whole list again)."""
+        with self._changed:
+            if self._sync_due:
+                return
+            since = time.monotonic() - self._synced_at
+            if since >= ALLOC_SYNC_INTERVAL:
+                self._synced_at = time.monotonic()
+                self.index += 1
+                self._changed.notify_all()
+                return
+            self._sync_due = True
+        timer = threading.Timer(ALLOC_SYNC_INTERVAL - since, self._sync_allocations)
+        timer.daemon = True
+        timer.start()
+
+    def _sync_allocations(self) -> None:
+        with self._changed:
+            self._sync_due = False
+            self._synced_at = time.monotonic()
             self.index += 1
             self._changed.notify_all()
 
