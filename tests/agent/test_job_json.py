@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from driversdk.jobspec.job import Job, parse_job, static_problems
-from tests.agent.test_run_output import ROOT, cli
+from tests.agent.runs import ROOT, cli
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
 

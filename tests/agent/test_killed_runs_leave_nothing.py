@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.runs import ROOT, cli, db_rows, leaks, wait_for
 from tests.agent.test_drivermanager import _client, _job, _start, alive, exec_plugins
-from tests.agent.test_run_faults import ROOT, cli, db_rows, leaks, wait_for
 from tests.hostcheck import processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="exec tasks run under runc: root only")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.test_run_output import ROOT, cli
+from tests.agent.runs import ROOT, cli
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
 

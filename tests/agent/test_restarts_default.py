@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent.test_run_faults import ROOT, cgroup_parent, cli, leaks, start_run, wait_for
+from tests.agent.runs import ROOT, cgroup_parent, cli, leaks, start_run, wait_for
 
 pytestmark = pytest.mark.root
 

@@ -5,30 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import docker
 
-from drivers.docker.container import LABEL_TASK_ID
 from driversdk.agent.logmon.tasklogs import RotatingFile
-from tests.hostcheck import labelled_containers
-
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "driversdk-test/busybox:local"
-
-
-def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
-    return [
-        str(c["Name"]).lstrip("/")
-        for c in labelled_containers(engine, LABEL_TASK_ID)
-        if any(str(data_dir) in b for b in c["HostConfig"].get("Binds") or [])
-    ]
-
-
-# What a job whose task is meant to fail says, so the run ends at its first failure.
-NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
+from tests.agent.runs import IMAGE, NO_RESTARTS, ROOT, cli, ours
 
 
 def files(
@@ -71,10 +54,6 @@ def files(
         'plugin "docker" {\n  config {\n    gc {\n      image = false\n    }\n  }\n}\n'
     )
     return job, client, data
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "driversdk.cli", *args]
 
 
 def test_run_job_with_host_volume_and_rotated_logs(engine: docker.DockerClient, tmp_path: Path) -> None:

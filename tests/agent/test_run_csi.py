@@ -25,7 +25,7 @@ from driversdk.agent.csi.state import StateStore
 from driversdk.agent.csi.volumes import VolumeStore
 from driversdk.csi.client import CSIClient
 from driversdk.mountinfo import read_mountinfo
-from tests.agent.test_run_faults import NO_RESTARTS
+from tests.agent.runs import NO_RESTARTS
 from tests.hostcheck import labelled_containers, processes
 
 ROOT = Path(__file__).resolve().parents[2]

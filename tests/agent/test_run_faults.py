@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,128 +18,19 @@ from drivers.docker.container import LABEL_TASK_ID
 from driversdk.client import reattach
 from driversdk.errors import DriverSDKError
 from driversdk.plugin.reattach import ReattachConfig
-from tests.hostcheck import labelled_containers, processes
-
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "driversdk-test/busybox:local"
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "driversdk.cli", *args]
-
-
-def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
-    """Containers whose binds come from this test's data dir."""
-    return [
-        str(c["Name"]).lstrip("/")
-        for c in labelled_containers(engine, LABEL_TASK_ID)
-        if any(str(data_dir) in b for b in c["HostConfig"].get("Binds") or [])
-    ]
-
-
-def cgroup_parent(tmp_path: Path) -> str:
-    """A cgroup parent of this test's own, so its leak check sees no other test's tasks."""
-    return f"dsx-faults-{abs(hash(str(tmp_path))) % 10**8}"
-
-
-def leaks(engine: docker.DockerClient | None, tmp_path: Path) -> list[str]:
-    """Everything of this test still on the host: containers, runc state, cgroups, mounts,
-    processes, fifos."""
-    data = tmp_path / "data"
-    left = [f"container {n}" for n in ours(engine, data)] if engine is not None else []
-    tasks = tmp_path / "exec-state" / "tasks"
-    if tasks.exists():
-        left += [f"exec state {p.name}" for p in tasks.iterdir()]
-    parent = cgroup_parent(tmp_path)
-    for root in Path("/sys/fs/cgroup").glob("*"):
-        for where in (root / parent, root / "unified" / parent):
-            if where.is_dir():
-                left += [f"cgroup {c}" for c in where.iterdir() if c.is_dir()]
-    left += [f"mount {m}" for m in mount_points() if m.startswith(str(tmp_path))]
-    left += [f"process {p}" for p in processes(str(tmp_path))]
-    left += [f"fifo {f}" for f in data.glob("allocs/*/alloc/logs/.*.fifo")]
-    return left
-
-
-def mount_points() -> list[str]:
-    from driversdk.mountinfo import read_mountinfo
-
-    return [e.mount_point for e in read_mountinfo()]
-
-
-# What a job whose task is meant to fail says, so the run ends at its first failure.
-NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
-
-
-def write_job(tmp_path: Path, script: str, driver: str = "docker", restart: str = "") -> tuple[Path, Path, Path]:
-    data = tmp_path / "data"
-    if driver == "docker":
-        config = f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "{script}"]'
-    else:
-        config = f'command = "/bin/sh"\n        args = ["-c", "{script}"]'
-    job = tmp_path / "job.hcl"
-    job.write_text(
-        f"""job "faulty" {{
-  type = "batch"
-  group "g" {{
-    {restart}
-    task "work" {{
-      driver = "{driver}"
-      kill_timeout = "1s"
-      config {{
-        {config}
-      }}
-    }}
-  }}
-}}
-"""
-    )
-    client = tmp_path / "client.hcl"
-    client.write_text(
-        f'data_dir = "{data}"\n'
-        'plugin "docker" {\n  config {\n    gc {\n      image = false\n    }\n  }\n}\n'
-        f'plugin "exec" {{\n  config {{\n    state_dir = "{tmp_path / "exec-state"}"\n'
-        f'    cgroup_parent = "{cgroup_parent(tmp_path)}"\n  }}\n}}\n'
-    )
-    return job, client, data
-
-
-def db_rows(data: Path, query: str) -> list[tuple[object, ...]]:
-    db = data / "state.db"
-    if not db.exists():
-        return []
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        return conn.execute(query).fetchall()
-    except sqlite3.OperationalError:
-        return []  # the run has not created its tables yet
-    finally:
-        conn.close()
-
-
-def wait_for(what: str, check: object, timeout: float = 60.0, every: float = 0.05) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check() if callable(check) else None
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def plugin_pid(data: Path, driver: str) -> int:
-    rows = db_rows(data, f"SELECT reattach FROM run_plugins WHERE driver='{driver}'")
-    return int(json.loads(str(rows[0][0]))["pid"]) if rows else 0
-
-
-def start_run(job: Path, client: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        cli("run", str(job), "--client", str(client)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+from tests.agent.runs import (
+    NO_RESTARTS,
+    ROOT,
+    cgroup_parent,  # noqa: F401 (test_drivermanager.py imports it from here)
+    cli,
+    db_rows,
+    leaks,
+    ours,
+    plugin_pid,
+    start_run,
+    wait_for,
+    write_job,
+)
 
 
 @pytest.mark.parametrize("driver", ["docker", "exec"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.agent.test_run_faults import ROOT, cli, leaks, write_job
+from tests.agent.runs import ROOT, cli, leaks, write_job
 from tests.hostcheck import processes
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.agent.test_run_faults import (
+from tests.agent.runs import (
     NO_RESTARTS,
     ROOT,
     cgroup_parent,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker
 
-from tests.agent.test_run_faults import ROOT, cli, leaks, start_run, wait_for
+from tests.agent.runs import ROOT, cli, leaks, start_run, wait_for
 from tests.agent.test_run_lifecycle import alloc_dir, run, task, write
 
 MIB = 1024 * 1024

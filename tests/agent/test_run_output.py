@@ -11,7 +11,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,9 @@ import docker
 import pytest
 
 from driversdk.agent.events import EventType, RunEvent, RunEventType
+from tests.agent.runs import ROOT, cli
 from tests.raw_exec.conftest import Tracker, no_leaks, track  # noqa: F401 (fixtures)
 
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "driversdk-test/busybox:local"
 WHERE = re.compile(r' \[job "([^"]+)", alloc ([0-9a-f]{8})\]$')
 
 # Every `run --json` line: these fields, of these types.
@@ -38,10 +36,6 @@ SCHEMA: dict[str, tuple[type, ...]] = {
     "signal": (int, type(None)),
     "message": (str,),
 }
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "driversdk.cli", *args]
 
 
 def files(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.test_run_faults import NO_RESTARTS, ROOT, cli, db_rows, leaks, start_run, wait_for, write_job
+from tests.agent.runs import NO_RESTARTS, ROOT, cli, db_rows, leaks, start_run, wait_for, write_job
 
 
 def _kill_run_then_let_the_task_exit(job: Path, client: Path, data: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 from driversdk.jobspec.hclload import HCLFileError
 from driversdk.jobspec.job import Job, evaluate_job, parse_job, static_problems
 from driversdk.jobspec.jobjson import JobInputs
+from tests.agent.runs import ROOT, cli
 from tests.agent.test_job_json import client_config
-from tests.agent.test_run_output import ROOT, cli
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
 

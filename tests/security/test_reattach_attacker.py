@@ -37,7 +37,7 @@ from driversdk.client import launch
 from driversdk.plugin.host import reattach_plugin, remove_dead_plugin_socket
 from driversdk.plugin.reattach import ReattachConfig
 from driversdk.plugin.verify import PluginGone, ReattachRefused, process_start_time
-from tests.agent.test_run_faults import ROOT, cli, db_rows, leaks, plugin_pid, wait_for, write_job
+from tests.agent.runs import ROOT, cli, db_rows, leaks, plugin_pid, wait_for, write_job
 from tests.hostcheck import NOBODY
 
 HELLO = [sys.executable, str(ROOT / "examples" / "hello_driver.py")]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.test_run_faults import cgroup_parent, leaks
+from tests.agent.runs import cgroup_parent, leaks
 
 ROOT = Path(__file__).resolve().parents[2]
 # The console script an operator runs; `python -m driversdk.cli` would put the working directory
