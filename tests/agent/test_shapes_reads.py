@@ -10,6 +10,7 @@ hook; the answers are compared with the per-allocation ones, field by field.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from driversdk.agent.api import shapes
 from driversdk.agent.events import RunEvent
-from driversdk.agent.state.jobstore import JobStore
+from driversdk.agent.state.jobstore import JobStatus, JobStore
 from driversdk.agent.state.runstate import RunState
 
 ALLOCS = 40
@@ -183,3 +184,23 @@ def test_the_allocation_rows_are_read_again_after_each_write_of_one(tmp_path: Pa
     state.alloc_collected(ids[2])
     assert [a.alloc_id for a, _ in state.allocs("web")] == ids[:2]
     assert [a.alloc_id for a, _ in state.allocs()] == ids[:2]
+
+
+def test_a_jobs_statuses_are_read_once_per_index_and_never_lag_past_the_sync_interval(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    ids = _record_job(agent, "web", 3)
+    agent.jobs.set_status("web", JobStatus.RUNNING)
+    record = agent.jobs.get("web")
+    assert record is not None
+    state = agent.node.state
+    assert shapes.job_status(agent, record) == "running"  # type: ignore[arg-type]
+    seen = _count_reads(agent)
+    assert shapes.summary(agent, record)["Summary"]["g"]["Running"] == 3  # type: ignore[arg-type]
+    assert [q for q in seen if "run_tasks" in q] == [], "kept for the same index and no write"
+    for alloc_id in ids:
+        for task in ("main", "side"):
+            state.finished(alloc_id, task, 0, 0, False)
+    # Written, and the index has not moved yet: shown within STATUSES_FRESH_WITHIN at the latest.
+    time.sleep(shapes.STATUSES_FRESH_WITHIN)
+    assert shapes.job_status(agent, record) == "dead"  # type: ignore[arg-type]
+    assert shapes.summary(agent, record)["Summary"]["g"]["Complete"] == 3  # type: ignore[arg-type]

@@ -42,11 +42,41 @@ def job_status(agent: Agent, record: JobRecord) -> str:
     releasing what they held."""
     if record.status.value != "running" or agent.node is None:
         return record.status.value  # pending: being started (or replaced by an update) right now
-    allocs = agent.node.state.allocs(record.id)
-    tasks = agent.node.state.tasks_by_alloc(record.id) if allocs else {}
-    if allocs and all(client_status(a, tasks.get(a.alloc_id, [])) in _TERMINAL for a, _ in allocs):
+    statuses = _client_statuses(agent, record.id)
+    if statuses and all(status in _TERMINAL for _, status in statuses):
         return "dead"
     return record.status.value
+
+
+def _client_statuses(agent: Agent, job: str) -> list[tuple[AllocRecord, str]]:
+    """Each allocation of ``job`` with its client status. The job list and a job's summary ask for
+    it on every answer, and an API client polling the job list while 1000 allocations stopped read
+    every task of the job twice per request; it is read again when the agent's index moved, or when
+    the store wrote about one of the job's allocations and what is kept is older than
+    STATUSES_FRESH_WITHIN (what is shown lags by no more than a Nomad client's batching of updates)."""
+    assert agent.node is not None
+    state = agent.node.state
+    kept = _STATUSES.setdefault(state, {})
+    allocs = state.allocs(job)
+    index, written = agent.index, max((state.version(a.alloc_id) for a, _ in allocs), default=0)
+    now = time.monotonic()
+    found = kept.get(job)
+    if found is not None and found[0] == index and (found[1] == written or now - found[2] < STATUSES_FRESH_WITHIN):
+        return found[3]
+    tasks = state.tasks_by_alloc(job) if allocs else {}
+    statuses = [(alloc, client_status(alloc, tasks.get(alloc.alloc_id, []))) for alloc, _ in allocs]
+    if len(kept) > 256:
+        kept.clear()
+    kept[job] = (index, written, now, statuses)
+    return statuses
+
+
+# How stale a job's statuses may be shown while its allocations change (Nomad's allocSyncIntv).
+STATUSES_FRESH_WITHIN = 0.2
+# A job's allocations with their client statuses, per state store, by job: the agent's index and
+# the job's last write when they were read, when, and them.
+_Statuses = tuple[int, int, float, list[tuple[AllocRecord, str]]]
+_STATUSES: weakref.WeakKeyDictionary[RunState, dict[str, _Statuses]] = weakref.WeakKeyDictionary()
 
 
 _TERMINAL = ("complete", "failed", "lost")
@@ -103,10 +133,8 @@ def summary(agent: Agent, record: JobRecord) -> dict[str, Any]:
         if isinstance(group, dict) and isinstance(group.get("Name"), str):
             groups[group["Name"]] = _empty_summary()
     assert agent.node is not None
-    tasks = agent.node.state.tasks_by_alloc(record.id)
-    for alloc, _ in agent.node.state.allocs(record.id):
+    for alloc, status in _client_statuses(agent, record.id):
         counts = groups.setdefault(alloc.group, _empty_summary())
-        status = client_status(alloc, tasks.get(alloc.alloc_id, []))
         key = {"pending": "Starting", "running": "Running", "complete": "Complete", "failed": "Failed",
                "lost": "Lost"}.get(status, "Unknown")  # fmt: skip
         counts[key] += 1
