@@ -17,7 +17,7 @@ import pytest
 
 from driversdk.cli.apiclient import APIRequestError
 from tests.agent.agentproc import AgentProcess
-from tests.agent.test_run_csi import Env, app_group, make_env, plugin_group
+from tests.agent.csienv import Env, app_group, make_env, plugin_group
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")
 

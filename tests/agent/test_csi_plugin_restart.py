@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from driversdk.mountinfo import read_mountinfo
-from tests.agent.test_run_csi import Env, app_group, make_env, plugin_group, wait_for_line, write_job
+from tests.agent.csienv import Env, app_group, make_env, plugin_group, wait_for_line, write_job
 from tests.hostcheck import processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")

@@ -4,223 +4,37 @@ its sentence and for what is left behind: mounts, containers, claims, registrati
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import docker
 import pytest
 
-from drivers.docker.container import LABEL_TASK_ID
 from drivers.exec.network import netns_path
 from driversdk.agent.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.agent.csi.state import StateStore
-from driversdk.agent.csi.volumes import VolumeStore
 from driversdk.csi.client import CSIClient
 from driversdk.mountinfo import read_mountinfo
+from tests.agent.csienv import (
+    IMAGE,
+    Env,
+    app_group,
+    make_env,
+    plugin_group,
+    wait_for_line,
+    write_job,
+)
 from tests.agent.runs import NO_RESTARTS
-from tests.hostcheck import labelled_containers, processes
-
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "driversdk-test/busybox:local"
-HELLO = ROOT / "examples" / "hello_driver.py"
-
-
-def _load_demo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("driversdk_demo", ROOT / "examples" / "demo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-demo = _load_demo()
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")
-
-
-@dataclass
-class Env:
-    work: Path
-    engine: docker.DockerClient
-
-    @property
-    def data(self) -> Path:
-        return self.work / "data"
-
-    @property
-    def client(self) -> Path:
-        return self.work / "client.hcl"
-
-    @property
-    def db(self) -> str:
-        return str(self.data / "state.db")
-
-    def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "driversdk.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
-        )
-
-    def start(self, job: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(self.client)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-
-    def register(self, volume: str = "vol", access: str = "single-node-writer") -> None:
-        (self.work / "backing" / "volumes" / volume).mkdir(parents=True, exist_ok=True)
-        spec = self.work / f"{volume}.hcl"
-        spec.write_text(
-            f'id = "{volume}"\nplugin_id = "hostpath"\nexternal_id = "{volume}"\n'
-            f'capability {{\n  access_mode = "{access}"\n  attachment_mode = "file-system"\n}}\n'
-        )
-        done = self.cli("volume", "register", str(spec), "--client", str(self.client))
-        assert done.returncode == 0, done.stderr
-
-    def claims(self, volume: str = "vol") -> list[str]:
-        store = VolumeStore(self.db)
-        try:
-            return [c.alloc_id for c in store.claims(volume)]
-        finally:
-            store.close()
-
-    def registrations(self) -> list[PluginRegistration]:
-        store = StateStore(self.db)
-        try:
-            registry = PluginRegistry(store)
-            return [r for kind in ("csi-node", "csi-controller") for r in registry.plugins(kind).values()]
-        finally:
-            store.close()
-
-    def containers(self) -> list[str]:
-        return [
-            str(c["Name"]).lstrip("/")
-            for c in labelled_containers(self.engine, LABEL_TASK_ID)
-            if any(str(self.work) in b for b in c["HostConfig"].get("Binds") or [])
-        ]
-
-    def assert_clean(self) -> None:
-        assert [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(self.work))] == []
-        assert self.containers() == []
-        assert self.registrations() == []
-        exec_tasks = self.work / "exec-state" / "tasks"
-        assert not exec_tasks.exists() or list(exec_tasks.iterdir()) == []
-        assert processes(str(self.work)) == [], "log monitors or plugin tasks left running"
 
 
 @pytest.fixture
 def env(engine: docker.DockerClient, short_dir: Path) -> Env:
     return make_env(engine, short_dir)
-
-
-def make_env(engine: docker.DockerClient, work: Path) -> Env:
-    (work / "backing" / "volumes").mkdir(parents=True)
-    # The demo's own client config (examples/demo.py), plus what the tests need on top.
-    demo.client_config(
-        work,
-        docker_extra='infra_image = "driversdk-test/pause:local"',
-        exec_extra=f'state_dir = "{work / "exec-state"}"\n{demo.ROOT_TASKS}',
-        extra=f'plugin "hello" {{\n  command = ["{sys.executable}", "{HELLO}"]\n}}',
-    )
-    return Env(work, engine)
-
-
-def plugin_group(env: str = "", health_timeout: str = "30s", command: str = "", restart: str = "") -> str:
-    args = '["-m", "driversdk.csi.hostpath"]' if not command else f'["-c", "{command}"]'
-    binary = os.path.realpath(sys.executable) if not command else "/bin/sh"
-    return f"""
-  group "storage" {{
-    {restart}
-    volume "backing" {{
-      type   = "host"
-      source = "csi-backing"
-    }}
-    task "plugin" {{
-      driver = "exec"
-      user   = "root"
-      kill_timeout = "2s"
-      config {{
-        command = "{binary}"
-        args    = {args}
-        cap_add = ["sys_admin"]
-      }}
-      env {{
-        CSI_HOSTPATH_ROOT = "/srv/csi"
-        # The plugin imports this tree (the installed one may be another checkout, outside the chroot).
-        PYTHONPATH = "{ROOT}"
-        {env}
-      }}
-      volume_mount {{
-        volume      = "backing"
-        destination = "/srv/csi"
-      }}
-      csi_plugin {{
-        id             = "hostpath"
-        type           = "monolith"
-        health_timeout = "{health_timeout}"
-      }}
-    }}
-  }}"""
-
-
-def app_group(script: str, *, driver: str = "docker", propagation: str = "host-to-task", extra: str = "") -> str:
-    config = (
-        f'image = "{IMAGE}"\n        command = "/bin/sh"\n        args = ["-c", "{script}"]'
-        if driver == "docker"
-        else 'greeting = "hi"'
-    )
-    return f"""
-  group "app" {{
-    volume "data" {{
-      type            = "csi"
-      source          = "vol"
-      access_mode     = "single-node-writer"
-      attachment_mode = "file-system"
-      {extra}
-    }}
-    task "app" {{
-      driver = "{driver}"
-      kill_timeout = "1s"
-      config {{
-        {config}
-      }}
-      volume_mount {{
-        volume           = "data"
-        destination      = "/data"
-        propagation_mode = "{propagation}"
-      }}
-    }}
-  }}"""
-
-
-def write_job(env: Env, name: str, *groups: str) -> Path:
-    path = env.work / f"{name}.hcl"
-    path.write_text(f'job "{name}" {{\n  type = "batch"\n' + "".join(groups) + "\n}\n")
-    return path
-
-
-def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if needle in line:
-            return lines
-    raise AssertionError(f"{needle!r} never printed; got:\n{''.join(lines)}")
 
 
 def test_demo_job_mounts_a_csi_volume_host_to_task_and_leaves_nothing(env: Env) -> None:

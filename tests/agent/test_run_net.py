@@ -21,7 +21,8 @@ import pytest
 
 from driversdk.agent import nodeattrs
 from driversdk.agent.allocrunner import portalloc
-from tests.agent.test_run_csi import IMAGE, Env, demo, plugin_group, write_job
+from tests.agent.csienv import IMAGE, Env, demo, plugin_group, wait_for_line, write_job
+from tests.agent.netjobs import no_forwarding_rules, stop, web_job
 from tests.outside import outside_host
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runc, iptables and mounts: root only")
@@ -39,13 +40,6 @@ def env(engine: docker.DockerClient, short_dir: Path) -> Env:
     return Env(work, engine)
 
 
-def no_forwarding_rules() -> None:
-    for table in ("nat", "filter"):
-        out = subprocess.run(["iptables", "-w", "-t", table, "-S"], capture_output=True, text=True).stdout
-        assert "driversdk alloc" not in out and "DSDK-PORTMAP" not in out, out
-        assert "driversdk egress" not in out, out
-
-
 def get(url: str, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
     while True:
@@ -56,26 +50,6 @@ def get(url: str, timeout: float = 30) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
-
-
-def lines_until(proc: subprocess.Popen[str], needle: str, timeout: float = 120) -> list[str]:
-    assert proc.stdout is not None
-    out: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        out.append(line)
-        if needle in line:
-            return out
-    raise AssertionError(f"{needle!r} never printed; got:\n{''.join(out)}")
-
-
-def stop(proc: subprocess.Popen[str]) -> str:
-    proc.send_signal(2)
-    out, err = proc.communicate(timeout=120)
-    return out + err
 
 
 # --- interpolation ------------------------------------------------------------------------------
@@ -92,7 +66,7 @@ def test_csi_plugin_job_as_nomads_docs_write_it_runs(env: Env) -> None:
     job = write_job(env, "csi", group)
     proc = env.start(job)
     try:
-        lines_until(proc, "Plugin became healthy")
+        wait_for_line(proc, "Plugin became healthy")
         args = [a for a in plugin_cmdlines() if "--endpoint=" in " ".join(a)]
         assert len(args) == 1, args
         assert "--endpoint=unix:///csi/csi.sock" in args[0]
@@ -191,12 +165,6 @@ def test_unmet_constraint_refuses_the_run_before_anything(env: Env) -> None:
 # --- ports --------------------------------------------------------------------------------------
 
 
-def web_job(env: Env, name: str, network: str, task: str) -> Path:
-    job = env.work / f"{name}.hcl"
-    job.write_text(f'job "{name}" {{\n  group "web" {{\n    network {{\n{network}\n    }}\n{task}\n  }}\n}}\n')
-    return job
-
-
 DOCKER_HTTPD = f"""
     task "httpd" {{
       driver = "docker"
@@ -216,7 +184,7 @@ def test_docker_task_is_reachable_on_its_dynamic_host_port(env: Env) -> None:
     job = web_job(env, "dyn", '      port "http" {\n        to = 80\n      }', DOCKER_HTTPD)
     proc = env.start(job)
     try:
-        lines = lines_until(proc, '==> task "httpd" started')
+        lines = wait_for_line(proc, '==> task "httpd" started')
         port = int(next(line for line in lines if "ports: http " in line).split("ports: http ")[1].split("->")[0])
         assert 20000 <= port <= 32000
         body = get(f"http://{nodeattrs.host_ip()}:{port}/")
@@ -252,7 +220,7 @@ def test_bridge_group_is_reachable_on_its_static_port_and_leaves_no_rules(env: E
     job = web_job(env, "bridge", network, EXEC_HTTP.format(python=os.path.realpath(sys.executable)))
     proc = env.start(job)
     try:
-        before = "".join(lines_until(proc, '==> task "server" started'))
+        before = "".join(wait_for_line(proc, '==> task "server" started'))
         assert "ports forwarded from the host to" in before
         (next((env.data / "allocs").iterdir()) / "server" / "local" / "index.html").write_text("from the bridge\n")
         assert get(f"http://{nodeattrs.host_ip()}:{static}/index.html") == "from the bridge\n"
@@ -297,7 +265,7 @@ def test_killed_run_recovered_keeps_its_ports_and_forwarding_then_removes_them(e
     )
     job = web_job(env, "again", network, EXEC_HTTP.format(python=os.path.realpath(sys.executable)))
     first = env.start(job)
-    lines = "".join(lines_until(first, '==> task "server" started'))
+    lines = "".join(wait_for_line(first, '==> task "server" started'))
     dynamic = lines.split("ports: ")[1].split("extra ")[1].split()[0].rstrip(",")
     alloc_dir = next((env.data / "allocs").iterdir())
     (alloc_dir / "server" / "local" / "index.html").write_text("still here\n")
@@ -307,7 +275,7 @@ def test_killed_run_recovered_keeps_its_ports_and_forwarding_then_removes_them(e
     assert portalloc.rules_of(alloc_dir.name)
     second = env.start(job)
     try:
-        lines_until(second, '==> task "server" recovered')
+        wait_for_line(second, '==> task "server" recovered')
         assert get(f"http://{nodeattrs.host_ip()}:{static}/index.html") == "still here\n"
         record = sqlite3.connect(env.db).execute("SELECT network FROM run_allocs").fetchone()[0]
         assert f'"value": {dynamic}' in record and f'"value": {static}' in record
@@ -325,7 +293,7 @@ def test_docker_bridge_group_is_reachable_on_its_static_port_and_leaves_nothing(
     job = web_job(env, "dockbridge", network, DOCKER_HTTPD)
     proc = env.start(job)
     try:
-        before = "".join(lines_until(proc, '==> task "httpd" started'))
+        before = "".join(wait_for_line(proc, '==> task "httpd" started'))
         assert "network namespace given 172.26.64." in before and "ports forwarded from the host to" in before
         assert get(f"http://{nodeattrs.host_ip()}:{static}/").strip() == f"port=80 host={static}"
     finally:

@@ -5,9 +5,7 @@ per_alloc volumes with count = 2. Each test checks the sentence and what is left
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sqlite3
 import subprocess
 import time
@@ -17,8 +15,20 @@ import docker
 import pytest
 
 from drivers.docker.config import DEFAULT_ALLOW_CAPS
-from driversdk.mountinfo import read_mountinfo
-from tests.agent.test_run_csi import Env, app_group, make_env, plugin_group, wait_for_line, write_job
+from tests.agent.csienv import (
+    Env,
+    app_group,
+    claims_of,
+    make_env,
+    mounts,
+    plugin_group,
+    privileged_allowed,
+    status,
+    stop,
+    volume_file,
+    wait_for_line,
+    write_job,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")
 
@@ -26,31 +36,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and ru
 @pytest.fixture
 def env(engine: docker.DockerClient, short_dir: Path, kill_orphans_if_failed: None) -> Env:
     return make_env(engine, short_dir)
-
-
-def mounts(env: Env, part: str = "") -> list[str]:
-    return [
-        e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(env.work)) and part in e.mount_point
-    ]
-
-
-def stop(proc: subprocess.Popen[str]) -> str:
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    return out
-
-
-def status(env: Env, volume: str) -> dict[str, object]:
-    done = env.cli("volume", "status", volume, "--client", str(env.client))
-    assert done.returncode == 0, done.stderr
-    view: dict[str, object] = json.loads(done.stdout)
-    return view
-
-
-def claims_of(view: dict[str, object]) -> list[dict[str, str]]:
-    found = view["claims"]
-    assert isinstance(found, list)
-    return found
 
 
 def app_whose_plugin_goes_away(env: Env) -> tuple[Path, str]:
@@ -186,15 +171,6 @@ def test_run_killed_between_publish_and_its_record_is_finished_by_the_next_run(e
     env.assert_clean()
 
 
-def volume_file(env: Env, name: str, body: str) -> Path:
-    path = env.work / f"{name}.hcl"
-    path.write_text(
-        f'id = "{name}"\nname = "{name}"\ntype = "csi"\nplugin_id = "hostpath"\n'
-        'capability {\n  access_mode = "single-node-writer"\n  attachment_mode = "file-system"\n}\n' + body
-    )
-    return path
-
-
 def test_create_snapshot_clone_delete_end_to_end(env: Env) -> None:
     plugin = env.start(write_job(env, "plugins", plugin_group()))
     try:
@@ -289,22 +265,6 @@ def test_per_alloc_volumes_with_count_2(env: Env) -> None:
 
 
 PLUGIN_IMAGE = "driversdk-test/csi-hostpath:local"
-
-
-def privileged_allowed(engine: docker.DockerClient) -> bool:
-    """Whether this engine can start a privileged container at all (a sandbox whose own bounding
-    set lacks a capability cannot: runc fails to apply the full set)."""
-    # Created and started by hand: containers.run leaves the container behind when its start
-    # fails, which is exactly the case this asks about.
-    probe = engine.containers.create("driversdk-test/busybox:local", "true", privileged=True)
-    try:
-        probe.start()
-        probe.wait(timeout=60)
-    except docker.errors.APIError:
-        return False
-    finally:
-        probe.remove(force=True)
-    return True
 
 
 def docker_plugin_group(privileged: bool) -> str:

@@ -17,8 +17,21 @@ import pytest
 
 from driversdk.csi.client import open_channel
 from driversdk.pb import csi_pb2, csi_pb2_grpc
-from tests.agent.test_run_csi import IMAGE, Env, app_group, make_env, plugin_group, wait_for_line, write_job
-from tests.agent.test_volume_life import claims_of, mounts, privileged_allowed, status, stop, volume_file
+from tests.agent.csienv import (
+    IMAGE,
+    Env,
+    app_group,
+    claims_of,
+    make_env,
+    mounts,
+    plugin_group,
+    privileged_allowed,
+    status,
+    stop,
+    volume_file,
+    wait_for_line,
+    write_job,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")
 

@@ -22,7 +22,7 @@ from driversdk.agent.api.csivolumejson import VolumeJSONError, volume_from_api, 
 from driversdk.agent.csi.volumes import parse_volume_file
 from driversdk.cli.apiclient import APIRequestError
 from tests.agent.agentproc import ROOT, AgentProcess
-from tests.agent.test_run_csi import Env, app_group, make_env, plugin_group
+from tests.agent.csienv import Env, app_group, make_env, plugin_group
 
 SECRET = "s3cr3t-token-value"
 FLAG = "password=hunter2"

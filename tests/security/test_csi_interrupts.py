@@ -21,8 +21,8 @@ from driversdk.agent.csi.volumes import PAST_STATES, VolumeStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.mountinfo import read_mountinfo
-from tests.agent.test_run_csi import HELLO, Env, app_group, demo, wait_for_line, write_job
-from tests.agent.test_run_csi import plugin_group as _plugin_group
+from tests.agent.csienv import HELLO, Env, app_group, demo, wait_for_line, write_job
+from tests.agent.csienv import plugin_group as _plugin_group
 from tests.hostcheck import processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")

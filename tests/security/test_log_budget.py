@@ -10,7 +10,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.agent.test_run_csi import Env, make_env
+from tests.agent.csienv import Env, make_env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs real exec tasks: root only")
 

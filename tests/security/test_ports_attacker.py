@@ -21,8 +21,8 @@ import pytest
 from driversdk.agent import nodeattrs
 from driversdk.agent.allocrunner import portalloc
 from driversdk.jobspec.job import Group, Port
-from tests.agent.test_run_csi import Env, make_env
-from tests.agent.test_run_net import lines_until, no_forwarding_rules, stop, web_job
+from tests.agent.csienv import Env, make_env, wait_for_line
+from tests.agent.netjobs import no_forwarding_rules, stop, web_job
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="iptables, namespaces and /run/driversdk: root only")
 
@@ -157,7 +157,7 @@ def test_the_hosts_loopback_traffic_to_a_forwarded_port_never_reaches_the_task(e
     job = web_job(env, "capture", network, SERVER.replace("PYTHON", os.path.realpath(sys.executable)))
     proc = env.start(job)
     try:
-        lines_until(proc, '==> task "server" started')
+        wait_for_line(proc, '==> task "server" started')
         host = nodeattrs.host_ip()
         assert host and not host.startswith("127.")
         # The host's own address reaches the task, over TCP and UDP.
@@ -221,7 +221,7 @@ def test_two_runs_on_two_data_dirs_never_get_the_same_static_port(engine: docker
             out + err
         ), out + err
         assert "Traceback" not in out + err
-        lines_until(running, '==> task "sleeper" started')
+        wait_for_line(running, '==> task "sleeper" started')
     finally:
         for proc in procs:
             if proc.poll() is None:
