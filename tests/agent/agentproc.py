@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from driversdk.cli.apiclient import AgentClient
+from tests.agent.runs import IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,3 +113,44 @@ class AgentProcess:
                 self.stop_jobs()
             finally:
                 self.stop()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now, for an agent's HTTP listener."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_config(agent_dir: Path, port: int, *, acl: bool, host: str = "127.0.0.1") -> Path:
+    """The agent's config file in ``agent_dir``: its data dir there, an HTTP listener on ``host:port``,
+    the ACL system enabled when ``acl``."""
+    config = agent_dir / "agent.hcl"
+    text = f'data_dir = "{agent_dir / "data"}"\nbind_addr = "{host}"\nports {{\n  http = {port}\n}}\n'
+    if acl:
+        text += "acl {\n  enabled = true\n}\n"
+    config.write_text(text)
+    return config
+
+
+def api_job(job_id: str, job_type: str, script: str) -> dict[str, object]:
+    """A job as Nomad's API JSON: one group "g" of one docker task "t" running ``script`` in sh."""
+    return {
+        "ID": job_id,
+        "Name": job_id,
+        "Type": job_type,
+        "TaskGroups": [
+            {
+                "Name": "g",
+                "Count": 1,
+                "Tasks": [
+                    {
+                        "Name": "t",
+                        "Driver": "docker",
+                        "Config": {"image": IMAGE, "command": "sh", "args": ["-c", script]},
+                        "Resources": {"CPU": 100, "MemoryMB": 64},
+                    }
+                ],
+            }
+        ],
+    }

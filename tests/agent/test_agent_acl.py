@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent.agentproc import ROOT, AgentProcess
-from tests.agent.test_python_nomad import free_port
+from tests.agent.agentproc import ROOT, AgentProcess, free_port, write_config
 
 BUSYBOX = "driversdk-test/busybox:local"
 JOB = {
@@ -50,15 +49,6 @@ def call(port: int, method: str, path: str, body: Any = None, headers: dict[str,
         return response.status, json.loads(raw)
     except ValueError:
         return response.status, raw.decode()
-
-
-def write_config(agent_dir: Path, port: int, *, acl: bool, host: str = "127.0.0.1") -> Path:
-    config = agent_dir / "agent.hcl"
-    text = f'data_dir = "{agent_dir / "data"}"\nbind_addr = "{host}"\nports {{\n  http = {port}\n}}\n'
-    if acl:
-        text += "acl {\n  enabled = true\n}\n"
-    config.write_text(text)
-    return config
 
 
 @pytest.fixture

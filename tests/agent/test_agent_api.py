@@ -14,31 +14,10 @@ import time
 import pytest
 
 from driversdk.cli.apiclient import APIRequestError
-from tests.agent.agentproc import AgentProcess
+from tests.agent.agentproc import AgentProcess, api_job
+from tests.agent.agentproc import api_job as _job  # noqa: F401 (test_state_store.py imports it from here)
 
 BUSYBOX = "driversdk-test/busybox:local"
-
-
-def _job(job_id: str, job_type: str, script: str) -> dict[str, object]:
-    return {
-        "ID": job_id,
-        "Name": job_id,
-        "Type": job_type,
-        "TaskGroups": [
-            {
-                "Name": "g",
-                "Count": 1,
-                "Tasks": [
-                    {
-                        "Name": "t",
-                        "Driver": "docker",
-                        "Config": {"image": BUSYBOX, "command": "sh", "args": ["-c", script]},
-                        "Resources": {"CPU": 100, "MemoryMB": 64},
-                    }
-                ],
-            }
-        ],
-    }
 
 
 def test_socket_is_private(agent: AgentProcess) -> None:
@@ -48,7 +27,7 @@ def test_socket_is_private(agent: AgentProcess) -> None:
 
 def test_batch_job_runs_and_reports_like_nomad(agent: AgentProcess) -> None:
     client = agent.client()
-    answer, _ = client.request("PUT", "/v1/jobs", body={"Job": _job("hello", "batch", "echo hi there")})
+    answer, _ = client.request("PUT", "/v1/jobs", body={"Job": api_job("hello", "batch", "echo hi there")})
     assert answer["EvalID"] and answer["JobModifyIndex"] >= 1
     [alloc] = agent.wait_allocs("hello", "complete", "failed")
     assert alloc["ClientStatus"] == "complete" and alloc["JobID"] == "hello" and alloc["TaskGroup"] == "g"
@@ -71,7 +50,7 @@ def test_batch_job_runs_and_reports_like_nomad(agent: AgentProcess) -> None:
 
 def test_stop_is_a_stop_not_a_failure(agent: AgentProcess) -> None:
     client = agent.client()
-    client.request("PUT", "/v1/jobs", body={"Job": _job("svc", "service", "echo up; exec sleep 300")})
+    client.request("PUT", "/v1/jobs", body={"Job": api_job("svc", "service", "echo up; exec sleep 300")})
     [alloc] = agent.wait_allocs("svc", "running")
     client.request("DELETE", "/v1/job/svc")
     [alloc] = agent.wait_allocs("svc", "complete", "failed")
@@ -85,7 +64,7 @@ def test_stop_is_a_stop_not_a_failure(agent: AgentProcess) -> None:
 
 def test_bad_requests_get_nomads_codes_and_leave_nothing(agent: AgentProcess) -> None:
     client = agent.client()
-    bad = _job("bad", "batch", "true")
+    bad = api_job("bad", "batch", "true")
     bad["TaskGroups"][0]["Tasks"][0]["Config"] = {"imagex": BUSYBOX}  # type: ignore[index]
     with pytest.raises(APIRequestError) as err:
         client.request("PUT", "/v1/jobs", body={"Job": bad})
@@ -101,7 +80,7 @@ def test_bad_requests_get_nomads_codes_and_leave_nothing(agent: AgentProcess) ->
         client.request("PATCH", "/v1/jobs")
     assert err.value.status == 405
     with pytest.raises(APIRequestError) as err:
-        client.request("PUT", "/v1/jobs", body={"Job": dict(_job("../../etc", "batch", "true"), ID="../../etc")})
+        client.request("PUT", "/v1/jobs", body={"Job": dict(api_job("../../etc", "batch", "true"), ID="../../etc")})
     assert err.value.status == 400
     assert client.get("/v1/jobs") == []
     assert json.loads(json.dumps(client.get("/v1/nodes")))[0]["Drivers"]["docker"]["Healthy"] is True
@@ -118,7 +97,7 @@ def test_second_agent_on_the_data_dir_is_refused(agent: AgentProcess) -> None:
 
 def test_followed_logs_start_at_the_offset_asked_for(agent: AgentProcess) -> None:
     client = agent.client()
-    client.request("PUT", "/v1/jobs", body={"Job": _job("tail", "batch", "echo one; echo two; sleep 3; echo three")})
+    client.request("PUT", "/v1/jobs", body={"Job": api_job("tail", "batch", "echo one; echo two; sleep 3; echo three")})
     [alloc] = agent.wait_allocs("tail", "running", "complete")
     path = f"/v1/client/fs/logs/{alloc['ID']}"
     for _ in range(100):
@@ -134,7 +113,7 @@ def test_followed_logs_start_at_the_offset_asked_for(agent: AgentProcess) -> Non
 
 def test_a_purged_job_takes_its_allocations_with_it(agent: AgentProcess) -> None:
     client = agent.client()
-    client.request("PUT", "/v1/jobs", body={"Job": _job("gone", "batch", "echo first")})
+    client.request("PUT", "/v1/jobs", body={"Job": api_job("gone", "batch", "echo first")})
     [first] = agent.wait_allocs("gone", "complete", "failed")
     client.request("DELETE", "/v1/job/gone", {"purge": "true"})
     for _ in range(200):
@@ -143,6 +122,6 @@ def test_a_purged_job_takes_its_allocations_with_it(agent: AgentProcess) -> None
         time.sleep(0.05)
     assert not any(a["JobID"] == "gone" for a in client.get("/v1/allocations"))
     assert not (agent.data_dir / "allocs" / first["ID"]).exists()
-    client.request("PUT", "/v1/jobs", body={"Job": _job("gone", "batch", "echo second")})
+    client.request("PUT", "/v1/jobs", body={"Job": api_job("gone", "batch", "echo second")})
     [second] = agent.wait_allocs("gone", "complete", "failed")  # only the new job's allocation is listed
     assert second["ID"] != first["ID"]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from driversdk.cli.apiclient import APIRequestError
-from tests.agent.agentproc import AgentProcess
-from tests.agent.test_agent_api import _job
+from tests.agent.agentproc import AgentProcess, api_job
 
 
 @pytest.fixture
@@ -28,7 +27,7 @@ def test_a_fixed_mount_is_seen_by_the_running_agent(agent_dir: Path, shared_dir:
     config.write_text(f'client {{\n  host_volume "shared" {{\n    path = "{shared_dir}"\n  }}\n}}\n')
     agent = AgentProcess(agent_dir / "data", config=config).start()
     try:
-        job = _job("web", "service", "exec sleep 300")
+        job = api_job("web", "service", "exec sleep 300")
         group = job["TaskGroups"][0]  # type: ignore[index]
         group["Volumes"] = {"shared": {"Name": "shared", "Type": "host", "Source": "shared"}}
         group["Tasks"][0]["VolumeMounts"] = [

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from tests.agent.agentproc import AgentProcess
-from tests.agent.test_agent_api import _job
+from tests.agent.agentproc import AgentProcess, api_job
 
 
 def _children(agent: AgentProcess, parent: str) -> list[str]:
@@ -24,7 +23,7 @@ def _interval(agent: AgentProcess, job: str) -> tuple[datetime, datetime]:
 
 def test_children_are_launched_on_schedule_without_overlap(agent: AgentProcess) -> None:
     client = agent.client()
-    job = _job("tick", "batch", "sleep 3")
+    job = api_job("tick", "batch", "sleep 3")
     job["Periodic"] = {"Specs": ["*/2 * * * * * *"], "ProhibitOverlap": True, "TimeZone": "UTC"}
     client.request("PUT", "/v1/jobs", body={"Job": job})
     parent = client.get("/v1/job/tick")
@@ -48,7 +47,7 @@ def test_children_are_launched_on_schedule_without_overlap(agent: AgentProcess) 
 
 def test_a_forced_launch_runs_at_once(agent: AgentProcess) -> None:
     client = agent.client()
-    job = _job("nightly", "batch", "echo ran")
+    job = api_job("nightly", "batch", "echo ran")
     job["Periodic"] = {"Specs": ["0 3 * * *"]}
     client.request("PUT", "/v1/jobs", body={"Job": job})
     assert _children(agent, "nightly") == []
@@ -63,7 +62,7 @@ def test_a_forced_launch_runs_at_once(agent: AgentProcess) -> None:
 def test_a_bad_schedule_is_refused_with_a_sentence(agent: AgentProcess) -> None:
     from driversdk.cli.apiclient import APIRequestError
 
-    job = _job("bad", "batch", "true")
+    job = api_job("bad", "batch", "true")
     job["Periodic"] = {"Specs": ["0 0 L * *"]}
     try:
         agent.client().request("PUT", "/v1/jobs", body={"Job": job})

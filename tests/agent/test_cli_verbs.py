@@ -19,8 +19,7 @@ import docker
 import pytest
 
 from drivers.docker.labels import LABEL_ALLOC_ID
-from tests.agent.agentproc import ROOT, AgentProcess
-from tests.agent.test_python_nomad import free_port
+from tests.agent.agentproc import ROOT, AgentProcess, free_port
 from tests.hostcheck import labelled_containers
 
 BUSYBOX = "driversdk-test/busybox:local"

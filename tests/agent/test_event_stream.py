@@ -8,8 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tests.agent.agentproc import AgentProcess
-from tests.agent.test_agent_api import _job
+from tests.agent.agentproc import AgentProcess, api_job
 
 
 def _read_until(
@@ -54,7 +53,7 @@ def test_job_and_allocation_events_arrive_in_order(agent: AgentProcess) -> None:
     result: list[list[dict[str, Any]]] = []
     thread = threading.Thread(target=lambda: result.append(_read_until(agent, seen)))
     thread.start()
-    agent.client().request("PUT", "/v1/jobs", body={"Job": _job("streamed", "batch", "echo hi")})
+    agent.client().request("PUT", "/v1/jobs", body={"Job": api_job("streamed", "batch", "echo hi")})
     thread.join(90)
     events = _events(result[0])
     types = [(e["Topic"], e["Type"]) for e in events]
@@ -79,7 +78,7 @@ def test_a_topic_filter_leaves_other_topics_out(agent: AgentProcess) -> None:
     )
     thread.start()
     client = agent.client()
-    client.request("PUT", "/v1/jobs", body={"Job": _job("quiet", "batch", "true")})
+    client.request("PUT", "/v1/jobs", body={"Job": api_job("quiet", "batch", "true")})
     agent.wait_allocs("quiet", "complete", "failed")
     client.request("DELETE", "/v1/job/quiet")
     thread.join(90)

@@ -5,7 +5,6 @@ proof that the agent's paths, shapes and codes are Nomad's."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,18 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.agent.agentproc import AgentProcess
+from tests.agent.agentproc import AgentProcess, free_port
 
 nomad = pytest.importorskip("nomad")
 exceptions = pytest.importorskip("nomad.api.exceptions")
 
 BUSYBOX = "driversdk-test/busybox:local"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def acl_agent(agent_dir: Path) -> tuple[AgentProcess, int]:
