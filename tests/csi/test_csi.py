@@ -19,11 +19,11 @@ from driversdk.csi.fingerprint import fingerprint
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
 from driversdk.csi.retry import RETRY_TABLE
 from driversdk.pb import csi_pb2
+from tests.csi.hostpathvol import MULTI, calls, make_volume
 
 from .conftest import NODE_ID, HostPathPlugin, mounts_under
 
 RW = UsageOptions(AccessMode.SINGLE_NODE_WRITER, AttachmentMode.FILE_SYSTEM)
-MULTI = UsageOptions(AccessMode.MULTI_NODE_MULTI_WRITER, AttachmentMode.FILE_SYSTEM)
 
 
 def tree(root: Path) -> list[str]:
@@ -39,23 +39,6 @@ def kept_stage(volume: Volume, usage: UsageOptions, namespace: str = "default") 
     the volume's staging path (empty, no mount), kept for its next stage, as Nomad keeps it."""
     return ["per-alloc", "staging", f"staging/{namespace}", f"staging/{namespace}/{volume.id}",
             f"staging/{namespace}/{volume.id}/{usage.key}"]  # fmt: skip
-
-
-def calls(client: CSIClient, rpc: str) -> int:
-    return int(client.plugin_info().manifest.get(f"calls.{rpc}", "0"))
-
-
-def make_volume(client: CSIClient, name: str = "vol1") -> Volume:
-    cap = VolumeCapability(AccessMode.MULTI_NODE_MULTI_WRITER, AttachmentMode.FILE_SYSTEM).to_proto()
-    resp = client.controller.CreateVolume(csi_pb2.CreateVolumeRequest(name=name, volume_capabilities=[cap]))
-    return Volume(
-        id=f"nomad-{name}",
-        plugin_id="hostpath",
-        external_id=resp.volume.volume_id,
-        context=dict(resp.volume.volume_context),
-        capabilities=[VolumeCapability(AccessMode.MULTI_NODE_MULTI_WRITER, AttachmentMode.FILE_SYSTEM)],
-        secrets=Secrets(token="s3cret"),
-    )
 
 
 # --- connecting -------------------------------------------------------------------------------

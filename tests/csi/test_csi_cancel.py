@@ -17,7 +17,7 @@ from driversdk.csi.cancel import CallCancelled, Cancel
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from tests.csi.conftest import HostPathPlugin, mounts_under
-from tests.csi.test_csi import MULTI, make_volume
+from tests.csi.hostpathvol import MULTI, make_volume
 
 JOIN = 30.0  # a call still running after this hangs
 

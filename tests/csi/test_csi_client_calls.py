@@ -11,16 +11,13 @@ from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.csi.model import AccessMode, AttachmentMode, VolumeCapability
 from driversdk.pb import csi_pb2
+from tests.csi.hostpathvol import calls
 
 from .conftest import NODE_ID, HostPathPlugin
 
 RW = VolumeCapability(AccessMode.SINGLE_NODE_WRITER, AttachmentMode.FILE_SYSTEM)
 BLOCK = VolumeCapability(AccessMode.SINGLE_NODE_WRITER, AttachmentMode.BLOCK_DEVICE)
 HERE = {"topology.hostpath.csi/node": NODE_ID}
-
-
-def calls(client: CSIClient, rpc: str) -> int:
-    return int(client.plugin_info().manifest.get(f"calls.{rpc}", "0"))
 
 
 def test_csi_client_create_get_list_delete_volume(plugin_factory: Callable[..., HostPathPlugin]) -> None:

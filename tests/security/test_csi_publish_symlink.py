@@ -24,7 +24,7 @@ from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.mountinfo import is_mounted_at, read_mountinfo
 from tests.csi.conftest import NODE_ID
-from tests.csi.test_csi import MULTI, calls, make_volume
+from tests.csi.hostpathvol import MULTI, calls, make_volume
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI publishes by mounting: root only")
 
