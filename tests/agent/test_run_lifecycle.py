@@ -13,10 +13,11 @@ from pathlib import Path
 import docker
 import pytest
 
+from tests.agent.grouprun import alloc_dir, run, task, write
 from tests.agent.runs import (
+    IMAGE,
     NO_RESTARTS,
     ROOT,
-    cgroup_parent,
     cli,
     db_rows,
     leaks,
@@ -24,48 +25,6 @@ from tests.agent.runs import (
     start_run,
     wait_for,
 )
-
-IMAGE = "driversdk-test/busybox:local"
-CLIENT = (
-    'data_dir = "{data}"\nplugin "docker" {{\n  config {{\n    gc {{\n      image = false\n    }}\n  }}\n}}\n'
-    'plugin "exec" {{\n  config {{\n    state_dir = "{state}"\n    cgroup_parent = "{cgroup}"\n  }}\n}}\n'
-)
-
-
-def task(name: str, script: str, extra: str = "", driver: str = "docker") -> str:
-    script = script.replace("\\", "\\\\").replace('"', '\\"')
-    image = f'image   = "{IMAGE}"' if driver == "docker" else ""
-    return f"""
-    task "{name}" {{
-      driver       = "{driver}"
-      kill_timeout = "5s"
-      config {{
-        {image}
-        command = "/bin/sh"
-        args    = ["-c", "{script}"]
-      }}
-      {extra}
-    }}"""
-
-
-def write(tmp_path: Path, body: str, job_type: str = "batch", group_extra: str = "") -> tuple[Path, Path, Path]:
-    data = tmp_path / "data"
-    job = tmp_path / "job.hcl"
-    job.write_text(f'job "life" {{\n  type = "{job_type}"\n  group "g" {{\n{group_extra}\n{body}\n  }}\n}}\n')
-    client = tmp_path / "client.hcl"
-    client.write_text(CLIENT.format(data=data, state=tmp_path / "exec-state", cgroup=cgroup_parent(tmp_path)))
-    return job, client, data
-
-
-def run(job: Path, client: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
-
-
-def alloc_dir(data: Path) -> Path:
-    (alloc,) = (data / "allocs").iterdir()
-    return alloc
 
 
 def status(client: Path) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import docker
 
+from tests.agent.grouprun import alloc_dir, run, task, write
 from tests.agent.runs import ROOT, cli, leaks, start_run, wait_for
-from tests.agent.test_run_lifecycle import alloc_dir, run, task, write
 
 MIB = 1024 * 1024
 
