@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from driversdk.agent.state.db import open_state
+from driversdk.agent.state.store import Table
 from driversdk.errors import DriverSDKError, StateWriteError
 
 MANAGEMENT = "management"
@@ -52,10 +50,8 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class TokenStore:
-    def __init__(self, data_dir: str) -> None:
-        self._db = open_state(os.path.join(data_dir, "state.db"))
-        self._lock = threading.Lock()
+class TokenStore(Table):
+    """The ACL tokens table on a :class:`Store`, or on the store of a data dir."""
 
     def bootstrap(self) -> Token:
         token = Token(str(uuid.uuid4()), str(uuid.uuid4()), "Bootstrap Token", MANAGEMENT, time.time_ns())
@@ -84,7 +80,3 @@ class TokenStore:
         with self._lock:
             rows = self._db.execute("SELECT secret_sha256 FROM agent_acl").fetchall()
         return any(hmac.compare_digest(digest, r[0]) for r in rows)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()

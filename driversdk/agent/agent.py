@@ -31,6 +31,7 @@ from driversdk.agent.jobrunner import JobRunner
 from driversdk.agent.periodic import PeriodicDispatcher, PeriodicError, Schedule
 from driversdk.agent.settings import AgentSettings
 from driversdk.agent.state.jobstore import JobRecord, JobStatus, JobStore
+from driversdk.agent.state.store import Store
 from driversdk.errors import ConfigError, DriverSDKError, StateWriteError
 from driversdk.jobspec.problems import Problem
 from driversdk.mallocarenas import give_back_freed_memory
@@ -85,6 +86,7 @@ class Agent:
         self.drivers: DriverManager | None = None
         self.jobs: JobStore | None = None
         self.tokens: TokenStore | None = None
+        self.store: Store | None = None  # state.db, opened once: every table above is on it
         self.facts: dict[str, DriverFacts] = {}
         self.health: dict[str, DriverHealth] = {}
         self._node_lock = threading.Lock()
@@ -176,13 +178,14 @@ class Agent:
         prepare_data_dir(self.settings.data_dir)
         self.lock.acquire()
         try:
-            self.node = _open_node(self.client.data_dir, self._state_write_failed)
+            self.store = Store.open(self.client.data_dir)
+            self.node = _open_node(self.store, self._state_write_failed)
             # Every task's logs go through the data dir's one collector process (started with the
             # first task that logs, or adopted from an agent before): held for the agent's life.
             logcollect.acquire(self.client.data_dir)
             self._logs_held = True
-            self.jobs = JobStore(self.client.data_dir)
-            self.tokens = TokenStore(self.client.data_dir) if self.settings.acl_enabled else None
+            self.jobs = JobStore(self.store)
+            self.tokens = TokenStore(self.store) if self.settings.acl_enabled else None
             self.drivers = self.node.drivers = DriverManager(self.client, self.node.state, self.emit)
             self._fingerprint()
             self._gc = PeriodicGC(self.client.data_dir, self.node.state, GCPolicy.of(self.client),
@@ -277,9 +280,7 @@ class Agent:
             self.periodic.close()
         if self._gc is not None:
             self._gc.stop()
-        locks = [self.node.state._lock, self.node.volumes._lock, self.node.csi_state._lock]
-        if self.jobs is not None:
-            locks.append(self.jobs._lock)
+        locks = [self.node.state.store.write_lock]  # the one writer of every table
         # The locks are never given back: the process ends holding them. A store that cannot be
         # taken (a write stuck on the disk) leaves the plugins running rather than risk a task
         # runner recording their end as its task's (lost, failed); the next agent reattaches them.
@@ -305,9 +306,9 @@ class Agent:
             if self.node is not None:
                 self.node.close()
         finally:
-            for store in (self.jobs, self.tokens):
-                if store is not None:
-                    store.close()
+            for table in (self.jobs, self.tokens, self.store):
+                if table is not None:
+                    table.close()
             self._release_logs()  # every job stopped: the collector, serving nothing, ends
             self.lock.release()
 
@@ -548,7 +549,7 @@ class Agent:
         return record
 
 
-def _open_node(data_dir: str, report: Callable[[StateWriteError], None]) -> NodeServices:
+def _open_node(store: Store, report: Callable[[StateWriteError], None]) -> NodeServices:
     """The node's stores, whose failed state write is reported to the agent instead of stopping
     every allocation of the node (see Agent._state_write_failed)."""
     from driversdk.agent.allocrunner.allocrunner import NodeServices
@@ -560,7 +561,7 @@ def _open_node(data_dir: str, report: Callable[[StateWriteError], None]) -> Node
                 self.state_failure = err
             report(err)
 
-    return AgentNode.open(data_dir)
+    return AgentNode.open(store)
 
 
 def _health_description(plugin: Any) -> str:

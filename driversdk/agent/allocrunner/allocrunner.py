@@ -41,6 +41,7 @@ from driversdk.agent.csi.volumes import VolumeStore
 from driversdk.agent.events import Emit, EventType, RunEvent
 from driversdk.agent.pluginmanager.drivermanager import DriverManager
 from driversdk.agent.state.runstate import AllocRecord, RunState
+from driversdk.agent.state.store import Store, store_of
 from driversdk.errors import DriverSDKError, StateWriteError
 from driversdk.jobspec import restarts
 from driversdk.jobspec.clientconfig import ClientConfig
@@ -94,19 +95,14 @@ class NodeServices:
         return None
 
     @classmethod
-    def open(cls, data_dir: str) -> NodeServices:
-        db = os.path.join(data_dir, "state.db")
-        state = RunState(data_dir)
+    def open(cls, data_dir: str | Store) -> NodeServices:
+        """The node's tables, all on one store: the data dir's, or ``data_dir`` when it is one."""
+        store = store_of(data_dir, file=False)
         try:
-            csi_state = StateStore(db)
-            try:
-                return cls(state, VolumeStore(db), csi_state, PluginRegistry(csi_state))
-            except BaseException:
-                csi_state.close()
-                raise
-        except BaseException:
-            state.close()
-            raise
+            csi_state = StateStore(store)  # each table holds the store until it is closed
+            return cls(RunState(store), VolumeStore(store), csi_state, PluginRegistry(csi_state))
+        finally:
+            store.close()
 
     def close(self) -> None:
         """Shut down the plugins, then close the stores, whatever the shutdown could not record."""

@@ -1,16 +1,16 @@
-"""SQLite state of the node's CSI work: who uses which published volume, what is staged, and
-which plugins are registered, so a restarted process can finish what it started."""
+"""The CSI tables of ``state.db`` (:class:`~driversdk.agent.state.store.Store`): who uses which
+published volume, what is staged, and which plugins are registered, so a restarted process can
+finish what it started."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from driversdk.agent.state.db import open_state
+from driversdk.agent.state.store import Store, Table
 
 
 @dataclass(frozen=True)
@@ -24,16 +24,13 @@ class UsageRow:
     volume_json: str
 
 
-class StateStore:
-    """One SQLite file; safe to share between threads of one process."""
+class StateStore(Table):
+    """The CSI tables on a :class:`Store`, or on the store of a state file path; safe to share
+    between threads of one process."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._db = open_state(path)
-        # WAL + NORMAL survives a process crash (what restart recovery needs) without an fsync
-        # per transaction; only a power loss can drop the last commits.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._lock = threading.Lock()
+    def __init__(self, store: Store | str) -> None:
+        super().__init__(store, file=True)
+        self.path = self.store.path
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -52,9 +49,6 @@ class StateStore:
         trips on the hot path of every mount; several statements go through :meth:`_tx`."""
         with self._lock:
             self._db.execute(sql, params)
-
-    def close(self) -> None:
-        self._db.close()
 
     # --- usage ---------------------------------------------------------------------------------
 

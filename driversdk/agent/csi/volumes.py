@@ -19,13 +19,12 @@ import builtins
 import json
 import os
 import re
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driversdk.agent.state.db import open_state
+from driversdk.agent.state.store import STATE_FILE, Store, Table
 from driversdk.csi.model import (
     REDACTED,
     AccessMode,
@@ -435,17 +434,16 @@ def public_view(volume: Volume) -> dict[str, Any]:
     }
 
 
-@dataclass
-class VolumeStore:
-    path: str
+class VolumeStore(Table):
+    """The volumes and claims tables on a :class:`Store`, or on the store of a state file path."""
 
-    def __post_init__(self) -> None:
-        self._db = open_state(self.path)  # tables: driversdk.agent.state.migrations
-        self._lock = threading.Lock()
+    def __init__(self, store: Store | str) -> None:
+        super().__init__(store, file=True)
+        self.path = self.store.path
 
     @classmethod
     def for_data_dir(cls, data_dir: str) -> VolumeStore:
-        return cls(os.path.join(data_dir, "state.db"))
+        return cls(os.path.join(data_dir, STATE_FILE))
 
     def get(self, volume_id: str, namespace: str = "default") -> Volume | None:
         with self._lock:
@@ -618,9 +616,6 @@ class VolumeStore:
                 "DELETE FROM volume_claims WHERE namespace=? AND volume_id=? AND alloc_id=?",
                 (namespace, volume_id, alloc_id),
             )
-
-    def close(self) -> None:
-        self._db.close()
 
 
 def claims_refusal(store: VolumeStore, volume_id: str, held: builtins.list[Claim], doing: str) -> str:

@@ -1,9 +1,9 @@
 """The data dir and its SQLite file: private on disk, whoever opens them first.
 
 ``state.db`` holds CSI secrets, plugin reattach configs and task handles, so it and its WAL
-files are 0600 and the data dir 0700: no other local user may read or even list them. Every
-store that opens the file goes through :func:`connect`, which also tightens a data dir or a
-database that an older version (or a permissive umask) left readable.
+files are 0600 and the data dir 0700: no other local user may read or even list them. The
+file's owner (:class:`~driversdk.agent.state.store.Store`) opens it through :func:`connect`, which
+also tightens a data dir or a database that an older version (or a permissive umask) left readable.
 
 A statement that fails because of the storage under the file (a full or read-only file system, an
 I/O error) raises :class:`~driversdk.errors.StateWriteError` naming the file and its file system,
@@ -65,8 +65,8 @@ def connect(db_path: str) -> sqlite3.Connection:
 
 
 def open_state(db_path: str) -> sqlite3.Connection:
-    """:func:`connect`, then bring the schema to the current version: the one way every store
-    (runs, tasks, driver plugins, CSI usage and staging, volumes and claims) opens ``state.db``."""
+    """:func:`connect`, then bring the schema to the current version: how the one owner of
+    ``state.db`` (:class:`~driversdk.agent.state.store.Store`) opens its writer."""
     from driversdk.agent.state.migrations import migrate
 
     db = connect(db_path)

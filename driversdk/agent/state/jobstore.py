@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import enum
 import json
-import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from driversdk.agent.state.db import connect, open_state
+from driversdk.agent.state.store import Table
 from driversdk.errors import StateWriteError
 
 
@@ -50,15 +48,10 @@ class JobRecord:
 _COLUMNS = "id, spec, status, stop, submit_time, version, create_index, modify_index"
 
 
-class JobStore:
-    def __init__(self, data_dir: str) -> None:
-        path = os.path.join(data_dir, "state.db")
-        self._db = open_state(path)
-        self._lock = threading.Lock()
-        # Reads (every API answer naming a job) on a connection of their own: in WAL mode they
-        # see the last commit without queueing behind the writes (and fsyncs) of a registration.
-        self._reader = connect(path)
-        self._read_lock = threading.Lock()
+class JobStore(Table):
+    """The jobs table on a :class:`Store`, or on the store of a data dir. Reads (every API answer
+    naming a job) use the store's reader: they see the last commit without queueing behind the
+    writes (and fsyncs) of a registration."""
 
     def _record(self, row: tuple[Any, ...]) -> JobRecord:
         return JobRecord(row[0], json.loads(row[1]), JobStatus(row[2]), bool(row[3]), *row[4:])
@@ -141,9 +134,3 @@ class JobStore:
     def index(self) -> int:
         with self._lock:
             return self._next_index() - 1
-
-    def close(self) -> None:
-        with self._read_lock:
-            self._reader.close()
-        with self._lock:
-            self._db.close()

@@ -1,19 +1,21 @@
-"""What `driversdk run` records in the client's state.db: allocations and their tasks, with the
-task handles a later process needs to find them again."""
+"""The runs table of the client's state.db (:class:`~driversdk.agent.state.store.Store`): what
+``driversdk run`` and the agent record of allocations and their tasks, with the task handles a later
+process needs to find them again. Records come out as frozen dataclasses whose states are
+:class:`AllocStatus` / :class:`TaskStatus` (string enums: the values are what the file holds)."""
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
-from driversdk.agent.state.db import connect, open_state
+from driversdk.agent.state.store import Store, Table
 from driversdk.errors import DriverSDKError, StateWriteError
 
 _TASK_COLUMNS = (
@@ -32,6 +34,29 @@ _TASK_QUERY = (
 )
 
 
+class AllocStatus(enum.StrEnum):
+    """An allocation's state in ``run_allocs``: running until its runner ends it."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"  # every task ended or was stopped, and the teardown succeeded
+    FAILED = "failed"  # a task failed, a prerun hook failed, or the teardown did
+
+
+class TaskStatus(enum.StrEnum):
+    """A task's state in ``run_tasks`` (what ``driversdk status`` and the API show)."""
+
+    STARTING = "starting"  # recorded before StartTask: an interrupted start is found again
+    RUNNING = "running"
+    RESTARTING = "restarting"  # exited; its restart policy starts it again after a delay
+    COMPLETE = "complete"  # exited 0, or stopped on purpose
+    FAILED = "failed"
+    STOPPED = "stopped"  # the run ended while the task still ran
+    LOST = "lost"  # ended while no run followed it, how unknown
+
+
+_ALLOC_COLUMNS = "alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi"
+
+
 @dataclass(frozen=True)
 class AllocRecord:
     alloc_id: str
@@ -39,7 +64,7 @@ class AllocRecord:
     group: str
     index: int
     alloc_dir: str
-    state: str
+    state: AllocStatus
     run_pid: int
     network: str | None
     csi: str | None
@@ -59,6 +84,22 @@ class RunStateError(DriverSDKError):
 
 
 @dataclass(frozen=True)
+class TaskStart:
+    """Which task a start is of, and how: recorded before StartTask (``starting``) and again with
+    the driver's handle once it returned (``started``)."""
+
+    alloc_id: str
+    job: str
+    group: str
+    task: str
+    driver: str
+    task_id: str
+    alloc_dir: str
+    logmon_pid: int = 0
+    restarts: int = 0  # times the restart policy started the task before this start
+
+
+@dataclass(frozen=True)
 class TaskRecord:
     alloc_id: str
     job: str
@@ -66,7 +107,7 @@ class TaskRecord:
     task: str
     driver: str
     task_id: str
-    state: str
+    state: TaskStatus
     exit_code: int | None
     signal: int | None
     oom: bool
@@ -77,16 +118,12 @@ class TaskRecord:
     restarts: int = 0  # times the restart policy started the task again
 
 
-class RunState:
-    def __init__(self, data_dir: str) -> None:
-        path = os.path.join(data_dir, "state.db")
-        self._db = open_state(path)  # tables: driversdk.agent.state.migrations
-        self._lock = threading.Lock()
-        # What the API and the CLI read goes through a second connection: in WAL mode a reader
-        # sees the last commit without waiting, where sharing the writer's lock queued every read
-        # behind the fsyncs of allocations starting (a GET took 15x its idle time, issue 31).
-        self._reader = connect(path)
-        self._read_lock = threading.Lock()
+class RunState(Table):
+    """The runs tables (``run_allocs``, ``run_tasks``, ``run_task_events``, ``run_plugins``) on a
+    :class:`Store`, or on the store of a data dir (a convenience for the CLI and tests)."""
+
+    def __init__(self, store: Store | str) -> None:
+        super().__init__(store)
         self._parsed: dict[int, KeptEvent] = {}
         self._versions: dict[str, int] = {}
         self._clock = itertools.count(1)
@@ -147,6 +184,8 @@ class RunState:
     def alloc_update(self, alloc_id: str, **fields: str | int | None) -> None:
         allowed = {"state", "run_pid", "network", "csi"}
         assert set(fields) <= allowed, fields
+        if "state" in fields:
+            fields["state"] = AllocStatus(str(fields["state"])).value  # nothing else is ever written
         assignments = ", ".join(f"{k}=?" for k in fields)
         with self._recording(f"the {' and '.join(fields)} of allocation {alloc_id[:8]}", alloc_id=alloc_id):
             self._db.execute(
@@ -158,11 +197,10 @@ class RunState:
     def running_allocs(self, job: str) -> list[AllocRecord]:
         with self._read_lock:
             rows = self._reader.execute(
-                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs "
-                "WHERE job=? AND state='running' ORDER BY updated",
+                f"SELECT {_ALLOC_COLUMNS} FROM run_allocs WHERE job=? AND state='running' ORDER BY updated",
                 (job,),
             ).fetchall()
-        return [AllocRecord(*r) for r in rows]
+        return [_alloc_record(r) for r in rows]
 
     def allocs(self, job: str | None = None) -> list[tuple[AllocRecord, float]]:
         """Every allocation (of one job), oldest first, with when it last changed (Unix seconds).
@@ -172,13 +210,13 @@ class RunState:
         kept = self._allocs_kept.get(job)
         if kept is not None and kept[0] == generation:
             return list(kept[1])
-        query = "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs"
+        query = f"SELECT {_ALLOC_COLUMNS}, updated FROM run_allocs"
         with self._read_lock:
             if job is None:
                 rows = self._reader.execute(query + " ORDER BY rowid").fetchall()
             else:
                 rows = self._reader.execute(query + " WHERE job=? ORDER BY rowid", (job,)).fetchall()
-        found = [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+        found = [(_alloc_record(r), float(r[9] or 0)) for r in rows]
         if len(self._allocs_kept) > 64:
             self._allocs_kept.clear()
         self._allocs_kept[job] = (generation, found)
@@ -188,22 +226,20 @@ class RunState:
         """One allocation by its whole id, with when it last changed."""
         with self._read_lock:
             row = self._reader.execute(
-                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs "
-                "WHERE alloc_id=?",
+                f"SELECT {_ALLOC_COLUMNS}, updated FROM run_allocs WHERE alloc_id=?",
                 (alloc_id,),
             ).fetchone()
-        return None if row is None else (AllocRecord(*row[:9]), float(row[9] or 0))
+        return None if row is None else (_alloc_record(row), float(row[9] or 0))
 
     def allocs_by_prefix(self, prefix: str) -> list[tuple[AllocRecord, float]]:
         """Allocations whose id starts with ``prefix`` (Nomad's CLI takes a short id)."""
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         with self._read_lock:
             rows = self._reader.execute(
-                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi, updated FROM run_allocs "
-                "WHERE alloc_id LIKE ? ESCAPE '\\' ORDER BY rowid",
+                f"SELECT {_ALLOC_COLUMNS}, updated FROM run_allocs WHERE alloc_id LIKE ? ESCAPE '\\' ORDER BY rowid",
                 (escaped + "%",),
             ).fetchall()
-        return [(AllocRecord(*r[:9]), float(r[9] or 0)) for r in rows]
+        return [(_alloc_record(r), float(r[9] or 0)) for r in rows]
 
     # --- garbage collection of terminal allocations (driversdk.agent.allocgc) -------------------
 
@@ -212,10 +248,9 @@ class RunState:
         Nomad's client garbage-collects them in."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs "
-                "WHERE state IN ('stopped', 'failed') ORDER BY updated, rowid",
+                f"SELECT {_ALLOC_COLUMNS} FROM run_allocs WHERE state IN ('stopped', 'failed') ORDER BY updated, rowid",
             ).fetchall()
-        return [AllocRecord(*r) for r in rows]
+        return [_alloc_record(r) for r in rows]
 
     def alloc_count(self) -> int:
         """Allocations this data dir knows, whatever their state (Nomad's NumAllocs)."""
@@ -249,10 +284,10 @@ class RunState:
         """Allocations no task of which was ever started (a prerun hook failed), oldest first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi FROM run_allocs a "
+                f"SELECT {_ALLOC_COLUMNS} FROM run_allocs a "
                 "WHERE NOT EXISTS (SELECT 1 FROM run_tasks t WHERE t.alloc_id = a.alloc_id) ORDER BY updated",
             ).fetchall()
-        return [AllocRecord(*r) for r in rows]
+        return [_alloc_record(r) for r in rows]
 
     def plugin_started(self, driver: str, reattach: str) -> None:
         with self._recording(f'the launch of the "{driver}" driver plugin'):
@@ -293,26 +328,23 @@ class RunState:
         with self._recording(self._of_task("the log collector", alloc_id, task), alloc_id=alloc_id):
             self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))
 
+    @overload
+    def starting(self, start: TaskStart, /) -> None: ...
+
+    @overload
     def starting(
-        self,
-        alloc_id: str,
-        job: str,
-        group: str,
-        task: str,
-        driver: str,
-        task_id: str,
-        alloc_dir: str,
-        logmon_pid: int = 0,
-        restarts: int = 0,
-    ) -> None:
+        self, alloc_id: str, job: str, group: str, task: str, driver: str, task_id: str, alloc_dir: str, /,
+        logmon_pid: int = 0, restarts: int = 0,
+    ) -> None: ...  # fmt: skip
+
+    def starting(self, *args: Any, **kwargs: Any) -> None:
         """Recorded before StartTask: a run killed during the call leaves this row, and the next run
-        knows which task id the interrupted start used (so it adopts or removes what it made)."""
-        with self._recording(self._of_task("the start", alloc_id, task, job), alloc_id=alloc_id):
-            self._db.execute(
-                f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'starting', NULL, NULL, 0, NULL, ?, ?, ?, ?)",
-                (alloc_id, job, group, task, driver, task_id, alloc_dir, time.time(), logmon_pid, restarts),
-            )
+        knows which task id the interrupted start used (so it adopts or removes what it made).
+        Takes a :class:`TaskStart`; the positional form is kept for callers not moved to it yet."""
+        start = (
+            args[0] if len(args) == 1 and not kwargs and isinstance(args[0], TaskStart) else TaskStart(*args, **kwargs)
+        )
+        self._record_start(start, TaskStatus.STARTING, None)
 
     def start_failed(self, alloc_id: str, task: str) -> None:
         with self._recording(self._of_task("the failed start", alloc_id, task), alloc_id=alloc_id):
@@ -321,25 +353,37 @@ class RunState:
                 (time.time(), alloc_id, task),
             )
 
+    @overload
+    def started(self, start: TaskStart, handle: bytes, /) -> None: ...
+
+    @overload
     def started(
-        self,
-        alloc_id: str,
-        job: str,
-        group: str,
-        task: str,
-        driver: str,
-        task_id: str,
-        handle: bytes,
-        alloc_dir: str,
-        logmon_pid: int = 0,
-        restarts: int = 0,
-    ) -> None:
-        with self._recording(self._of_task("the start", alloc_id, task, job), alloc_id=alloc_id):
+        self, alloc_id: str, job: str, group: str, task: str, driver: str, task_id: str, handle: bytes,
+        alloc_dir: str, /, logmon_pid: int = 0, restarts: int = 0,
+    ) -> None: ...  # fmt: skip
+
+    def started(self, *args: Any, **kwargs: Any) -> None:
+        """The task runs: its row with the driver's handle. Takes a :class:`TaskStart` and the
+        handle; the positional form is kept for callers not moved to it yet."""
+        if len(args) == 2 and not kwargs and isinstance(args[0], TaskStart):
+            start, handle = args
+        else:
+            alloc_id, job, group, task, driver, task_id, handle, alloc_dir, *rest = args
+            start = TaskStart(alloc_id, job, group, task, driver, task_id, alloc_dir, *rest, **kwargs)
+        self._record_start(start, TaskStatus.RUNNING, handle)
+
+    def _record_start(self, start: TaskStart, state: TaskStatus, handle: bytes | None) -> None:
+        with self._recording(
+            self._of_task("the start", start.alloc_id, start.task, start.job), alloc_id=start.alloc_id
+        ):
             self._db.execute(
                 f"INSERT OR REPLACE INTO run_tasks ({_TASK_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'running', NULL, NULL, 0, ?, ?, ?, ?, ?)",
-                (alloc_id, job, group, task, driver, task_id, handle, alloc_dir, time.time(), logmon_pid, restarts),
-            )
+                "VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, ?, ?, ?, ?, ?)",
+                (
+                    start.alloc_id, start.job, start.group, start.task, start.driver, start.task_id, state.value,
+                    handle, start.alloc_dir, time.time(), start.logmon_pid, start.restarts,
+                ),
+            )  # fmt: skip
 
     def restarting(self, alloc_id: str, task: str, exit_code: int, signal: int, restarts: int) -> None:
         """The task exited and its restart policy starts it again after a delay. A run killed
@@ -352,11 +396,11 @@ class RunState:
             )
 
     def finished(self, alloc_id: str, task: str, exit_code: int, signal: int, oom: bool) -> None:
-        state = "complete" if exit_code == 0 and signal == 0 else "failed"
+        state = TaskStatus.COMPLETE if exit_code == 0 and signal == 0 else TaskStatus.FAILED
         with self._recording(self._of_task("the exit", alloc_id, task), alloc_id=alloc_id):
             self._db.execute(
                 "UPDATE run_tasks SET state=?, exit_code=?, signal=?, oom=?, updated=? WHERE alloc_id=? AND task=?",
-                (state, exit_code, signal, int(oom), time.time(), alloc_id, task),
+                (state.value, exit_code, signal, int(oom), time.time(), alloc_id, task),
             )
 
     def killed(self, alloc_id: str, task: str) -> None:
@@ -457,9 +501,10 @@ class RunState:
             event = self._parsed[seq] = KeptEvent(seq, json.loads(text))
         return event
 
-    def close(self) -> None:
-        self._reader.close()
-        self._db.close()
+
+def _alloc_record(r: tuple[Any, ...]) -> AllocRecord:
+    """A row that starts with ``_ALLOC_COLUMNS``."""
+    return AllocRecord(r[0], r[1], r[2], r[3], r[4], AllocStatus(r[5]), r[6], r[7], r[8])
 
 
 def _task_record(r: tuple[Any, ...]) -> TaskRecord:
@@ -471,7 +516,7 @@ def _task_record(r: tuple[Any, ...]) -> TaskRecord:
         task=r[3],
         driver=r[4],
         task_id=r[5],
-        state=r[6],
+        state=TaskStatus(r[6]),
         exit_code=r[7],
         signal=r[8],
         oom=bool(r[9]),
