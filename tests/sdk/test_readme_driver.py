@@ -7,34 +7,19 @@ handshake: the README cannot drift from what works.
 
 from __future__ import annotations
 
-import re
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from driversdk.testing import DriverHarness
 from driversdk.testing.conformance import run_conformance
+from tests.sdk.readme import README, argv_task, readme_snippet
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- example: readme_driver -->"
-
-
-def readme_snippet() -> str:
-    text = README.read_text()
-    assert text.count(MARKER) == 1, f"README.md must mark exactly one block with {MARKER}"
-    found = re.search(re.escape(MARKER) + r"\n```python\n(.*?)\n```", text, re.S)
-    assert found is not None, f"{MARKER} must sit right before a ```python block"
-    return found.group(1)
-
-
-def argv_task(argv: Sequence[str]) -> Mapping[str, Any]:
-    return {"command": argv[0], "args": list(argv[1:])}
 
 
 def test_the_readme_driver_runs_and_passes_the_conformance_kit(tmp_path: Path) -> None:
     driver = tmp_path / "mydriver.py"
-    driver.write_text(readme_snippet())
+    driver.write_text(readme_snippet(MARKER))
     with DriverHarness([sys.executable, str(driver)]) as h:
         assert h.client.plugin_info().name == "mydriver"
         caps = h.client.capabilities()

@@ -8,32 +8,23 @@ go-plugin handshake; its tasks show they run with the niceness and locale it cho
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from driversdk.testing import AllocDir, DriverHarness
 from driversdk.testing.conformance import run_conformance
-from tests.sdk.test_readme_driver import README, argv_task
+from tests.sdk.readme import argv_task, readme_snippet
 
 MARKER = "<!-- example: readme_process_driver -->"
 
 
-def readme_snippet() -> str:
-    text = README.read_text()
-    assert text.count(MARKER) == 1, f"README.md must mark exactly one block with {MARKER}"
-    found = re.search(re.escape(MARKER) + r"\n```python\n(.*?)\n```", text, re.S)
-    assert found is not None, f"{MARKER} must sit right before a ```python block"
-    return found.group(1)
-
-
 def test_the_snippet_is_a_small_driver() -> None:
-    assert len(readme_snippet().splitlines()) <= 35
+    assert len(readme_snippet(MARKER).splitlines()) <= 35
 
 
 def test_the_readme_process_driver_runs_its_launch_and_passes_the_conformance_kit(tmp_path: Path) -> None:
     driver = tmp_path / "nicedriver.py"
-    driver.write_text(readme_snippet())
+    driver.write_text(readme_snippet(MARKER))
     with DriverHarness([sys.executable, str(driver)]) as h:
         assert h.client.plugin_info().name == "nicedriver"
         alloc = AllocDir.create(tmp_path / "allocs", tasks=["web"])
