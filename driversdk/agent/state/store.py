@@ -114,6 +114,9 @@ class Table:
     def __init__(self, store: Store | str, *, file: bool = False) -> None:
         self.store = store_of(store, file=file)
         self._release = weakref.finalize(self, self.store.close)
+        # Not at exit: a process ends with its tables open on purpose (the agent's shutdown keeps
+        # the write lock to the end, which a close would wait for).
+        self._release.atexit = False
         self._db, self._lock = self.store.writer, self.store.write_lock
         self._reader, self._read_lock = self.store.reader, self.store.read_lock
 
