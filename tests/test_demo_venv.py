@@ -24,8 +24,7 @@ import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.mountinfo import read_mountinfo
-from tests.agent.test_driver_state_dirs import runc_containers
-from tests.hostcheck import labelled_containers, processes
+from tests.hostcheck import labelled_containers, processes, runc_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.root]
 

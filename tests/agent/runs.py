@@ -1,5 +1,6 @@
 """Running `driversdk run` from a test and checking what it left: the CLI's argv, a batch job and
-client config of a test's own (its data dir, exec state dir and cgroup parent under tmp_path), the
+client config of a test's own (its data dir, exec state dir and cgroup parent under tmp_path; a
+raw_exec client config for tests/raw_exec's tracker), templates rendered by a raw_exec run, the
 run's state.db rows, and every container, runc state, cgroup, mount, process and fifo still there."""
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 
 from drivers.docker.container import LABEL_TASK_ID
 from driversdk.mountinfo import read_mountinfo
 from tests.hostcheck import labelled_containers, processes
+
+if TYPE_CHECKING:
+    from tests.raw_exec.conftest import Tracker
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "driversdk-test/busybox:local"
@@ -135,3 +140,40 @@ def start_run(job: Path, client: Path) -> subprocess.Popen[str]:
         text=True,
         cwd=ROOT,
     )
+
+
+def raw_exec_client(track: Tracker, extra: str = "") -> Path:
+    """A client config enabling raw_exec with the tracked state dir and cgroup parent of ``track``
+    (tests/raw_exec/conftest.py), its data dir under the tracked base, ``extra`` at its top."""
+    client = track.base / "client.hcl"
+    client.write_text(
+        f'data_dir = "{track.base / "data"}"\n{extra}'
+        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{track.state_dir}"\n'
+        f'    cgroup_parent = "{track.cgroup_parent}"\n  }}\n}}\n'
+    )
+    return client
+
+
+def render_in_run(tmp_path: Path, templates: dict[str, str]) -> dict[str, str]:
+    """Each template rendered into local/<name> by `driversdk run` of a raw_exec task."""
+    blocks = "".join(
+        f'      template {{\n        data = {json.dumps(text)}\n        destination = "local/{name}"\n      }}\n'
+        for name, text in templates.items()
+    )
+    job = tmp_path / "job.hcl"
+    job.write_text(
+        'job "tpl" {\n  type = "batch"\n  group "g" {\n    task "t" {\n      driver = "raw_exec"\n'
+        '      config {\n        command = "/bin/true"\n      }\n' + blocks + "    }\n  }\n}\n"
+    )
+    client = tmp_path / "client.hcl"
+    client.write_text(
+        f'data_dir = "{tmp_path / "data"}"\n'
+        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{tmp_path / "raw"}"\n  }}\n}}\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
+        capture_output=True, text=True, cwd=ROOT, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (alloc,) = (tmp_path / "data" / "allocs").iterdir()
+    return {name: (alloc / "t" / "local" / name).read_text() for name in templates}

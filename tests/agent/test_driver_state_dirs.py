@@ -12,7 +12,6 @@ old default is still recovered, stopped and removed by a plugin with the new one
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from driversdk.bundled import bundled_driver
 from driversdk.jobspec.clientconfig import load_client
 from driversdk.model import NetworkIsolationSpec
 from driversdk.testing import AllocDir, DriverHarness
-from tests.hostcheck import processes
+from tests.hostcheck import processes, runc_containers
 
 pytestmark = pytest.mark.root
 
@@ -56,13 +55,6 @@ def outside_data_dir() -> set[str]:
             if entry.name not in HOST_WIDE:
                 found |= {str(entry)} | _tree(entry)
     return found
-
-
-def runc_containers(under: str) -> list[str]:
-    """runc's containers (in its host-wide /run/runc) whose bundle is below ``under``."""
-    # Not checked: runc fails a listing when a container of another test goes while it reads.
-    listed = subprocess.run(["runc", "list", "-f", "json"], capture_output=True, text=True).stdout
-    return [c["id"] for c in json.loads(listed or "null") or [] if str(c.get("bundle", "")).startswith(under)]
 
 
 def _client(tmp_path: Path, cgroup_parent: str, *, old_state: Path | None = None) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from driversdk.jobspec.job import Job, parse_job, static_problems
-from tests.agent.runs import ROOT, cli
+from tests.agent.runs import ROOT, cli, raw_exec_client
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
 
@@ -278,23 +278,13 @@ def test_dash_json_forces_json(tmp_path: Path) -> None:
     assert forced.stderr.count("\n") == 1 and "Traceback" not in forced.stderr
 
 
-def client_config(track: Tracker, extra: str = "") -> Path:
-    client = track.base / "client.hcl"
-    client.write_text(
-        f'data_dir = "{track.base / "data"}"\n{extra}'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{track.state_dir}"\n'
-        f'    cgroup_parent = "{track.cgroup_parent}"\n  }}\n}}\n'
-    )
-    return client
-
-
 @pytest.mark.usefixtures("no_leaks")
 def test_run_a_json_job_end_to_end(track: Tracker) -> None:
     path = track.base / "job.json"
     task = {"Name": "app", "Driver": "raw_exec", "Env": {"WORD": "from-json"}, "KillTimeout": 1_000_000_000,
             "Config": {"command": "/bin/sh", "args": ["-c", "echo $WORD"]}}  # fmt: skip
     path.write_text(json.dumps({"Job": {"ID": "api", "Type": "batch", "TaskGroups": [{"Name": "g", "Tasks": [task]}]}}))
-    client = client_config(track)
+    client = raw_exec_client(track)
     done = subprocess.run(
         cli("run", str(path), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=120
     )
@@ -318,7 +308,7 @@ def test_a_port_taken_when_the_allocation_starts_is_a_refusal_exit_2(track: Trac
         '    task "app" {\n      driver = "raw_exec"\n      config {\n        command = "/bin/true"\n      }\n'
         "    }\n  }\n}\n"
     )
-    client = client_config(track)
+    client = raw_exec_client(track)
     try:
         done = subprocess.run(
             cli("run", str(path), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=120

@@ -7,11 +7,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import render_in_run
 
 # go-sockaddr's RFC 6890 table and its list of blocks that are not forwardable.
 RFC6890 = [
@@ -31,31 +30,6 @@ NOT_FORWARDABLE = [
         "2001:db8::/32", "2001:10::/28", "fe80::/10",
     )
 ]  # fmt: skip
-
-
-def render_in_run(tmp_path: Path, templates: dict[str, str]) -> dict[str, str]:
-    """Each template rendered into local/<name> by `driversdk run` of a raw_exec task."""
-    blocks = "".join(
-        f'      template {{\n        data = {json.dumps(text)}\n        destination = "local/{name}"\n      }}\n'
-        for name, text in templates.items()
-    )
-    job = tmp_path / "job.hcl"
-    job.write_text(
-        'job "tpl" {\n  type = "batch"\n  group "g" {\n    task "t" {\n      driver = "raw_exec"\n'
-        '      config {\n        command = "/bin/true"\n      }\n' + blocks + "    }\n  }\n}\n"
-    )
-    client = tmp_path / "client.hcl"
-    client.write_text(
-        f'data_dir = "{tmp_path / "data"}"\n'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{tmp_path / "raw"}"\n  }}\n}}\n'
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
-        capture_output=True, text=True, cwd=ROOT, timeout=180,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    (alloc,) = (tmp_path / "data" / "allocs").iterdir()
-    return {name: (alloc / "t" / "local" / name).read_text() for name in templates}
 
 
 def host() -> tuple[str, list[dict[str, Any]]]:

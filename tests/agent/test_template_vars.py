@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.test_template_sockaddr import ROOT, render_in_run
+from tests.agent.runs import ROOT, render_in_run
 
 
 def test_template_variables_scopes_and_the_dot(tmp_path: Path) -> None:

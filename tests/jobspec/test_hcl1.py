@@ -14,8 +14,7 @@ import pytest
 from driversdk.jobspec.hclload import HCLFileError
 from driversdk.jobspec.job import Job, evaluate_job, parse_job, static_problems
 from driversdk.jobspec.jobjson import JobInputs
-from tests.agent.runs import ROOT, cli
-from tests.agent.test_job_json import client_config
+from tests.agent.runs import ROOT, cli, raw_exec_client
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
 
@@ -329,7 +328,7 @@ def test_json_and_hcl1_together_are_refused(tmp_path: Path) -> None:
 def test_run_an_hcl1_job_end_to_end(track: Tracker) -> None:
     path = track.base / "legacy.hcl"
     path.write_text(RAW_HCL1)
-    client = client_config(track)
+    client = raw_exec_client(track)
     done = subprocess.run(
         cli("run", "-hcl1", str(path), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=120
     )
