@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from driversdk.cli.apiclient import AgentClient
-from tests.agent.runs import IMAGE
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import IMAGE, ROOT
 
 
 @dataclass

@@ -28,11 +28,10 @@ from driversdk.cli.apiclient import AgentClient, APIRequestError
 from driversdk.mountinfo import read_mountinfo
 from tests.agent.agentproc import ROOT, AgentProcess
 from tests.agent.csienv import demo, plugin_group
+from tests.agent.runs import IMAGE
 from tests.hostcheck import labelled_containers, processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="exec tasks, CSI mounts and tmpfs need root")
-
-IMAGE = "driversdk-test/busybox:local"
 
 
 @dataclass

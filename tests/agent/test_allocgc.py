@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import ROOT
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -27,12 +27,11 @@ from driversdk.bundled import bundled_driver
 from driversdk.jobspec.clientconfig import load_client
 from driversdk.model import NetworkIsolationSpec
 from driversdk.testing import AllocDir, DriverHarness
+from tests.agent.runs import IMAGE, ROOT
 from tests.hostcheck import processes, runc_containers
 
 pytestmark = pytest.mark.root
 
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "driversdk-test/busybox:local"
 OLD_DEFAULTS = [Path("/var/lib/driversdk-exec"), Path("/var/lib/driversdk-raw-exec")]
 # Host-wide records shared by every data dir on the host (README: what lives outside the data dir).
 HOST_WIDE = {"ports", "docker-pins", "bridge"}

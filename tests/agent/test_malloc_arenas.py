@@ -8,11 +8,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import ROOT
+
 PROGRAM = """
 import ctypes, sys, threading
 from driversdk.mallocarenas import limit_malloc_arenas

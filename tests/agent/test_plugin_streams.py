@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from pathlib import Path
 
 from driversdk.client import launch
+from tests.agent.runs import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 HELLO = [sys.executable, str(ROOT / "examples" / "hello_driver.py")]
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 from driversdk.agent.run import _batches
 from driversdk.agent.state.runstate import AllocRecord
 from driversdk.jobspec.job import Group, Job, Task, VolumeRequest
+from tests.agent.runs import ROOT
 
 Plan = list[tuple[Job, Group, int, AllocRecord | None]]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plan(*groups: Group) -> Plan:

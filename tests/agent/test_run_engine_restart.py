@@ -12,10 +12,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from tests.agent.runs import IMAGE, ROOT
 from tests.docker.private_engine import PrivateEngine, checked_private_engine
-
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "driversdk-test/busybox:local"
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ import pytest
 
 from driversdk.agent.logmon import tasklogs as logcollect
 from driversdk.agent.run import log_files
+from tests.agent.runs import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"root:host secret that no task may touch\n"
 WAIT = 30.0
 

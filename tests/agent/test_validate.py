@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from driversdk.mountinfo import read_mountinfo
+from tests.agent.runs import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 HELLO = ROOT / "examples" / "hello_driver.py"
 
 

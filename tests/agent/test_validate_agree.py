@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import ROOT
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import ROOT
 
 CLIENT = """data_dir = "{tmp}/data"
 client {{

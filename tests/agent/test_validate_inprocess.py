@@ -29,8 +29,8 @@ from driversdk.jobspec.clientconfig import ClientConfig, load_client
 from driversdk.plugin import host
 from driversdk.plugin.host import StartingPlugin, pid_alive
 from tests.agent.conftest import IMAGE
+from tests.agent.runs import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIGS: dict[str, dict[str, Any]] = {
     "docker": {"gc": {"image": False}},
     "exec": {},

@@ -13,8 +13,8 @@ import pytest
 from driversdk.agent import validate
 from driversdk.jobspec.clientconfig import load_client
 from driversdk.plugin.host import StartingPlugin, pid_alive
+from tests.agent.runs import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 HELLO = [sys.executable, str(ROOT / "examples" / "hello_driver.py")]
 
 

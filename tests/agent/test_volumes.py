@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import ROOT
 
 SPEC = """id          = "web-data"
 name        = "web-data"
