@@ -5,24 +5,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.agent.runs import NO_RESTARTS, ROOT, db_rows, wait_for
 from tests.raw_exec.conftest import Tracker
 
 pytestmark = pytest.mark.root
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-# What a job whose task is meant to fail says, so the run ends at its first failure.
-NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
 
 
 def _files(
@@ -107,28 +99,6 @@ def test_raw_exec_job_on_a_client_that_did_not_enable_it_is_refused(track: Track
     assert "Traceback" not in done.stdout + done.stderr
 
 
-def _rows(data: Path, query: str) -> list[tuple[object, ...]]:
-    db = data / "state.db"
-    if not db.exists():
-        return []
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        return conn.execute(query).fetchall()
-    except sqlite3.OperationalError:
-        return []  # the run has not created its tables yet
-    finally:
-        conn.close()
-
-
-def _wait_for(what: str, check: Callable[[], object], timeout: float = 60.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_raw_exec_plugin_killed_mid_run_is_relaunched_and_the_task_recovered(track: Tracker, no_leaks: None) -> None:
     job, client, data = _files(track, enabled=True, script="echo up; sleep 4; exit 7", restart=NO_RESTARTS)
     proc = subprocess.Popen(
@@ -139,11 +109,11 @@ def test_raw_exec_plugin_killed_mid_run_is_relaunched_and_the_task_recovered(tra
         cwd=ROOT,
     )
     try:
-        rows = _wait_for(
-            "the raw_exec plugin", lambda: _rows(data, "SELECT reattach FROM run_plugins WHERE driver='raw_exec'")
+        rows = wait_for(
+            "the raw_exec plugin", lambda: db_rows(data, "SELECT reattach FROM run_plugins WHERE driver='raw_exec'")
         )
         pid = int(json.loads(str(rows[0][0]))["pid"])  # type: ignore[index]
-        _wait_for("the task to run", lambda: _rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
+        wait_for("the task to run", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
     finally:
