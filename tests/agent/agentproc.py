@@ -65,6 +65,12 @@ class AgentProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
+    def submit(self, hcl: str) -> None:
+        """Register a job given as HCL: parsed by the agent's /v1/jobs/parse, then PUT to /v1/jobs."""
+        client = self.client()
+        job = client.request("POST", "/v1/jobs/parse", body={"JobHCL": hcl})[0]
+        client.request("PUT", "/v1/jobs", body={"Job": job})
+
     def wait_allocs(self, job: str, *statuses: str, timeout: float = 90.0) -> list[dict[str, Any]]:
         """The job's allocations once each has one of ``statuses`` (ClientStatus)."""
         deadline = time.monotonic() + timeout

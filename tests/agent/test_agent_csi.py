@@ -63,12 +63,6 @@ def register_volume(env: Env) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def submit(process: AgentProcess, hcl: str) -> None:
-    client = process.client()
-    job = client.request("POST", "/v1/jobs/parse", body={"JobHCL": hcl})[0]
-    client.request("PUT", "/v1/jobs", body={"Job": job})
-
-
 def raw(process: AgentProcess, path: str, **query: str) -> tuple[Any, str]:
     body, _ = process.client().request("GET", path, query or None)
     return body, json.dumps(body)
@@ -89,14 +83,14 @@ def test_csi_volume_and_plugin_endpoints_in_nomads_shape(csi_agent: tuple[Env, A
     assert stub["CurrentReaders"] == 0 and stub["CurrentWriters"] == 0 and stub["AccessMode"] == ""
     assert client.get("/v1/plugins", type="csi") == []
 
-    submit(process, 'job "storage" {\n  type = "service"\n' + plugin_group() + "\n}\n")
+    process.submit('job "storage" {\n  type = "service"\n' + plugin_group() + "\n}\n")
     [plugin_alloc] = process.wait_allocs("storage", "running")
     deadline = time.monotonic() + 60
     while [p["NodesHealthy"] for p in client.get("/v1/plugins", type="csi")] != [1]:  # the plugin registers
         assert time.monotonic() < deadline, process.log()
         time.sleep(0.1)
     script = "echo hi > /data/hello; exec sleep 300"
-    submit(process, 'job "app" {\n  type = "service"\n' + app_group(script) + "\n}\n")
+    process.submit('job "app" {\n  type = "service"\n' + app_group(script) + "\n}\n")
     [app_alloc] = process.wait_allocs("app", "running")
 
     [stub], text = raw(process, "/v1/volumes", type="csi")

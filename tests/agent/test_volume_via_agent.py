@@ -140,12 +140,6 @@ def _stop(process: AgentProcess, job: str) -> None:
         time.sleep(0.1)
 
 
-def _submit(process: AgentProcess, hcl: str) -> None:
-    client = process.client()
-    job = client.request("POST", "/v1/jobs/parse", body={"JobHCL": hcl})[0]
-    client.request("PUT", "/v1/jobs", body={"Job": job})
-
-
 class CLI:
     """The CLI as an operator runs it against the agent: NOMAD_ADDR set, the data dir an empty one."""
 
@@ -221,7 +215,7 @@ def test_volume_and_plugin_commands_go_through_the_agent(csi_agent: tuple[Env, A
     ), done
 
     # The plugin, run by the agent.
-    _submit(process, 'job "storage" {\n  type = "service"\n' + plugin_group() + "\n}\n")
+    process.submit('job "storage" {\n  type = "service"\n' + plugin_group() + "\n}\n")
     [plugin_alloc] = process.wait_allocs("storage", "running")
     deadline = time.monotonic() + 60
     while [p["NodesHealthy"] for p in client.get("/v1/plugins", type="csi")] != [1]:
@@ -253,7 +247,7 @@ def test_volume_and_plugin_commands_go_through_the_agent(csi_agent: tuple[Env, A
     ), done
 
     # A docker job claims "vol": deregister, delete and detach are refused with the sentence.
-    _submit(process, 'job "app" {\n  type = "service"\n' + app_group("echo hi > /data/hello; exec sleep 300") + "\n}\n")
+    process.submit('job "app" {\n  type = "service"\n' + app_group("echo hi > /data/hello; exec sleep 300") + "\n}\n")
     [app_alloc] = process.wait_allocs("app", "running")
     short = app_alloc["ID"][:8]
     for args, doing in [(("deregister", "vol"), "deregistering"), (("delete", "vol"), "deleting")]:

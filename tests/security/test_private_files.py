@@ -15,7 +15,6 @@ import signal
 import sqlite3
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,13 +22,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import ROOT, cli
+
 ENV_SECRET = "s3cr3t-env-value-4242"
 CSI_SECRET = "s3cr3t-csi-value-1717"
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "driversdk.cli", *args]
 
 
 @pytest.fixture
