@@ -30,6 +30,11 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "driversdk.cli", *args]
 
 
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run to its end from the checkout, its output captured."""
+    return subprocess.run(cli(*args), capture_output=True, text=True, cwd=ROOT, timeout=180)
+
+
 def ours(engine: docker.DockerClient, data_dir: Path) -> list[str]:
     """Containers whose binds come from this test's data dir."""
     return [

@@ -10,13 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.runs import ROOT
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "driversdk.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=180
-    )
+from tests.agent.runs import run_cli
 
 
 def job(tmp_path: Path, task: str = "", group: str = "", extra: str = "", driver: str = "nosuch") -> Path:
@@ -45,7 +39,7 @@ def client(tmp_path: Path, text: str = "") -> Path:
 
 def validate(tmp_path: Path, job_file: Path, client_file: Path | None = None) -> subprocess.CompletedProcess[str]:
     client_file = client_file or client(tmp_path)
-    done = cli("validate", str(job_file), "--client", str(client_file))
+    done = run_cli("validate", str(job_file), "--client", str(client_file))
     assert "Traceback" not in done.stdout + done.stderr
     # Problems found in the job and client files name their line (job.hcl:3); these tests match the rest.
     for path in (job_file, client_file):
@@ -197,7 +191,7 @@ def test_a_client_file_that_is_not_utf8(tmp_path: Path) -> None:
 def test_a_volume_file_that_is_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "vol.hcl"
     path.write_bytes(b'id = "\xfe"\n')
-    done = cli("volume", "--data-dir", str(tmp_path / "data"), "register", str(path))
+    done = run_cli("volume", "--data-dir", str(tmp_path / "data"), "register", str(path))
     assert done.returncode == 1
     assert done.stderr == f"error: {path}:1: the file is not UTF-8 text (byte 0xfe at offset 6); save it as UTF-8\n"
 
@@ -255,13 +249,13 @@ def test_a_plugin_config_block_given_as_a_bool_is_refused(tmp_path: Path) -> Non
 
 
 def test_probe_with_bad_json_config(tmp_path: Path) -> None:
-    done = cli("plugin", "probe", "--config", "{gc: false}", "--", sys.executable, "-m", "drivers.docker")
+    done = run_cli("plugin", "probe", "--config", "{gc: false}", "--", sys.executable, "-m", "drivers.docker")
     assert done.returncode == 1
     assert done.stderr == (
         "error: --config is not valid JSON (Expecting property name enclosed in double quotes at line 1 column 2); "
         'give the plugin config as a JSON object, e.g. --config \'{"gc": {"image": false}}\'\n'
     )
-    done = cli("plugin", "probe", "--config", "[1]", "--", sys.executable, "-m", "drivers.docker")
+    done = run_cli("plugin", "probe", "--config", "[1]", "--", sys.executable, "-m", "drivers.docker")
     assert done.stderr == "error: --config must be a JSON object ({...}), not list\n"
 
 
@@ -283,7 +277,7 @@ def test_read_only_commands_on_a_missing_data_dir_create_nothing(tmp_path: Path,
         args = ["volume", "--data-dir", str(missing), *command[1:]]
     else:
         args = [*command, "--data-dir", str(missing)]
-    done = cli(*args)
+    done = run_cli(*args)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr == (
         f"error: data dir {missing} does not exist; nothing has been run with it "
@@ -294,7 +288,7 @@ def test_read_only_commands_on_a_missing_data_dir_create_nothing(tmp_path: Path,
 
 def test_the_data_dir_from_the_client_config_too(tmp_path: Path) -> None:
     path = client(tmp_path)
-    done = cli("status", "--client", str(path))
+    done = run_cli("status", "--client", str(path))
     assert done.returncode == 1
     assert "does not exist; nothing has been run with it" in done.stderr
     assert not (tmp_path / "data").exists()
@@ -309,13 +303,13 @@ def test_an_unexpected_error_is_one_sentence_and_debug_shows_the_traceback(tmp_p
         'id = "v1"\nplugin_id = "p"\ncapability {\n  access_mode = "single-node-writer"\n'
         '  attachment_mode = "file-system"\n}\n'
     )
-    done = cli("volume", "--data-dir", str(data), "register", str(volume))
+    done = run_cli("volume", "--data-dir", str(data), "register", str(volume))
     assert done.returncode == 1
     assert done.stderr == (
         f"error: `driversdk volume register` failed unexpectedly: FileExistsError: File exists ({data}); "
         "run again with --debug for the traceback\n"
     )
-    debug = cli("--debug", "volume", "--data-dir", str(data), "register", str(volume))
+    debug = run_cli("--debug", "volume", "--data-dir", str(data), "register", str(volume))
     assert debug.returncode == 1
     assert debug.stderr.startswith("Traceback (most recent call last):\n")
     assert "FileExistsError" in debug.stderr

@@ -5,15 +5,12 @@ sentence naming the field, without a traceback, and nothing is created under the
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from driversdk.paths import NAME_MAX, UnsafePathError, check_name, resolve_under
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.agent.runs import run_cli
 
 # HCL escapes: the job file says "\u0000" and "\n"; the parsed name holds NUL and a newline.
 HOSTILE = {
@@ -81,12 +78,6 @@ def job_text(field: str, value: str) -> str:
 """
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "driversdk.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=180
-    )
-
-
 def files(tmp_path: Path, field: str, value: str) -> tuple[Path, Path, Path]:
     data = tmp_path / "data"
     client = tmp_path / "client.hcl"
@@ -106,7 +97,7 @@ def test_validate_refuses_a_hostile_name_naming_the_field(tmp_path: Path, field:
     if field == "namespace" and value == "":
         pytest.skip('an empty namespace is "default", as in Nomad')
     job, client, data = files(tmp_path, field, value)
-    done = cli("validate", str(job), "--client", str(client))
+    done = run_cli("validate", str(job), "--client", str(client))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     words = EMPTY.get(field, FIELDS[field]) if value == "" else FIELDS[field]
@@ -135,14 +126,14 @@ def test_validate_refuses_a_hostile_name_naming_the_field(tmp_path: Path, field:
 )
 def test_the_sentences(tmp_path: Path, field: str, value: str, sentence: str) -> None:
     job, client, _ = files(tmp_path, field, value)
-    done = cli("validate", str(job), "--client", str(client))
+    done = run_cli("validate", str(job), "--client", str(client))
     assert sentence in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("field", list(FIELDS))
 def test_run_refuses_before_anything_is_created(tmp_path: Path, field: str) -> None:
     job, client, data = files(tmp_path, field, "/../../x/victim")
-    done = cli("run", str(job), "--client", str(client))
+    done = run_cli("run", str(job), "--client", str(client))
     assert done.returncode == 2, done.stdout + done.stderr  # refused before anything started
     assert "Traceback" not in done.stdout + done.stderr
     assert refusal_lines(done.stdout, FIELDS[field]), done.stdout + done.stderr
@@ -163,7 +154,7 @@ def test_a_hostile_volume_file_is_refused_naming_the_field(tmp_path: Path) -> No
         volume.write_text(
             body + 'capability {\n  access_mode = "single-node-writer"\n  attachment_mode = "file-system"\n}\n'
         )
-        done = cli("volume", "--data-dir", str(data), "register", str(volume))
+        done = run_cli("volume", "--data-dir", str(data), "register", str(volume))
         assert done.returncode == 1, done.stdout + done.stderr
         assert words in done.stderr
         assert "Traceback" not in done.stderr
