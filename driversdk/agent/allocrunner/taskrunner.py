@@ -2,8 +2,12 @@
 
 It sequences :data:`TASK_HOOKS` (prerun in order, postrun in reverse), records each step in the
 run state (a ``starting`` row before StartTask, so a run killed inside the call is finished by
-the next one), starts or recovers the task through the driver manager, waits for it and reports
-events. What a task needs (its dir, logs, mounts, CSI plugin supervision) is in the hooks.
+the next one), starts or recovers the task on a plugin the driver manager dispenses, waits for it
+and reports events. Its lifecycle is one state machine (:mod:`.taskstate`) moved by events: the
+start returned, the wait settled (an exit, the plugin's death, the agent's shutdown), a kill was
+asked for. A plugin that dies under the task is this runner's to handle, as Nomad's task runner
+does: it asks the manager for the driver's plugin again and recovers its own task on it. What a
+task needs (its dir, logs, mounts, CSI plugin supervision) is in the hooks.
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ from driversdk.agent.allocrunner.hooks.task_dir import TaskDirHook
 from driversdk.agent.allocrunner.hooks.template import TemplateHook
 from driversdk.agent.allocrunner.hooks.volume_mounts import VolumeMountsHook
 from driversdk.agent.allocrunner.lifecycle import Coordinator
+from driversdk.agent.allocrunner.taskstate import TaskState, TaskStateMachine
 from driversdk.agent.csi.pluginsupervisor import PluginSupervisor
 from driversdk.agent.events import Emit, EventType, RunEvent, RunEventType, split_type
 from driversdk.agent.logmon import tasklogs as logcollect
 from driversdk.agent.logmon.tasklogs import MIB
-from driversdk.agent.pluginmanager.drivermanager import DriverManager, TaskLost, TrackedTask
-from driversdk.agent.state.runstate import RunState, TaskRecord
+from driversdk.agent.pluginmanager.drivermanager import AgentShutdown, DriverManager, PluginExited
+from driversdk.agent.state.runstate import RunState, TaskRecord, TaskStart
 from driversdk.client import DriverClient
 from driversdk.durations import parse_duration
 from driversdk.errors import DriverSDKError, PluginCallError, StateWriteError
@@ -68,6 +73,12 @@ TASK_HOOKS: list[Callable[[], TaskHook]] = [
     ArtifactHook,  # artifacts fetched into the task dir (before templates, which may read them)
     TemplateHook,  # templates rendered into the task dir; env = true ones into the environment
 ]
+
+# No wait follows the task in these states: nothing but the runner itself ends it.
+_NOT_FOLLOWED = frozenset({TaskState.PENDING, TaskState.PRESTART, TaskState.STARTING, TaskState.RESTARTING})
+
+# How often a driver plugin may die under one running task before the task counts as lost.
+MAX_PLUGIN_RELAUNCHES = 3
 
 # How long a DestroyTask the driver calls recoverable is tried again, and how often.
 DESTROY_RETRY_WINDOW = 30.0
@@ -140,8 +151,11 @@ class TaskRunner:
         self.config: TaskConfig | None = None
         self.handle: TaskHandle | None = None
         self.result: ExitResult | None = None
-        self.started = False
         self.failure = ""
+        # The task's lifecycle: every change of it goes through self._to (see taskstate.ALLOWED).
+        self.machine = TaskStateMachine(task.name)
+        self._plugin: DriverClient | None = None  # the plugin instance the task runs on now
+        self._relaunches = 0  # how often its plugin died under it
         self.done = threading.Event()
         self._event_lock = threading.RLock()
         # What the template hook renders with env = true; over the task's env, as Nomad's.
@@ -154,8 +168,7 @@ class TaskRunner:
             policy, alloc.job.type, task.lifecycle_hook, task.lifecycle_sidecar, count=count
         )
         self.tracker.restarts = count
-        self._stopping = threading.Event()  # stop() was called: no more restarts
-        self._between = False  # the task exited and waits for its restart: nothing to stop
+        self._stopping = threading.Event()  # the kill event: stop() was called, no more restarts
         self._destroyed: set[str] = set()  # task ids already removed from their driver
         self._unrecovered = False  # RecoverTask failed: the driver does not track the task
 
@@ -191,7 +204,30 @@ class TaskRunner:
 
     @property
     def client(self) -> DriverClient:
-        return self.alloc.drivers.client_of(self.config.id if self.config else "", self.task.driver)
+        """The plugin instance that runs the task now (a new one after its plugin died)."""
+        return self._plugin if self._plugin is not None else self.alloc.drivers.dispense(self.task.driver)
+
+    @property
+    def state(self) -> TaskState:
+        return self.machine.state
+
+    @property
+    def started(self) -> bool:
+        """StartTask returned (or the task was taken over from a killed run): there is a task to
+        stop and to remove."""
+        return self.handle is not None
+
+    def _to(self, after: TaskState, why: str) -> None:
+        """The one place the task's state changes (the machine refuses a move its table does not allow)."""
+        self.machine.transition(after, why)
+
+    def _end(self, why: str) -> None:
+        """Dead, from whatever state the task is in (once)."""
+        self.machine.transition_if(set(TaskState) - {TaskState.DEAD}, TaskState.DEAD, why)
+
+    def _end_unless_followed(self, why: str) -> None:
+        """Dead, unless a wait follows the task: then its outcome ends it (see :meth:`_wait`)."""
+        self.machine.transition_if(_NOT_FOLLOWED, TaskState.DEAD, why)
 
     # --- hooks ---------------------------------------------------------------------------------
 
@@ -253,11 +289,15 @@ class TaskRunner:
         except StateWriteError as err:
             self._state_failed(err)
             raise
+        except BaseException:
+            self._end_unless_followed("its start failed")
+            raise
 
     def _state_failed(self, err: StateWriteError) -> None:
         """A write of this task's state failed: the task fails with that sentence and the run
         ends (the node stops every allocation, which tears this one down)."""
         self.failure = str(err)
+        self._end_unless_followed("a write of its state failed")
         if self.result is None:
             self.result = ExitResult(exit_code=1)
         self.event(str(err), type=RunEventType.FAILED, fails_task=True)
@@ -304,6 +344,7 @@ class TaskRunner:
                 self._policy_event(kind, delay)
                 if kind != restarts.RESTARTING:
                     raise
+                self._to(TaskState.RESTARTING, "its start failed; the policy restarts it")
                 if self._sleep_unless_stopped(delay):
                     self._killed_between()  # stopped on purpose: the run says "interrupted", not this error
                     raise
@@ -338,25 +379,30 @@ class TaskRunner:
     def _start(self, task_id: str | None, restarts_done: int = 0) -> None:
         state, a = self.alloc.state, self.alloc
         recorded = False
+        self._to(TaskState.PRESTART, "start")
         try:
             self._prerun()
             self.config = self._task_config(task_id)
             self.config.env.update(self.template_env)
-            state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id,
-                           a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
+            start = TaskStart(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id,
+                              a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
+            state.starting(start)
             recorded = True
-            handle = self.alloc.drivers.dispense(self.task.driver).start_task(self.config)
+            self._to(TaskState.STARTING, "its hooks ran")
+            plugin = self.alloc.drivers.dispense(self.task.driver)
+            handle = plugin.start_task(self.config)
         except BaseException:
             if recorded:
                 state.start_failed(a.alloc_id, self.task.name)
             self._postrun()
             raise
-        self.started, self.handle = True, handle
+        self.handle, self._plugin = handle, plugin
+        self._to(TaskState.RUNNING, "StartTask returned")
         proto = convert.task_handle_to_proto(handle).SerializeToString()
-        state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, self.config.id, proto,
-                      a.alloc_dir, self.logmon.pid if self.logmon else 0, restarts_done)  # fmt: skip
+        state.started(start, proto)
         self._started_event(restarts_done)
-        self._follow()
+        self._watch()
+        self._poststart()
 
     def _started_event(self, restarts_done: int) -> None:
         details = {"driver": self.task.driver} | ({"restarts": str(restarts_done)} if restarts_done else {})
@@ -420,15 +466,18 @@ class TaskRunner:
 
     def _recover(self, record: TaskRecord) -> None:
         handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
-        self.config, self.handle, self.started = handle.config, handle, True
+        self.config, self.handle = handle.config, handle
+        self._to(TaskState.PRESTART, "recover the task a killed run left")
         self._prerun()
         if record.state != "running":
             lost = record.state == "lost" and record.exit_code is None  # ended, how unknown: not a success
             self.result = ExitResult(1 if lost else record.exit_code or 0, record.signal or 0, record.oom)
+            self._to(TaskState.DEAD, f"it had ended ({record.state}) before this run")
             self.done.set()
             return
         try:
-            self.alloc.drivers.dispense(self.task.driver).recover_task(handle)
+            plugin = self.alloc.drivers.dispense(self.task.driver)
+            plugin.recover_task(handle)
         except DriverSDKError as err:
             # The task ended (or went) while no run followed it, and the driver cannot say how: it
             # is lost, as Nomad's client marks a task it cannot restore. The driver does not track
@@ -437,27 +486,31 @@ class TaskRunner:
                        type=EventType.RESTORE_FAILED, fails_task=True)  # fmt: skip
             self._unrecovered = True
             self.result = ExitResult(exit_code=1)
+            self._to(TaskState.DEAD, "RecoverTask failed")
             self.alloc.state.lost(self.alloc.alloc_id, self.task.name)
             self.done.set()
             return
+        self._plugin = plugin
+        self._to(TaskState.RUNNING, "recovered")
         self.event(f"recovered ({self.label})", type=RunEventType.RECOVERED)
-        self._follow()
+        self._watch()
+        self._poststart()
 
     # --- running -------------------------------------------------------------------------------
 
-    def _follow(self) -> None:
-        assert self.config is not None and self.handle is not None
-        drivers = self.alloc.drivers
-        drivers.track(
-            self.config.id,
-            TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
-        )
-        drivers.watch(self.config.id, self._wait)
-        self._poststart()
+    def _watch(self) -> None:
+        """Follow the task: the driver manager hands the wait's outcome to :meth:`_wait`."""
+        assert self.config is not None and self._plugin is not None
+        self.alloc.drivers.watch(self._plugin, self.config.id, self._wait)
 
     def _wait(self, outcome: ExitResult | DriverSDKError) -> None:
-        """The task's end, on the short-lived thread the driver manager gives it (no thread waits
-        while the task runs): its every failure reaches the run, never the thread's end alone."""
+        """The wait's outcome, on the short-lived thread the driver manager gives it (no thread
+        waits while the task runs): its every failure reaches the run, never the thread's end alone."""
+        if isinstance(outcome, AgentShutdown):
+            # The agent lets its plugins go and the next one recovers the task: nothing is recorded
+            # (the store is the next agent's), and the task is not over.
+            self._end("the agent shut down; the task runs on for the next agent")
+            return
         final = True
         try:
             final = self._wait_and_record(outcome)
@@ -467,12 +520,14 @@ class TaskRunner:
             self._failed_unexpectedly(err)
         finally:
             if final:
+                self._end("its wait ended")
                 self.done.set()
                 # A failed task, or the leader, stops its siblings (Nomad's alloc runner does so).
                 self.alloc.lifecycle.task_ended(self)
 
     def _failed_unexpectedly(self, err: BaseException) -> None:
         self.failure = f"following the task failed: {type(err).__name__}: {err}"
+        self._end("following it failed")
         if self.result is None:
             self.result = ExitResult(exit_code=1)
         self.event(self.failure, type=RunEventType.FAILED, fails_task=True)
@@ -481,9 +536,10 @@ class TaskRunner:
     def _wait_and_record(self, outcome: ExitResult | DriverSDKError) -> bool:
         """Record the task's end; False when it was started again (a new watch follows it)."""
         assert self.config is not None
-        if isinstance(outcome, TaskLost):  # the manager reported why
-            self.failure = str(outcome)
-            result = ExitResult(exit_code=1)
+        if isinstance(outcome, PluginExited):
+            if self._recover_from_plugin_death(outcome.plugin):
+                return False  # followed again on the new plugin
+            result = ExitResult(exit_code=1)  # lost: self.failure says why
         elif isinstance(outcome, DriverSDKError):  # WaitFailed: the plugin lives, the call failed
             self.event(str(outcome))
             result = ExitResult(exit_code=1)
@@ -491,6 +547,7 @@ class TaskRunner:
             result = outcome
         if self.failure and result.successful:
             result = ExitResult(exit_code=1, signal=result.signal)
+        self._to(TaskState.EXITED, "its wait settled")
         oom_detail = {"oom_killed": "true"} if result.oom_killed else {}
         self.event(restarts.event_message(restarts.TERMINATED, result=result), type=EventType.TERMINATED,
                    exit_code=result.exit_code, signal=result.signal, details=oom_detail)  # fmt: skip
@@ -515,8 +572,39 @@ class TaskRunner:
                    signal=result.signal, fails_task=not result.successful or bool(self.failure))  # fmt: skip
         return True
 
+    def _recover_from_plugin_death(self, dead: DriverClient) -> bool:
+        """The plugin died under the task (which may run on): the driver's plugin is dispensed again
+        (launched by the first of its tasks to ask, shared by the rest) and RecoverTask asked of it
+        for this task, as Nomad's task runner handles a driver plugin's exit. False when the task is
+        lost (``self.failure`` says why): its plugin died too often, or no new one takes it over."""
+        driver = self.task.driver
+        self._to(TaskState.RECOVERING, "its driver plugin exited")
+        if self._relaunches >= MAX_PLUGIN_RELAUNCHES:
+            self.failure = f"the {driver} driver plugin died {self._relaunches + 1} times while the task ran"
+            self.event(f"lost: {self.failure}")
+            return False
+        self.event(f"driver plugin {driver!r} exited; relaunching it and recovering the task")
+        assert self.handle is not None
+        try:
+            plugin = self.alloc.drivers.redispense(driver, dead)
+            self._relaunches += 1
+            plugin.recover_task(self.handle)
+        except DriverSDKError as err:
+            self.failure = f"could not be recovered after its driver plugin exited: {err}"
+            self.event(self.failure)
+            return False
+        self._plugin = plugin
+        self._to(TaskState.RUNNING, "recovered on the new plugin")
+        self.event(f"recovered ({self.label})", type=RunEventType.RECOVERED,
+                   details={"plugin_relaunches": str(self._relaunches)})  # fmt: skip
+        self._watch()
+        if self._stopping.is_set():
+            self._stop_task()  # the kill came while the plugin was down: StopTask reached no one
+        return True
+
     def skip(self, why: str) -> None:
         """The task will not start (its allocation failed or stopped before its lifecycle stage)."""
+        self._end_unless_followed("not started")
         self.event(f"not started: {why}", type=RunEventType.NOT_STARTED)
         self.done.set()
 
@@ -534,7 +622,12 @@ class TaskRunner:
     # --- stop ----------------------------------------------------------------------------------
 
     def _stop_task(self) -> None:
-        if self.started and not self.done.is_set() and self.config is not None and not self._between:
+        """The kill event: StopTask for a running task (again for one being killed); nothing for one
+        not started, between its restarts or ended."""
+        if self.done.is_set() or self.config is None:
+            return
+        running = (TaskState.RUNNING, TaskState.KILLING)
+        if self.machine.transition_if(running, TaskState.KILLING, "kill requested"):
             try:
                 timeout = parse_duration(self.task.kill_timeout, "kill_timeout")
                 # Nomad's words, whatever the kill_signal: "interrupt" is its name for the first signal.
@@ -562,7 +655,6 @@ class TaskRunner:
                 unrecorded = err
             if self.config.id not in self._destroyed:
                 self._destroy_task(self.config.id)
-            self.alloc.drivers.untrack(self.config.id)
         self._postrun()
         for hook in self.hooks:
             hook.destroy(TaskDestroyRequest(self.info))
@@ -588,8 +680,8 @@ class TaskRunner:
             if kind != restarts.RESTARTING:
                 return result  # Terminated: done, successfully
             self._policy_event(kind, delay)
-            if not self._between:
-                self._between = True
+            if self.machine.is_(TaskState.EXITED):  # not after a failed restart: removed already
+                self._to(TaskState.RESTARTING, "the policy restarts it")
                 self.alloc.state.restarting(self.alloc.alloc_id, self.task.name, result.exit_code, result.signal,
                                             self.tracker.restarts)  # fmt: skip
                 self._remove_exited()
@@ -601,6 +693,7 @@ class TaskRunner:
             except StateWriteError:
                 raise
             except DriverSDKError as err:
+                self.machine.transition_if((TaskState.STARTING,), TaskState.RESTARTING, "its restart failed")
                 self.event(f"restart failed: {err}")
                 self.tracker.start_failed(getattr(err, "recoverable", False))
                 result = ExitResult(exit_code=1)
@@ -612,7 +705,6 @@ class TaskRunner:
         old = self.config.id
         self._destroy_task(old)
         self._destroyed.add(old)
-        self.alloc.drivers.untrack(old)
 
     def _start_again(self) -> None:
         """StartTask under a new task id with the config of the first start (env, mounts, the
@@ -630,36 +722,31 @@ class TaskRunner:
         )
         count = self.tracker.restarts
         logmon = self.logmon.pid if self.logmon else 0
-        state.starting(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id,
-                       a.alloc_dir, logmon, count)  # fmt: skip
+        start = TaskStart(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id,
+                          a.alloc_dir, logmon, count)  # fmt: skip
+        state.starting(start)
+        self._to(TaskState.STARTING, "restart")
         try:
-            handle = a.drivers.dispense(self.task.driver).start_task(config)
+            plugin = a.drivers.dispense(self.task.driver)
+            handle = plugin.start_task(config)
         except BaseException:
             state.start_failed(a.alloc_id, self.task.name)
             raise
-        self.config, self.handle, self._between = config, handle, False
+        self.config, self.handle, self._plugin = config, handle, plugin
+        self._to(TaskState.RUNNING, "StartTask returned")
         proto = convert.task_handle_to_proto(handle).SerializeToString()
-        state.started(a.alloc_id, a.job.name, a.group.name, self.task.name, self.task.driver, config.id, proto,
-                      a.alloc_dir, logmon, count)  # fmt: skip
+        state.started(start, proto)
         self._started_event(count)
-        self._track_and_wait()
+        self._watch()
         if self._stopping.is_set():
             self._stop_task()  # stop() came while StartTask ran
-
-    def _track_and_wait(self) -> None:
-        assert self.config is not None and self.handle is not None
-        drivers = self.alloc.drivers
-        drivers.track(
-            self.config.id,
-            TrackedTask(self.task.driver, self.handle, self.event, self.label, drivers.dispense(self.task.driver)),
-        )
-        drivers.watch(self.config.id, self._wait)
 
     def _recover_restarting(self, record: TaskRecord) -> None:
         """The killed run was waiting to restart the task: the exited task is removed if it is
         still there, and the task starts again at once (the rest of the delay is not waited)."""
         handle = convert.task_handle_from_proto(_handle_proto(record.handle or b""))
-        self.config, self.handle, self.started = handle.config, handle, True
+        self.config, self.handle = handle.config, handle
+        self._to(TaskState.PRESTART, "recover the task a killed run was restarting")
         self._prerun()
         self.event(f"was waiting to restart (restart {record.restarts}) when the previous run was killed; starting it")
         try:
@@ -671,7 +758,7 @@ class TaskRunner:
             self.tracker = restarts.RestartTracker(restarts.policy_for(self.alloc.job.type, None, None),
                                                    self.alloc.job.type, count=record.restarts)  # fmt: skip
         self.tracker.restarts = record.restarts
-        self._between = True
+        self._to(TaskState.RESTARTING, "the killed run was restarting it")
         self._start_again()
         self._poststart()
 

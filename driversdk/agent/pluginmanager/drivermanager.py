@@ -3,8 +3,10 @@
 As Nomad's client keeps one instance manager per driver plugin: the plugin is launched on first
 use (or taken over from validation, which launched it to read its schema), shared by every
 allocation and job this process runs, its reattach config kept in ``state.db`` so a restarted
-``run`` reattaches instead of launching a second one, relaunched when it dies (once per death,
-then ``RecoverTask`` for every task it ran), and shut down when no allocation uses it.
+``run`` reattaches instead of launching a second one, dispensed again when it dies (one new
+instance per death, shared by its tasks; each task's runner asks for it and recovers its own
+task), and shut down when no allocation uses it. It only dispenses, reattaches and shuts down
+plugins: it keeps no task.
 
 Task events come on one stream per plugin and are handed to the allocation they belong to.
 """
@@ -15,7 +17,6 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from driversdk.agent.events import Emit, RunEvent
 from driversdk.agent.state.runstate import RunState
@@ -23,14 +24,12 @@ from driversdk.bundled import reinstall_hint
 from driversdk.client import DriverClient, launch, reattach
 from driversdk.errors import DriverSDKError
 from driversdk.jobspec.clientconfig import ClientConfig
-from driversdk.model import AgentConfig, ExitResult, TaskEvent, TaskHandle
+from driversdk.model import AgentConfig, ExitResult, TaskEvent
 from driversdk.plugin.host import pid_alive, remove_dead_plugin_socket
 from driversdk.plugin.log import ENV_LOG_FILE
 from driversdk.plugin.reattach import ReattachConfig
 from driversdk.plugin.verify import ReattachRefused
 
-# How often a driver plugin may die under one running task before the task counts as lost.
-MAX_PLUGIN_RELAUNCHES = 3
 AGENT_CONFIG = AgentConfig(14000, 14512)
 
 
@@ -38,26 +37,20 @@ class NoDriverPlugin(DriverSDKError):
     """No plugin is configured or bundled for a driver a job names."""
 
 
-class TaskLost(DriverSDKError):
-    """A task's driver plugin died and the task could not be taken over again."""
-
-
 class WaitFailed(DriverSDKError):
     """WaitTask failed while the plugin lived on."""
 
 
-@dataclass
-class TrackedTask:
-    """A running task the manager recovers when its plugin dies."""
+class PluginExited(DriverSDKError):
+    """The plugin a task's wait was on died under it (the task itself may run on)."""
 
-    driver: str
-    handle: TaskHandle
-    event: Callable[[str], None]  # the task's own event line (task "x" …)
-    label: str  # "docker, alloc 1234abcd", as the started/recovered lines say
-    client: DriverClient
-    relaunches: int = 0
-    lost: str = ""
-    waiters: int = field(default=0)
+    def __init__(self, plugin: DriverClient) -> None:
+        super().__init__(f"the {plugin.name} driver plugin exited")
+        self.plugin = plugin
+
+
+class AgentShutdown(DriverSDKError):
+    """The agent let its plugins go and leaves the tasks running for the next agent."""
 
 
 class DriverManager:
@@ -75,7 +68,6 @@ class DriverManager:
         self._spare: dict[str, DriverClient] = dict(spare or {})
         self._plugins: dict[str, DriverClient] = {}
         self._users: dict[str, int] = {}
-        self._tasks: dict[str, TrackedTask] = {}
         self._subscribers: dict[str, Callable[[TaskEvent], None]] = {}
         # Held while a plugin is launched or replaced: tasks that lost it together relaunch it once.
         self._lock = threading.RLock()
@@ -89,7 +81,7 @@ class DriverManager:
             current = self._plugins.get(driver)
             if current is not None and current.process.alive():
                 return current
-            if current is not None:  # died between uses: same path as a death seen by a waiting task
+            if current is not None:  # died between uses: replaced once, as for a death a waiting task saw
                 return self._replace(driver, current)
             plugin = self._reattach(driver)
             if plugin is None:
@@ -257,105 +249,59 @@ class DriverManager:
 
         threading.Thread(target=relay, daemon=True, name=f"task-events-{plugin.name}").start()
 
-    # --- tasks through plugin deaths ------------------------------------------------------------
+    # --- waits and plugin deaths ----------------------------------------------------------------
 
-    def track(self, task_id: str, task: TrackedTask) -> None:
-        with self._lock:
-            self._tasks[task_id] = task
-
-    def untrack(self, task_id: str) -> None:
-        with self._lock:
-            self._tasks.pop(task_id, None)
-
-    def client_of(self, task_id: str, driver: str) -> DriverClient:
-        """The plugin instance that runs the task now (it changes when a plugin is relaunched)."""
-        with self._lock:
-            tracked = self._tasks.get(task_id)
-            return tracked.client if tracked is not None else self.dispense(driver)
-
-    def watch(self, task_id: str, on_outcome: Callable[[ExitResult | DriverSDKError], None]) -> None:
-        """:meth:`wait_task` with no thread held while the task runs: ``on_outcome`` gets the exit,
-        or :class:`TaskLost` / :class:`WaitFailed`, exactly once, on a short-lived thread of its
-        own (it may block: record the exit, wait out a restart delay). A plugin that dies meanwhile
-        is relaunched and the task recovered before the wait is asked for again."""
-        self._watch(task_id, self._tasks[task_id], on_outcome)
-
-    def _watch(
-        self, task_id: str, tracked: TrackedTask, on_outcome: Callable[[ExitResult | DriverSDKError], None]
+    def watch(
+        self, plugin: DriverClient, task_id: str, on_outcome: Callable[[ExitResult | DriverSDKError], None]
     ) -> None:
-        client = tracked.client
+        """WaitTask on ``plugin`` with no thread held while the task runs: ``on_outcome`` gets, exactly
+        once and on a short-lived thread of its own (it may block), the exit, or :class:`PluginExited`
+        (the plugin died under the wait), :class:`AgentShutdown` (the plugins are being let go with
+        their tasks left running) or :class:`WaitFailed`. What follows is the task runner's to decide."""
 
         def settled(outcome: ExitResult | DriverSDKError) -> None:
             # gRPC's callback thread serves every pending call: nothing slow happens on it.
             threading.Thread(
-                target=self._settle_wait, args=(task_id, tracked, client, outcome, on_outcome),
-                daemon=True, name="task-exit",
-            ).start()  # fmt: skip
+                target=self._settle, args=(plugin, outcome, on_outcome), daemon=True, name="task-exit"
+            ).start()
 
         try:
-            client.watch_task(task_id, settled)
+            plugin.watch_task(task_id, settled)
         except DriverSDKError as err:
             settled(err)
 
-    def _settle_wait(
+    def _settle(
         self,
-        task_id: str,
-        tracked: TrackedTask,
-        client: DriverClient,
+        plugin: DriverClient,
         outcome: ExitResult | DriverSDKError,
         on_outcome: Callable[[ExitResult | DriverSDKError], None],
     ) -> None:
-        if isinstance(outcome, ExitResult):
-            on_outcome(outcome)
-            return
-        if tracked.client is client:
-            if self._closing or not client.process.exited_within(1.0):
-                on_outcome(WaitFailed(f"wait failed: {outcome}"))
-                return
-            with self._lock:
-                if tracked.client is client:
-                    try:
-                        self._replace(tracked.driver, client)
-                    except DriverSDKError as err:
-                        tracked.lost = f"could not be recovered after its driver plugin exited: {err}"
-                        tracked.event(tracked.lost)
-        # else: another task saw the death first and recovered this one too.
-        if tracked.lost:
-            on_outcome(TaskLost(tracked.lost))
-            return
-        self._watch(task_id, tracked, on_outcome)
+        if not isinstance(outcome, ExitResult):
+            if self._closing:
+                outcome = AgentShutdown(f"the {plugin.name} driver plugin was shut down with the agent")
+            elif plugin.process.exited_within(1.0):
+                outcome = PluginExited(plugin)
+            else:
+                outcome = WaitFailed(f"wait failed: {outcome}")
+        on_outcome(outcome)
+
+    def redispense(self, driver: str, dead: DriverClient) -> DriverClient:
+        """The driver's plugin in place of ``dead``: launched now by the first task that saw the death,
+        the same new instance for every other task of it (one launch per death)."""
+        with self._lock:
+            return self._replace(driver, dead)
 
     def _replace(self, driver: str, dead: DriverClient) -> DriverClient:
-        """A fresh plugin in place of one that died, then RecoverTask for every task it ran.
-        Called with the lock held; a death is handled once, by whoever sees it first."""
+        """Called with the lock held."""
         current = self._plugins.get(driver)
         if current is not None and current is not dead and current.process.alive():
             return current
         dead.kill()  # reaps the process and removes its socket
         self.state.plugin_gone(driver)
-        orphans = [t for t in self._tasks.values() if t.client is dead and not t.lost]
-        for tracked in orphans:
-            if tracked.relaunches >= MAX_PLUGIN_RELAUNCHES:
-                tracked.lost = f"the {driver} driver plugin died {tracked.relaunches + 1} times while the task ran"
-                tracked.event(f"lost: {tracked.lost}")
-            else:
-                tracked.event(f"driver plugin {driver!r} exited; relaunching it and recovering the task")
         self._plugins.pop(driver, None)
         plugin = self._launch(driver)
         self._plugins[driver] = plugin
         self._relay_events(plugin)
-        for tracked in orphans:
-            if tracked.lost:
-                continue
-            tracked.relaunches += 1
-            tracked.client = plugin
-            try:
-                plugin.recover_task(tracked.handle)
-            except DriverSDKError as err:
-                tracked.lost = f"could not be recovered after its driver plugin exited: {err}"
-                tracked.event(tracked.lost)
-                continue
-            tracked.event(f"recovered ({tracked.label})")
         return plugin
 
     # --- shutdown ------------------------------------------------------------------------------
