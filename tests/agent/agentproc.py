@@ -4,6 +4,8 @@ and purged first: a stopped agent leaves tasks running on purpose)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -124,6 +126,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def http_call(
+    port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """One request to an agent's HTTP listener on 127.0.0.1:``port``: its status and JSON body (or text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers=headers or {})
+        response = conn.getresponse()
+        raw = response.read()
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw.decode()
 
 
 def write_config(agent_dir: Path, port: int, *, acl: bool, host: str = "127.0.0.1") -> Path:

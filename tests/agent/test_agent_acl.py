@@ -6,8 +6,6 @@ says so."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import socket
 import stat
@@ -15,11 +13,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.agent.agentproc import ROOT, AgentProcess, free_port, write_config
+from tests.agent.agentproc import ROOT, AgentProcess, free_port, http_call, write_config
 
 BUSYBOX = "driversdk-test/busybox:local"
 JOB = {
@@ -36,21 +33,6 @@ JOB = {
 }  # fmt: skip
 
 
-def call(port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        conn.request(method, path, body=data, headers=headers or {})
-        response = conn.getresponse()
-        raw = response.read()
-    finally:
-        conn.close()
-    try:
-        return response.status, json.loads(raw)
-    except ValueError:
-        return response.status, raw.decode()
-
-
 @pytest.fixture
 def acl_agent(agent_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
     port = free_port()
@@ -64,26 +46,29 @@ def acl_agent(agent_dir: Path) -> Iterator[tuple[AgentProcess, int]]:
 def test_missing_and_wrong_tokens_get_403_and_change_nothing(acl_agent: tuple[AgentProcess, int]) -> None:
     process, port = acl_agent
     # Before the bootstrap there is no token at all: still refused.
-    assert call(port, "GET", "/v1/jobs") == (403, "Permission denied")
-    status, token = call(port, "POST", "/v1/acl/bootstrap")
+    assert http_call(port, "GET", "/v1/jobs") == (403, "Permission denied")
+    status, token = http_call(port, "POST", "/v1/acl/bootstrap")
     assert status == 200 and token["Type"] == "management"
     secret = token["SecretID"]
-    assert call(port, "POST", "/v1/acl/bootstrap") == (400, "ACL bootstrap already done")
+    assert http_call(port, "POST", "/v1/acl/bootstrap") == (400, "ACL bootstrap already done")
     wrong = {"X-Nomad-Token": "00000000-0000-0000-0000-000000000000"}
     for headers in ({}, wrong, {"X-Nomad-Token": ""}, {"Authorization": "Bearer nope"},
                     {"X-Nomad-Token": secret[:-1]}, {"Authorization": secret}):  # fmt: skip
-        assert call(port, "PUT", "/v1/jobs", JOB, headers) == (403, "Permission denied")
-        assert call(port, "POST", "/v1/jobs/parse", {"JobHCL": 'job "x" {}'}, headers) == (403, "Permission denied")
-        assert call(port, "GET", "/v1/agent/self", None, headers) == (403, "Permission denied")
-    assert call(port, "GET", "/v1/jobs", None, {"X-Nomad-Token": secret}) == (200, [])
+        assert http_call(port, "PUT", "/v1/jobs", JOB, headers) == (403, "Permission denied")
+        assert http_call(port, "POST", "/v1/jobs/parse", {"JobHCL": 'job "x" {}'}, headers) == (
+            403,
+            "Permission denied",
+        )
+        assert http_call(port, "GET", "/v1/agent/self", None, headers) == (403, "Permission denied")
+    assert http_call(port, "GET", "/v1/jobs", None, {"X-Nomad-Token": secret}) == (200, [])
     assert process.client().get("/v1/jobs") == []  # the socket agrees: nothing was registered
-    status, _ = call(port, "PUT", "/v1/jobs", JOB, {"X-Nomad-Token": secret})
+    status, _ = http_call(port, "PUT", "/v1/jobs", JOB, {"X-Nomad-Token": secret})
     assert status == 200
     process.wait_allocs("acl-job", "running")
     # Neither a stop nor a purge without the token reaches the job.
     for headers in ({}, wrong):
-        assert call(port, "DELETE", "/v1/job/acl-job?purge=true", None, headers) == (403, "Permission denied")
-    status, job = call(port, "GET", "/v1/job/acl-job", None, {"Authorization": f"Bearer {secret}"})
+        assert http_call(port, "DELETE", "/v1/job/acl-job?purge=true", None, headers) == (403, "Permission denied")
+    status, job = http_call(port, "GET", "/v1/job/acl-job", None, {"Authorization": f"Bearer {secret}"})
     assert status == 200 and job["Stop"] is False
     assert [a["ClientStatus"] for a in process.client().get("/v1/job/acl-job/allocations")] == ["running"]
 
@@ -95,7 +80,7 @@ def test_unix_socket_needs_no_token_and_is_owner_only(acl_agent: tuple[AgentProc
     assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
     assert process.client().get("/v1/jobs") == []
     assert process.client().get("/v1/agent/self")["config"]["ACL"]["Enabled"] is True
-    assert call(port, "GET", "/v1/jobs")[0] == 403
+    assert http_call(port, "GET", "/v1/jobs")[0] == 403
     # Another local user cannot reach the socket at all (the socket is 0600, its data dir 0700).
     probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
              "except PermissionError:\n    sys.exit(3)\nsys.exit(0)\n")  # fmt: skip
@@ -130,8 +115,8 @@ def test_tcp_without_acl_on_loopback_needs_the_flag(agent_dir: Path) -> None:
     assert "-allow-unauthenticated-loopback" in line and "Traceback" not in done.stderr
     process = AgentProcess(agent_dir / "data", config=config, extra_args=["-allow-unauthenticated-loopback"]).start()
     try:
-        assert call(port, "GET", "/v1/jobs") == (200, [])
-        assert call(port, "POST", "/v1/acl/bootstrap") == (400, "ACL support disabled")
+        assert http_call(port, "GET", "/v1/jobs") == (200, [])
+        assert http_call(port, "POST", "/v1/acl/bootstrap") == (400, "ACL support disabled")
     finally:
         process.close()
 

@@ -21,7 +21,7 @@ import pytest
 from driversdk.agent.api.csivolumejson import VolumeJSONError, volume_from_api, volume_to_api
 from driversdk.agent.csi.volumes import parse_volume_file
 from driversdk.cli.apiclient import APIRequestError
-from tests.agent.agentproc import ROOT, AgentProcess
+from tests.agent.agentproc import ROOT, AgentProcess, free_port, http_call, write_config
 from tests.agent.csienv import Env, app_group, make_env, plugin_group
 
 SECRET = "s3cr3t-token-value"
@@ -372,13 +372,10 @@ def test_a_named_agent_that_does_not_answer_is_an_error_not_the_data_dir(tmp_pat
 def test_over_tcp_with_acls_the_volume_commands_need_the_token(agent_dir: Path, tmp_path: Path) -> None:
     """Without the token, or with a wrong one, a volume command is refused (403, one sentence) and
     changes nothing; with -token or NOMAD_TOKEN it goes through."""
-    from tests.agent.test_agent_acl import call, write_config
-    from tests.agent.test_python_nomad import free_port
-
     port = free_port()
     process = AgentProcess(agent_dir / "data", config=write_config(agent_dir, port, acl=True)).start()
     try:
-        status, token = call(port, "POST", "/v1/acl/bootstrap")
+        status, token = http_call(port, "POST", "/v1/acl/bootstrap")
         assert status == 200
         secret = token["SecretID"]
         spec = tmp_path / "v.hcl"
