@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from driversdk import logtail
-from driversdk.agent.state.runstate import RunState
+from driversdk.agent.state.runstate import RunState, TaskStart
 from driversdk.model import DRIVER_API_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def make_state(data: Path, state: str = "running", logmon_pid: int = 0) -> Path:
     logs = alloc_dir / "alloc" / "logs"
     logs.mkdir(parents=True)
     run = RunState(str(data))
-    run.started(ALLOC, "shop", "web", "web", "docker", "task-id", b"", str(alloc_dir), logmon_pid)
+    run.started(TaskStart(ALLOC, "shop", "web", "web", "docker", "task-id", str(alloc_dir), logmon_pid), b"")
     if state != "running":
         run.finished(ALLOC, "web", 3, 0, False)
     run.close()

@@ -20,7 +20,7 @@ import pytest
 from driversdk.agent.api import shapes
 from driversdk.agent.events import RunEvent
 from driversdk.agent.state.jobstore import JobStatus, JobStore
-from driversdk.agent.state.runstate import RunState
+from driversdk.agent.state.runstate import RunState, TaskStart
 
 ALLOCS = 40
 
@@ -56,8 +56,9 @@ def _record_job(agent: _Agent, job: str, allocs: int) -> list[str]:
         alloc_id = f"{job}-{index:04d}-0000-0000-000000000000"[:36]
         state.alloc_started(alloc_id, job, "g", index, f"/allocs/{alloc_id}")
         for task in ("main", "side"):
-            state.starting(alloc_id, job, "g", task, "exec", f"{alloc_id}/{task}", f"/allocs/{alloc_id}")
-            state.started(alloc_id, job, "g", task, "exec", f"{alloc_id}/{task}", b"handle", f"/allocs/{alloc_id}")
+            start = TaskStart(alloc_id, job, "g", task, "exec", f"{alloc_id}/{task}", f"/allocs/{alloc_id}")
+            state.starting(start)
+            state.started(start, b"handle")
             for kind, message in (("Received", "Task received by client"), ("Started", "Task started by client")):
                 event = RunEvent("task", message, job=job, task=task, type=kind)
                 state.task_event(alloc_id, task, event.to_json())
