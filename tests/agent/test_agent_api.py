@@ -15,7 +15,6 @@ import pytest
 
 from driversdk.cli.apiclient import APIRequestError
 from tests.agent.agentproc import AgentProcess, api_job
-from tests.agent.agentproc import api_job as _job  # noqa: F401 (test_state_store.py imports it from here)
 
 BUSYBOX = "driversdk-test/busybox:local"
 
