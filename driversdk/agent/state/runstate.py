@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 from driversdk.agent.state.store import Store, Table
 from driversdk.errors import DriverSDKError, StateWriteError
@@ -328,22 +328,9 @@ class RunState(Table):
         with self._recording(self._of_task("the log collector", alloc_id, task), alloc_id=alloc_id):
             self._db.execute("UPDATE run_tasks SET logmon_pid=? WHERE alloc_id=? AND task=?", (pid, alloc_id, task))
 
-    @overload
-    def starting(self, start: TaskStart, /) -> None: ...
-
-    @overload
-    def starting(
-        self, alloc_id: str, job: str, group: str, task: str, driver: str, task_id: str, alloc_dir: str, /,
-        logmon_pid: int = 0, restarts: int = 0,
-    ) -> None: ...  # fmt: skip
-
-    def starting(self, *args: Any, **kwargs: Any) -> None:
+    def starting(self, start: TaskStart) -> None:
         """Recorded before StartTask: a run killed during the call leaves this row, and the next run
-        knows which task id the interrupted start used (so it adopts or removes what it made).
-        Takes a :class:`TaskStart`; the positional form is kept for callers not moved to it yet."""
-        start = (
-            args[0] if len(args) == 1 and not kwargs and isinstance(args[0], TaskStart) else TaskStart(*args, **kwargs)
-        )
+        knows which task id the interrupted start used (so it adopts or removes what it made)."""
         self._record_start(start, TaskStatus.STARTING, None)
 
     def start_failed(self, alloc_id: str, task: str) -> None:
@@ -353,23 +340,8 @@ class RunState(Table):
                 (time.time(), alloc_id, task),
             )
 
-    @overload
-    def started(self, start: TaskStart, handle: bytes, /) -> None: ...
-
-    @overload
-    def started(
-        self, alloc_id: str, job: str, group: str, task: str, driver: str, task_id: str, handle: bytes,
-        alloc_dir: str, /, logmon_pid: int = 0, restarts: int = 0,
-    ) -> None: ...  # fmt: skip
-
-    def started(self, *args: Any, **kwargs: Any) -> None:
-        """The task runs: its row with the driver's handle. Takes a :class:`TaskStart` and the
-        handle; the positional form is kept for callers not moved to it yet."""
-        if len(args) == 2 and not kwargs and isinstance(args[0], TaskStart):
-            start, handle = args
-        else:
-            alloc_id, job, group, task, driver, task_id, handle, alloc_dir, *rest = args
-            start = TaskStart(alloc_id, job, group, task, driver, task_id, alloc_dir, *rest, **kwargs)
+    def started(self, start: TaskStart, handle: bytes) -> None:
+        """The task runs: its row with the driver's handle."""
         self._record_start(start, TaskStatus.RUNNING, handle)
 
     def _record_start(self, start: TaskStart, state: TaskStatus, handle: bytes | None) -> None:
