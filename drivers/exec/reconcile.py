@@ -40,7 +40,7 @@ def remove_container(record: TaskRecord) -> list[str]:
     """Delete the task's runc container, retrying while runc still sees its init dying; returns
     ["runc container"] when there was one."""
     runc = Runc(record.runc_path, record.runc_root)
-    if runc.state(record.container_id) is None:
+    if not runc.known(record.container_id):
         return []
     deadline = time.monotonic() + DELETE_WAIT
     while True:

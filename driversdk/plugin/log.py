@@ -88,6 +88,8 @@ class SafeStreamHandler(logging.StreamHandler[TextIO]):
             self.handleError(record)
 
 
+GRPC_CYTHON_LOGGER = "grpc._cython.cygrpc"
+
 # Set by a host that wants the plugin's lines kept in a file as well: the host reading stderr may
 # be killed and the plugin reattached by its successor, and lines written to the dead pipe in
 # between would be lost (Nomad's executor keeps a log file of its own for the same reason).
@@ -130,6 +132,9 @@ def configure_plugin_logging(name: str, level: int = logging.DEBUG, stream: Text
         root.addHandler(to_file)
     root.addHandler(handler)
     root.setLevel(level)
+    # grpc's Cython layer says "Loaded running loop" at debug on every call it serves: two lines a
+    # task stop, each formatted twice and relayed by the host, and nothing an operator can act on.
+    logging.getLogger(GRPC_CYTHON_LOGGER).setLevel(max(level, logging.INFO))
     if path and to_file is None:
         logging.getLogger("driversdk.plugin").warning("cannot open the plugin log file; logging to stderr only",
                                                       extra={"path": path})  # fmt: skip

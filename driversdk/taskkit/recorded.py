@@ -235,7 +235,21 @@ class RecordedDriver(SupervisedDriver[S], Generic[S, R]):
         # instead of every process on the node, which cost ~15 ms a destroy with 1000 tasks
         # running. A task under a supervisor of its own (no shared run) is found by the full scan.
         among = None if run is None else supervisor.children_of(os.getpid(), run.supervisor.pid)
+        if among is not None:
+            among = self._not_running_tasks(among)
         self.release_record(record or self.record_of(state), why="destroy was requested", among=among)
+
+    def _not_running_tasks(self, pids: list[int]) -> list[int]:
+        """``pids`` less the tasks of ours still running. The shared supervisor's children are
+        mostly other tasks (1000 of them, each a /proc read a destroy, under a GIL every read gives
+        up and takes back): none is a runc or launcher, and none may be killed by this destroy. A
+        task counts only while its exit is not known, so no pid its end freed is left out."""
+        running: set[int] = set()
+        for other in self.tasks.records():
+            spawned = shared_run(other.state)
+            if spawned is not None and not other.exit.done:
+                running.add(spawned.task.pid)
+        return [pid for pid in pids if pid not in running]
 
     def release_record(self, record: R, why: str = ORPHANED, among: list[int] | None = None) -> list[str]:
         """Kill and remove everything of the task ``record`` names, the record last; returns what

@@ -66,3 +66,24 @@ def test_plugin_lines_after_agent_kill9_are_in_its_log_file(agent_dir: Path) -> 
             second.close()
     finally:
         first.close()
+
+
+def test_a_stop_logs_what_was_removed_and_no_grpc_chatter(agent_dir: Path) -> None:
+    """Each call a plugin serves made grpc's Cython layer log "Loaded running loop" at debug: lines
+    a job of 1000 tasks stopping wrote thousands of, formatted twice and relayed by the agent. The
+    plugin's own debug lines (what a destroy removed) stay."""
+    agent = AgentProcess(agent_dir / "data").start()
+    try:
+        agent.submit(
+            'job "quiet" {\n  group "g" {\n    count = 2\n    task "t" {\n      driver = "exec"\n'
+            '      kill_timeout = "1s"\n      config {\n        command = "/bin/sleep"\n        args = ["600"]\n'
+            "      }\n    }\n  }\n}\n"
+        )
+        agent.wait_allocs("quiet", "running")
+        agent.stop_jobs()
+        log_file = agent_dir / "data" / "logs" / "plugin-exec.log"
+        messages = [str(e["@message"]) for e in _lines(log_file)]
+        assert sum(m.startswith("release: removed runc container") for m in messages) == 2, messages
+        assert not [m for m in messages if "Loaded running loop" in m]
+    finally:
+        agent.close()
