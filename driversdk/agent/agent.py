@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from driversdk.agent.acl import TokenStore
@@ -39,7 +39,7 @@ from driversdk.paths import check_name
 
 if TYPE_CHECKING:
     from driversdk.agent.allocrunner.allocrunner import NodeServices
-    from driversdk.agent.pluginmanager.drivermanager import DriverManager
+    from driversdk.agent.pluginmanager.drivermanager import DriverHealth, DriverManager
     from driversdk.agent.validate import DriverFacts
     from driversdk.jobspec.taskenv import Node
 
@@ -68,14 +68,6 @@ class JobNotFound(DriverSDKError):
     """No job of that id is registered."""
 
 
-@dataclass
-class DriverHealth:
-    healthy: bool
-    description: str
-    attributes: dict[str, str] = field(default_factory=dict)
-    updated: int = 0
-
-
 class Agent:
     def __init__(self, settings: AgentSettings, log: Any = None) -> None:
         self.settings = settings
@@ -87,8 +79,6 @@ class Agent:
         self.jobs: JobStore | None = None
         self.tokens: TokenStore | None = None
         self.store: Store | None = None  # state.db, opened once: every table above is on it
-        self.facts: dict[str, DriverFacts] = {}
-        self.health: dict[str, DriverHealth] = {}
         self._node_lock = threading.Lock()
         self._node_cache: tuple[float, dict[str, dict[str, str]], Node] | None = None
         self.runners: dict[str, JobRunner] = {}
@@ -204,6 +194,16 @@ class Agent:
         names = set(SHIPPED) | set(self.client.plugins)
         return sorted(n for n in names if self.client.driver_command(n) is not None)
 
+    @property
+    def facts(self) -> dict[str, DriverFacts]:
+        """What each driver's fingerprint told (validation refuses a job against these)."""
+        return self.drivers.facts if self.drivers is not None else {}
+
+    @property
+    def health(self) -> dict[str, DriverHealth]:
+        """Each driver's health as last fingerprinted (the node's Drivers)."""
+        return self.drivers.health if self.drivers is not None else {}
+
     def _fingerprint(self) -> None:
         """Launch (or reattach to) every driver's plugin once and keep it for the agent's life; a
         driver that cannot load is unhealthy, with the reason, and tried again when a job needs it."""
@@ -211,30 +211,12 @@ class Agent:
             self.fingerprint(driver)
 
     def fingerprint(self, driver: str) -> DriverHealth:
-        from driversdk.agent.validate import facts_of, plugin_config_for
-
+        """The driver manager's fingerprint of ``driver``, logged; its attributes become the node's."""
         assert self.drivers is not None and self.node is not None
-        try:
-            plugin = self.drivers.acquire(driver)  # held for the agent's life: never shut down before it
-        except DriverSDKError as err:
-            health = DriverHealth(False, f"the {driver} plugin could not be started: {err}", updated=time.time_ns())
-        else:
-            try:
-                _, skipped = plugin_config_for(driver, self.client, plugin)
-                facts = facts_of(driver, plugin, skipped)
-                healthy = facts.attributes.get(f"driver.{driver}") == "true"
-                description = "Healthy" if healthy else _health_description(plugin)
-                self.facts[driver] = facts
-                self.node.driver_attributes[driver] = dict(facts.attributes)
-                health = DriverHealth(healthy, description, dict(facts.attributes), time.time_ns())
-            except DriverSDKError as err:
-                health = DriverHealth(False, f"the {driver} plugin did not answer: {err}", updated=time.time_ns())
-            if not health.healthy:
-                # No task may use it (its facts refuse the job with the reason), so its process
-                # would only hold memory: raw_exec, disabled unless the operator enables it, costs
-                # as much as a driver in use. A task it still runs after a restart relaunches it.
-                self.drivers.release(driver)
-        self.health[driver] = health
+        health = self.drivers.fingerprint(driver)
+        facts = self.drivers.facts.get(driver)
+        if facts is not None:
+            self.node.driver_attributes[driver] = dict(facts.attributes)
         self.log("info" if health.healthy else "warn", f"client.driver_mgr: driver {driver}: {health.description}")
         return health
 
@@ -562,16 +544,3 @@ def _open_node(store: Store, report: Callable[[StateWriteError], None]) -> NodeS
             report(err)
 
     return AgentNode.open(store)
-
-
-def _health_description(plugin: Any) -> str:
-    """The plugin's own words for why it is not healthy (its first fingerprint)."""
-    try:
-        stream = plugin.fingerprint()
-        try:
-            first = next(iter(stream))
-        finally:
-            stream.close()
-    except (DriverSDKError, StopIteration):
-        return "Unhealthy: the plugin sent no fingerprint"
-    return str(first.health_description or first.health)

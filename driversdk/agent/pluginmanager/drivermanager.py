@@ -16,7 +16,10 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from driversdk.agent.events import Emit, RunEvent
 from driversdk.agent.state.runstate import RunState
@@ -29,6 +32,9 @@ from driversdk.plugin.host import pid_alive, remove_dead_plugin_socket
 from driversdk.plugin.log import ENV_LOG_FILE
 from driversdk.plugin.reattach import ReattachConfig
 from driversdk.plugin.verify import ReattachRefused
+
+if TYPE_CHECKING:
+    from driversdk.agent.validate import DriverFacts
 
 AGENT_CONFIG = AgentConfig(14000, 14512)
 
@@ -53,7 +59,20 @@ class AgentShutdown(DriverSDKError):
     """The agent let its plugins go and leaves the tasks running for the next agent."""
 
 
+@dataclass
+class DriverHealth:
+    """A driver as its last fingerprint left it: Nomad's node ``Drivers`` entry."""
+
+    healthy: bool
+    description: str
+    attributes: dict[str, str] = field(default_factory=dict)
+    updated: int = 0
+
+
 class DriverManager:
+    """The node's driver plugins: dispensed (reattached, or launched), fingerprinted, watched for
+    death and shut down with their last user. Tasks are the task runners' own."""
+
     def __init__(
         self,
         client: ClientConfig,
@@ -72,6 +91,8 @@ class DriverManager:
         # Held while a plugin is launched or replaced: tasks that lost it together relaunch it once.
         self._lock = threading.RLock()
         self._closing = False
+        self.facts: dict[str, DriverFacts] = {}
+        self.health: dict[str, DriverHealth] = {}
 
     # --- instances -----------------------------------------------------------------------------
 
@@ -113,6 +134,32 @@ class DriverManager:
                 plugin.kill()
                 self.state.plugin_gone(driver)
             self._shut_down_retired(driver)
+
+    def fingerprint(self, driver: str) -> DriverHealth:
+        """Launch (or reattach to) ``driver``'s plugin, held as a user for the manager's life, and
+        read what it offers: healthy, with its attributes and facts, or unhealthy with the reason.
+        An unhealthy plugin is let go at once (no task may use it, so it would only hold memory:
+        raw_exec, disabled unless enabled, costs as much as a driver in use)."""
+        from driversdk.agent.validate import facts_of, plugin_config_for
+
+        try:
+            plugin = self.acquire(driver)
+        except DriverSDKError as err:
+            health = DriverHealth(False, f"the {driver} plugin could not be started: {err}", updated=time.time_ns())
+        else:
+            try:
+                _, skipped = plugin_config_for(driver, self.client, plugin)
+                facts = facts_of(driver, plugin, skipped)
+                healthy = facts.attributes.get(f"driver.{driver}") == "true"
+                description = "Healthy" if healthy else _health_description(plugin)
+                self.facts[driver] = facts
+                health = DriverHealth(healthy, description, dict(facts.attributes), time.time_ns())
+            except DriverSDKError as err:
+                health = DriverHealth(False, f"the {driver} plugin did not answer: {err}", updated=time.time_ns())
+            if not health.healthy:
+                self.release(driver)  # a task it still runs after a restart dispenses it again
+        self.health[driver] = health
+        return health
 
     def running(self) -> dict[str, int]:
         """Driver → pid of its plugin process, for status and tests."""
@@ -322,3 +369,18 @@ class DriverManager:
             for driver, _ in held:
                 self.state.plugin_gone(driver)
                 self._shut_down_retired(driver)
+
+
+def _health_description(plugin: DriverClient) -> str:
+    """The plugin's own words for why it is not healthy (its first fingerprint)."""
+    try:
+        stream = plugin.fingerprint()
+        try:
+            first = next(iter(stream))
+        finally:
+            close = getattr(stream, "close", None)  # a gRPC stream: cancelled once its first answer is in
+            if close is not None:
+                close()
+    except (DriverSDKError, StopIteration):
+        return "Unhealthy: the plugin sent no fingerprint"
+    return str(first.health_description or first.health)
