@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from driversdk.errors import DriverSDKError
-from driversdk.mountinfo import read_mountinfo
+from driversdk.mountinfo import mount_points
 from driversdk.paths import check_name
 from driversdk.plugin.host import pid_alive
 
@@ -40,6 +40,10 @@ DEFAULT_GC_INTERVAL = 60.0
 DEFAULT_GC_DISK_USAGE_THRESHOLD = 80.0
 DEFAULT_GC_INODE_USAGE_THRESHOLD = 70.0
 DEFAULT_GC_MAX_ALLOCS = 50
+
+# One collection at a time: the periodic one and a purged job's would otherwise walk the same
+# alloc dirs side by side, each finding the other's half-removed trees.
+_ONE_COLLECTION = threading.Lock()
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _Level = tuple[int, list[str], str, str]
@@ -104,19 +108,21 @@ def collect(
     would be known once ``room_for`` new ones start."""
     report = GCReport()
     allocs_dir = os.path.join(data_dir, "allocs")
-    queue = [a for a in state.terminal_allocs() if not _still_owned(a)]
-    for alloc in queue:
-        if everything:
-            reason = "forced collection"
-        else:
-            reason = _reason(allocs_dir, state, policy, room_for)
-            if not reason:
-                break
-        kept = _destroy(allocs_dir, alloc, state)
-        if kept:
-            report.kept.append((alloc.alloc_id, kept))
-        else:
-            report.collected.append((alloc.alloc_id, alloc.job, reason))
+    with _ONE_COLLECTION:
+        queue = [a for a in state.terminal_allocs() if not _still_owned(a)]
+        mounted = _mount_points()
+        for alloc in queue:
+            if everything:
+                reason = "forced collection"
+            else:
+                reason = _reason(allocs_dir, state, policy, room_for)
+                if not reason:
+                    break
+            kept = _destroy(allocs_dir, alloc, state, mounted)
+            if kept:
+                report.kept.append((alloc.alloc_id, kept))
+            else:
+                report.collected.append((alloc.alloc_id, alloc.job, reason))
     return report
 
 
@@ -125,15 +131,24 @@ def collect_job(data_dir: str, state: RunState, job: str) -> GCReport:
     collection removes a purged job's allocations (a new job of the same name starts clean)."""
     report = GCReport()
     allocs_dir = os.path.join(data_dir, "allocs")
-    for alloc in state.terminal_allocs():
-        if alloc.job != job or _still_owned(alloc):
-            continue
-        kept = _destroy(allocs_dir, alloc, state)
-        if kept:
-            report.kept.append((alloc.alloc_id, kept))
-        else:
-            report.collected.append((alloc.alloc_id, alloc.job, "job purged"))
+    with _ONE_COLLECTION:
+        mounted = _mount_points()
+        for alloc in state.terminal_allocs():
+            if alloc.job != job or _still_owned(alloc):
+                continue
+            kept = _destroy(allocs_dir, alloc, state, mounted)
+            if kept:
+                report.kept.append((alloc.alloc_id, kept))
+            else:
+                report.collected.append((alloc.alloc_id, alloc.job, "job purged"))
     return report
+
+
+def _mount_points() -> frozenset[str]:
+    """The node's mount points, read once a collection: read again for each of 1000 allocation
+    dirs, mountinfo was most of a big job's purge. A mount made after the read is still never
+    crossed: the removal checks each directory's mount as it descends."""
+    return mount_points()
 
 
 def _still_owned(alloc: AllocRecord) -> bool:
@@ -159,7 +174,7 @@ def _reason(allocs_dir: str, state: RunState, policy: GCPolicy, room_for: int) -
     return ""
 
 
-def _destroy(allocs_dir: str, alloc: AllocRecord, state: RunState) -> str:
+def _destroy(allocs_dir: str, alloc: AllocRecord, state: RunState, mounted_now: frozenset[str]) -> str:
     """Remove the allocation's dir and forget it; "" when done, else why it was kept."""
     name = f'allocation {alloc.alloc_id[:8]} of job "{alloc.job}"'
     if check_name(alloc.alloc_id, "alloc id") is not None:
@@ -171,9 +186,7 @@ def _destroy(allocs_dir: str, alloc: AllocRecord, state: RunState) -> str:
         )
     path = os.path.join(allocs_dir, alloc.alloc_id)
     real = os.path.join(os.path.realpath(allocs_dir), alloc.alloc_id)
-    mounted = sorted(
-        {e.mount_point for e in read_mountinfo() if e.mount_point == real or e.mount_point.startswith(real + "/")}
-    )
+    mounted = sorted(p for p in mounted_now if p == real or p.startswith(real + "/"))
     if mounted:
         return (
             f"{name} was not garbage collected: {', '.join(mounted)} is still mounted in its alloc dir; unmount it "

@@ -175,3 +175,25 @@ def test_a_bind_mount_left_in_an_alloc_dir_is_not_crossed(tmp_path: Path) -> Non
     done = _cli("system", "gc", "--client", str(client))
     assert done.returncode == 0 and _dirs(tmp_path) == set()
     assert (host / "precious").read_text() == "keep me"
+
+
+@pytest.mark.root
+def test_a_mount_made_after_the_collection_read_mountinfo_is_still_not_crossed(tmp_path: Path) -> None:
+    """A collection reads the mount points once (not once per alloc dir): one mounted after that
+    read is refused by the removal itself, which checks each directory's mount as it descends."""
+    from driversdk.agent.allocgc import _Refused, _remove_at
+
+    allocs = tmp_path / "allocs"
+    target = allocs / "a1" / "alloc" / "data" / "mnt"
+    target.mkdir(parents=True)
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "precious").write_text("keep me")
+    subprocess.run(["mount", "--bind", str(host), str(target)], check=True)
+    try:
+        with pytest.raises(_Refused, match="is a mount point in its alloc dir"):
+            _remove_at(str(allocs), "a1")
+        assert (host / "precious").read_text() == "keep me"
+    finally:
+        if _mounted(target):
+            subprocess.run(["umount", str(target)], check=True)
