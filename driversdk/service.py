@@ -34,6 +34,7 @@ from driversdk.errors import (
     NotSupportedError,
     TaskNotFoundError,
 )
+from driversdk.longcalls import LongCallThreads
 from driversdk.pb import base_pb2, base_pb2_grpc, driver_pb2, driver_pb2_grpc
 from driversdk.plugin.handshake import DRIVER_API_VERSION
 from driversdk.statssampler import StatsSampler
@@ -296,6 +297,7 @@ class _DriverCalls:
         self.source = source
         self.pool = pool or ThreadPoolExecutor(DRIVER_CALL_WORKERS, thread_name_prefix="driver-call")
         self.samples = ThreadPoolExecutor(STREAM_SAMPLE_WORKERS, thread_name_prefix="stream-sample")
+        self.long = LongCallThreads("long-call")
         self.exits = _ExitWaits(source, self.pool)
         self.stats = StatsSampler(lambda: checked(source.get()), self.samples, STREAM_SAMPLE_WORKERS)
 
@@ -334,15 +336,16 @@ class _Servicer:
         periodic ``sample`` runs on the sample pool (STREAM_SAMPLE_WORKERS)."""
         try:
             if long:
-                return await _on_own_thread(fn, name=call)
+                return await _on_own_thread(fn, self._calls.long)
             pool = self._calls.samples if sample else self._calls.pool
             return await asyncio.get_running_loop().run_in_executor(pool, fn)
         except Exception as err:  # every failure must reach the host as a status, never a trace
             await abort_with(context, err, call)
 
 
-def _on_own_thread(fn: Callable[[], T], *, name: str) -> asyncio.Future[T]:
-    """``fn`` run on a new daemon thread; the future settles on the calling loop."""
+def _on_own_thread(fn: Callable[[], T], threads: LongCallThreads) -> asyncio.Future[T]:
+    """``fn`` run on a thread of its own (see driversdk.longcalls); the future settles on the
+    calling loop, which never waits for the thread."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
@@ -365,7 +368,7 @@ def _on_own_thread(fn: Callable[[], T], *, name: str) -> asyncio.Future[T]:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, *outcome)
 
-    threading.Thread(target=run, daemon=True, name=f"call-{name}").start()
+    threads.submit(run)
     return future
 
 
