@@ -8,11 +8,13 @@ digits, then ``Z`` or ``±hh:mm``.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import logging
 import logging.handlers
 import os
+import queue
 import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -115,9 +117,37 @@ def _file_handler(path: str) -> logging.Handler | None:
         return None  # stderr still has every line; the failure is said there once logging is set up
 
 
+class _Enqueue(logging.handlers.QueueHandler):
+    """Hands a record to the writer thread as it is, its message merged with its arguments (the
+    arguments may change once the caller goes on); the writer's handlers format it as usual."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg = record.getMessage()
+        record.args = None
+        return record
+
+
+_writer: logging.handlers.QueueListener | None = None
+
+
+def flush_plugin_logging() -> None:
+    """Write every line still queued and stop the writer thread (the plugin is exiting)."""
+    global _writer
+    if _writer is not None:
+        _writer.stop()
+        _writer = None
+
+
 def configure_plugin_logging(name: str, level: int = logging.DEBUG, stream: TextIO | None = None) -> None:
     """Send every log record of this process to stderr as one hclog JSON line, and to the file the
-    host names in ``DRIVERSDK_PLUGIN_LOG_FILE`` if it names one."""
+    host names in ``DRIVERSDK_PLUGIN_LOG_FILE`` if it names one.
+
+    The lines are written by one thread of their own: a driver call that logs only queues its
+    record. Written by the caller, under the handlers' locks, every call thread waited for every
+    other's write into the host's stderr pipe (44 of a 1000-task teardown's DestroyTask threads
+    at a time, waiting for the host to read)."""
+    global _writer
+    flush_plugin_logging()
     formatter = HclogFormatter(name)
     handler = SafeStreamHandler(stream or sys.stderr)
     handler.setFormatter(formatter)
@@ -127,10 +157,15 @@ def configure_plugin_logging(name: str, level: int = logging.DEBUG, stream: Text
     # Taken out of the environment: the tasks and helpers this plugin starts are not its log's writers.
     path = os.environ.pop(ENV_LOG_FILE, None)
     to_file = _file_handler(path) if path else None
+    writers: list[logging.Handler] = [handler]
     if to_file is not None:
         to_file.setFormatter(formatter)
-        root.addHandler(to_file)
-    root.addHandler(handler)
+        writers.insert(0, to_file)
+    lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    root.addHandler(_Enqueue(lines))
+    _writer = logging.handlers.QueueListener(lines, *writers)
+    _writer.start()
+    atexit.register(flush_plugin_logging)
     root.setLevel(level)
     # grpc's Cython layer says "Loaded running loop" at debug on every call it serves: two lines a
     # task stop, each formatted twice and relayed by the host, and nothing an operator can act on.

@@ -38,7 +38,7 @@ from driversdk.plugin.handshake import (
     Handshake,
     negotiate_app_version,
 )
-from driversdk.plugin.log import configure_plugin_logging
+from driversdk.plugin.log import configure_plugin_logging, flush_plugin_logging
 
 if TYPE_CHECKING:
     # grpc and the messages are imported at run time only once a host launched us (start-up cost).
@@ -288,4 +288,5 @@ async def _serve(
         async with asyncio.timeout(1.5):
             await server.stop(grace=0.1)
     place.remove()
+    flush_plugin_logging()
     logging.shutdown()

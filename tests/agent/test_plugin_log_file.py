@@ -43,7 +43,10 @@ def test_plugin_lines_after_agent_kill9_are_in_its_log_file(agent_dir: Path) -> 
         [pid] = _plugin_pids(first.proc.pid, "drivers.exec")
         log_file = data / "logs" / "plugin-exec.log"
         assert stat.S_IMODE(os.stat(log_file).st_mode) == 0o600
-        assert any(e["@message"] == "plugin started" and e.get("pid") == pid for e in _lines(log_file))
+        deadline = time.monotonic() + 30  # the plugin's lines are written by a thread of their own
+        while not any(e["@message"] == "plugin started" and e.get("pid") == pid for e in _lines(log_file)):
+            assert time.monotonic() < deadline, log_file.read_text()
+            time.sleep(0.05)
         first.kill9()
         # The agent is gone; the plugin lives on and says something only it can say now.
         os.kill(pid, signal.SIGINT)
