@@ -262,6 +262,13 @@ class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
         return self.runc.kill(state.container_id, sig, all_processes=state.host_pid_mode)
 
     def kill_all(self, state: DriverState) -> None:
+        run = state.shared_run
+        if run is not None and not state.host_pid_mode:
+            # The kernel kills every process of a pid namespace whose init dies: SIGKILL to the
+            # init (pinned by its pidfd) is the whole task, with no runc started per kill. An init
+            # already gone took its namespace with it.
+            run.task.send(signals.SIGKILL)
+            return
         self.runc.kill(state.container_id, "SIGKILL", all_processes=True)
 
     def driver_attributes(self, record: SupervisedTask[DriverState]) -> dict[str, str]:

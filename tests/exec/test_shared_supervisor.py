@@ -282,6 +282,33 @@ def test_exec_stop_signals_the_container_init_without_a_runc_process(
     assert "kill" not in asked and {"run", "delete"} <= set(asked), asked
 
 
+def test_exec_kill_after_the_timeout_takes_the_whole_task_without_a_runc_process(
+    plugin_config: dict[str, Any], no_leaks: None, alloc: AllocDir, tmp_path: Path
+) -> None:
+    # A task ignoring SIGTERM (sleep as its namespace's init has no handler) is killed once its
+    # kill_timeout is out: SIGKILL to its init takes every process of its pid namespace, the
+    # background one it forked too, without `runc kill` (a runc per stopped task at 1000 tasks).
+    calls = tmp_path / "runc-calls"
+    wrapper = tmp_path / "runc-logged"
+    real = shutil.which("runc")
+    assert real is not None
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    with DriverHarness(PLUGIN, plugin_config={**plugin_config, "runtime_path": str(wrapper)}) as h:
+        task = alloc.task_config("web", driver_config=sh("sleep 300 & echo $! > /local/bg; echo ready; exec sleep 300"))
+        h.start(task)
+        alloc.wait_for_output("web", b"ready\n", timeout=TIMEOUT)
+        before = set(_cmdlines())
+        h.client.stop_task(task.id, timeout=0.5, signal="SIGTERM")
+        result = h.client.wait_task(task.id, timeout=TIMEOUT)
+        assert result.signal == signal.SIGKILL, result
+        sleepers = [pid for pid, argv in _cmdlines().items() if pid in before and argv == b"sleep\x00300\x00"]
+        assert sleepers == [], "the background sleep of the task outlived its init"
+        h.client.destroy_task(task.id, force=True)
+    asked = calls.read_text().split()
+    assert "kill" not in asked and {"run", "delete"} <= set(asked), asked
+
+
 def test_exec_destroy_ends_a_runc_exec_still_running_in_the_task(harness: DriverHarness, alloc: AllocDir) -> None:
     # DestroyTask looks for the task's runc processes among the plugin's and the supervisor's
     # children (not every process on the node) and kills the task's cgroup: a `runc exec` in
