@@ -12,61 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.test_run_faults import ROOT, cgroup_parent, cli, db_rows, leaks, wait_for
-from tests.hostcheck import processes
-
-
-def _job(tmp_path: Path, name: str, count: int) -> Path:
-    job = tmp_path / f"{name}.hcl"
-    job.write_text(
-        f'job "{name}" {{\n  group "g" {{\n    count = {count}\n    task "t" {{\n      driver = "exec"\n'
-        '      kill_timeout = "1s"\n      config {\n        command = "/bin/sh"\n'
-        '        args = ["-c", "echo up; sleep 300"]\n      }\n    }\n  }\n}\n'
-    )
-    return job
-
-
-def _client(tmp_path: Path) -> tuple[Path, Path]:
-    data = tmp_path / "data"
-    client = tmp_path / "client.hcl"
-    client.write_text(
-        f'data_dir = "{data}"\n'
-        f'plugin "exec" {{\n  config {{\n    state_dir = "{tmp_path / "exec-state"}"\n'
-        f'    cgroup_parent = "{cgroup_parent(tmp_path)}"\n  }}\n}}\n'
-    )
-    return client, data
-
-
-def exec_plugins(run_pid: int) -> list[int]:
-    """Exec plugin processes launched by the run (its children running `drivers.exec.main`)."""
-    found = []
-    for line in processes("drivers.exec.main"):
-        pid = int(line.split(":", 1)[0])
-        with open(f"/proc/{pid}/stat") as f:
-            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        if ppid == run_pid or run_pid == 0:
-            found.append(pid)
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie no one reaped, its parent being the killed run, counts as gone)."""
-    try:
-        return "\tZ" not in Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].splitlines()[0]
-    except (OSError, IndexError):
-        return False
-
-
-def _start(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+from tests.agent.driverplugins import alive, exec_client, exec_plugins, read_until_recovered, sleeping_exec_job, start
+from tests.agent.runs import cli, db_rows, leaks, run_cli, wait_for
 
 
 @pytest.mark.usefixtures("kill_orphans_if_failed")
 def test_one_plugin_serves_two_allocations_and_two_jobs_and_a_killed_run_recovers_both(tmp_path: Path) -> None:
-    client, data = _client(tmp_path)
-    jobs = [str(_job(tmp_path, "first", 2)), str(_job(tmp_path, "second", 1))]
+    client, data = exec_client(tmp_path)
+    jobs = [str(sleeping_exec_job(tmp_path, "first", 2)), str(sleeping_exec_job(tmp_path, "second", 1))]
     run = cli("run", *jobs, "--client", str(client))
-    proc = _start(run)
+    proc = start(run)
     try:
         wait_for(
             "three running tasks", lambda: len(db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'")) == 3
@@ -79,13 +34,8 @@ def test_one_plugin_serves_two_allocations_and_two_jobs_and_a_killed_run_recover
         proc.wait(30)
         assert alive(plugins[0]), "the plugin outlives the killed run"
 
-        again = _start(run)
-        assert again.stdout is not None
-        seen: list[str] = []
-        while sum('==> task "t" recovered' in line for line in seen) < 3:
-            seen.append(again.stdout.readline())
-            assert seen[-1], "the second run ended early: " + "".join(seen) + again.communicate()[1]
-        text = "".join(seen)
+        again = start(run)
+        text = read_until_recovered(again, 3)
         assert text.count("recovering alloc") == 3, text
         assert text.count('==> driver "exec": reattached to its running plugin') == 1, text
         assert '==> task "t" started' not in text, "nothing is started twice"
@@ -108,15 +58,13 @@ def test_one_plugin_serves_two_allocations_and_two_jobs_and_a_killed_run_recover
 def test_run_json_prints_one_event_object_per_line(tmp_path: Path) -> None:
     import json
 
-    client, _ = _client(tmp_path)
+    client, _ = exec_client(tmp_path)
     job = tmp_path / "quick.hcl"
     job.write_text(
         'job "quick" {\n  type = "batch"\n  group "g" {\n    task "t" {\n      driver = "exec"\n      config {\n'
         '        command = "/bin/true"\n      }\n    }\n  }\n}\n'
     )
-    done = subprocess.run(
-        cli("run", str(job), "--client", str(client), "--json"), capture_output=True, text=True, cwd=ROOT, timeout=180
-    )
+    done = run_cli("run", str(job), "--client", str(client), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert {"time", "kind", "type", "job", "group", "alloc", "task", "message"} <= set(events[0])

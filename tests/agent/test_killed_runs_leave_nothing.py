@@ -13,27 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.runs import ROOT, cli, db_rows, leaks, wait_for
-from tests.agent.test_drivermanager import _client, _job, _start, alive, exec_plugins
+from tests.agent.driverplugins import alive, exec_client, exec_plugins, read_until_recovered, sleeping_exec_job, start
+from tests.agent.runs import cli, db_rows, leaks, run_cli, wait_for
 from tests.hostcheck import processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="exec tasks run under runc: root only")
 
 
-def _recovered(run: subprocess.Popen[str], tasks: int) -> str:
-    assert run.stdout is not None
-    seen: list[str] = []
-    while sum('==> task "t" recovered' in line for line in seen) < tasks:
-        seen.append(run.stdout.readline())
-        assert seen[-1], "the run ended early: " + "".join(seen) + run.communicate()[1]
-    return "".join(seen)
-
-
 @pytest.mark.usefixtures("kill_orphans_if_failed")
 def test_a_run_recovering_two_killed_runs_ends_both_of_their_plugins(tmp_path: Path) -> None:
-    client, data = _client(tmp_path)
-    jobs = [_job(tmp_path, "first", 1), _job(tmp_path, "second", 1)]
-    killed = [_start(cli("run", str(job), "--client", str(client))) for job in jobs]
+    client, data = exec_client(tmp_path)
+    jobs = [sleeping_exec_job(tmp_path, "first", 1), sleeping_exec_job(tmp_path, "second", 1)]
+    killed = [start(cli("run", str(job), "--client", str(client))) for job in jobs]
     recovering: subprocess.Popen[str] | None = None
     try:
         wait_for("both tasks running", lambda: len(db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'")) == 2)
@@ -44,8 +35,8 @@ def test_a_run_recovering_two_killed_runs_ends_both_of_their_plugins(tmp_path: P
             run.wait(30)
         assert all(alive(pid) for pid in plugins), "the plugins outlive their killed runs"
 
-        recovering = _start(cli("run", *map(str, jobs), "--client", str(client)))
-        text = _recovered(recovering, 2)
+        recovering = start(cli("run", *map(str, jobs), "--client", str(client)))
+        text = read_until_recovered(recovering, 2)
         assert text.count('==> driver "exec": reattached to its running plugin') == 1, text
         recovering.send_signal(signal.SIGINT)
         out, err = recovering.communicate(timeout=120)
@@ -62,9 +53,9 @@ def test_a_run_recovering_two_killed_runs_ends_both_of_their_plugins(tmp_path: P
 @pytest.mark.usefixtures("kill_orphans_if_failed")
 @pytest.mark.parametrize("planted", ["file", "symlink"])
 def test_a_recovered_allocation_whose_setup_fails_ends_what_the_killed_run_left(tmp_path: Path, planted: str) -> None:
-    client, data = _client(tmp_path)
-    job = _job(tmp_path, "first", 1)
-    killed = _start(cli("run", str(job), "--client", str(client)))
+    client, data = exec_client(tmp_path)
+    job = sleeping_exec_job(tmp_path, "first", 1)
+    killed = start(cli("run", str(job), "--client", str(client)))
     try:
         wait_for("the task running", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
         [(alloc_dir,)] = db_rows(data, "SELECT alloc_dir FROM run_allocs")
@@ -87,9 +78,7 @@ def test_a_recovered_allocation_whose_setup_fails_ends_what_the_killed_run_left(
     else:
         tmp.symlink_to(host_dir)
 
-    done = subprocess.run(
-        cli("run", str(job), "--client", str(client)), capture_output=True, text=True, cwd=ROOT, timeout=180
-    )
+    done = run_cli("run", str(job), "--client", str(client))
     assert done.returncode != 0, done.stdout + done.stderr
     assert "recovering alloc" in done.stdout, done.stdout + done.stderr
     out = done.stdout + done.stderr

@@ -21,7 +21,6 @@ from driversdk.plugin.reattach import ReattachConfig
 from tests.agent.runs import (
     NO_RESTARTS,
     ROOT,
-    cgroup_parent,  # noqa: F401 (test_drivermanager.py imports it from here)
     cli,
     db_rows,
     leaks,

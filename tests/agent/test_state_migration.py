@@ -28,7 +28,7 @@ import pytest
 from driversdk.agent.state import SCHEMA_VERSION, StateVersionError, open_state
 from driversdk.agent.state.migrations import MIGRATIONS
 from driversdk.agent.state.runstate import RunState
-from tests.agent.test_run_faults import ROOT, db_rows, leaks, ours, wait_for, write_job
+from tests.agent.runs import ROOT, db_rows, leaks, ours, wait_for, write_job
 
 FIXTURE = Path(__file__).parent / "fixtures" / "state-v0.db"
 # The last commit whose runner launched one driver plugin per allocation and had no schema version.

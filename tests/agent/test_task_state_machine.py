@@ -20,8 +20,8 @@ import pytest
 from driversdk.agent.allocrunner import taskrunner, taskstate
 from driversdk.agent.allocrunner.taskstate import ALLOWED, IllegalTransition, TaskState, TaskStateMachine
 from driversdk.agent.pluginmanager import drivermanager
-from tests.agent.runs import ROOT, cli, db_rows, leaks, wait_for
-from tests.agent.test_drivermanager import _client, _job, alive, exec_plugins
+from tests.agent.driverplugins import alive, exec_client, exec_plugins, sleeping_exec_job, start
+from tests.agent.runs import cli, db_rows, leaks, wait_for
 
 # --- the machine ---------------------------------------------------------------------------------
 
@@ -132,9 +132,9 @@ def _objects(text: str) -> list[dict[str, Any]]:
 def test_a_plugin_killed_with_9_is_dispensed_again_once_and_each_task_runner_recovers_its_task(
     tmp_path: Path,
 ) -> None:
-    client, data = _client(tmp_path)
-    run = cli("run", str(_job(tmp_path, "web", 2)), "--client", str(client), "--json")
-    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    client, data = exec_client(tmp_path)
+    run = cli("run", str(sleeping_exec_job(tmp_path, "web", 2)), "--client", str(client), "--json")
+    proc = start(run)
     events: list[dict[str, Any]] = []
     try:
         lines = _lines(proc)

@@ -19,26 +19,11 @@ from driversdk.csi.fingerprint import fingerprint
 from driversdk.csi.model import AccessMode, AttachmentMode, MountOptions, Secrets, Volume, VolumeCapability
 from driversdk.csi.retry import RETRY_TABLE
 from driversdk.pb import csi_pb2
-from tests.csi.hostpathvol import MULTI, calls, make_volume
+from tests.csi.hostpathvol import MULTI, calls, kept_stage, make_volume, tree
 
 from .conftest import NODE_ID, HostPathPlugin, mounts_under
 
 RW = UsageOptions(AccessMode.SINGLE_NODE_WRITER, AttachmentMode.FILE_SYSTEM)
-
-
-def tree(root: Path) -> list[str]:
-    """Every path under ``root``, relative, sorted; symlinks listed, never followed."""
-    found = []
-    for top, dirs, files in os.walk(root):
-        found += [os.path.relpath(os.path.join(top, name), root) for name in dirs + files]
-    return sorted(found)
-
-
-def kept_stage(volume: Volume, usage: UsageOptions, namespace: str = "default") -> list[str]:
-    """What a plugin's mount tree holds after the last unmount of a volume: the layout dirs and
-    the volume's staging path (empty, no mount), kept for its next stage, as Nomad keeps it."""
-    return ["per-alloc", "staging", f"staging/{namespace}", f"staging/{namespace}/{volume.id}",
-            f"staging/{namespace}/{volume.id}/{usage.key}"]  # fmt: skip
 
 
 # --- connecting -------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from driversdk.agent.csi.state import StateStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.mountinfo import mount_points, parse_line, read_mountinfo
+from tests.csi.hostpathvol import MULTI, kept_stage, make_volume, tree
 
 from .conftest import HostPathPlugin, mounts_under
-from .test_csi import MULTI, kept_stage, make_volume, tree
 
 
 def test_mount_points_match_the_full_parse() -> None:

@@ -24,6 +24,7 @@ from driversdk.csi.model import AccessMode, AttachmentMode, Volume
 from driversdk.mountinfo import is_mounted_at, mount_points, read_mountinfo, statx_mount_root
 from driversdk.paths import UnsafePathError, resolve_under
 from driversdk.pb import csi_pb2, csi_pb2_grpc
+from tests.csi.hostpathvol import MULTI, calls, kept_stage, make_volume, tree
 
 from .conftest import HostPathPlugin
 
@@ -246,8 +247,6 @@ def _fds_under(path: Path) -> list[str]:
 
 
 def test_unmount_leaves_no_directory_and_no_descriptor(plugin: HostPathPlugin, tmp_path: Path) -> None:
-    from .test_csi import MULTI, kept_stage, make_volume, tree
-
     client = CSIClient(plugin.socket, plugin="hostpath")
     root = tmp_path / "csi"
     manager = NodeVolumeManager(client, plugin_id="hostpath", host_root=str(root),
@@ -286,8 +285,6 @@ def _mounted_once(
     plugin: HostPathPlugin, tmp_path: Path
 ) -> tuple[CSIClient, Path, StateStore, NodeVolumeManager, Volume]:
     """A manager whose volume was mounted for alloc-a and unmounted: its layout and staging path kept."""
-    from .test_csi import MULTI, make_volume
-
     client = CSIClient(plugin.socket, plugin="hostpath")
     root = tmp_path / "csi"
     store = StateStore(str(tmp_path / "state.db"))
@@ -303,8 +300,6 @@ def test_a_plugin_that_swaps_its_kept_staging_dir_for_a_symlink_gets_a_refusal_a
 ) -> None:
     # The layout dirs outlive a mount, in a tree the plugin can write: a hostile plugin replaces
     # staging/ with a symlink out of the root between two mounts.
-    from .test_csi import MULTI
-
     _, root, store, manager, volume = _mounted_once(plugin, tmp_path)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -328,8 +323,6 @@ def test_a_plugin_that_swaps_the_kept_staging_path_itself_for_a_symlink_gets_a_r
 ) -> None:
     # The staging path outlives its unstage: a hostile plugin replaces that very directory with a
     # symlink out of the root, so the next stage would mount the volume over a host directory.
-    from .test_csi import MULTI, calls
-
     client, root, store, manager, volume = _mounted_once(plugin, tmp_path)
     stage = root / "staging" / "default" / volume.id / MULTI.key
     outside = tmp_path / "outside"

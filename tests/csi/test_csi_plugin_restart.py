@@ -21,9 +21,9 @@ from driversdk.agent.csi.state import StateStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
 from driversdk.mountinfo import is_mount_point
+from tests.csi.hostpathvol import MULTI, make_volume
 
 from .conftest import HostPathPlugin, mounts_under
-from .test_csi import MULTI, make_volume
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root")
 
