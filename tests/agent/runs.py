@@ -147,16 +147,47 @@ def start_run(job: Path, client: Path) -> subprocess.Popen[str]:
     )
 
 
-def raw_exec_client(track: Tracker, extra: str = "") -> Path:
-    """A client config enabling raw_exec with the tracked state dir and cgroup parent of ``track``
-    (tests/raw_exec/conftest.py), its data dir under the tracked base, ``extra`` at its top."""
-    client = track.base / "client.hcl"
+def raw_exec_job(
+    path: Path, name: str, script: str, *, job_type: str = "", task: str = "work", group: str = ""
+) -> Path:
+    """A job file ``name`` at ``path`` (of ``job_type``, else Nomad's default) with one group "g" whose
+    raw_exec task ``task`` runs ``/bin/sh -c script`` (kill_timeout 1s); ``group`` stands at the group's top."""
+    kind = f'\n  type = "{job_type}"' if job_type else ""
+    path.write_text(
+        f"""job "{name}" {{{kind}
+  group "g" {{
+    {group}
+    task "{task}" {{
+      driver       = "raw_exec"
+      kill_timeout = "1s"
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "{script}"]
+      }}
+    }}
+  }}
+}}
+"""
+    )
+    return path
+
+
+def write_raw_exec_client(base: Path, state_dir: Path, cgroup: str, *, enabled: bool = True, extra: str = "") -> Path:
+    """``base``/client.hcl: data dir ``base``/data, raw_exec ``enabled`` with ``state_dir`` and cgroup
+    parent ``cgroup``, ``extra`` at its top."""
+    client = base / "client.hcl"
     client.write_text(
-        f'data_dir = "{track.base / "data"}"\n{extra}'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{track.state_dir}"\n'
-        f'    cgroup_parent = "{track.cgroup_parent}"\n  }}\n}}\n'
+        f'data_dir = "{base / "data"}"\n{extra}'
+        f'plugin "raw_exec" {{\n  config {{\n    enabled = {str(enabled).lower()}\n    state_dir = "{state_dir}"\n'
+        f'    cgroup_parent = "{cgroup}"\n  }}\n}}\n'
     )
     return client
+
+
+def raw_exec_client(track: Tracker, extra: str = "", *, enabled: bool = True) -> Path:
+    """A client config enabling raw_exec (or not) with the tracked state dir and cgroup parent of
+    ``track`` (tests/raw_exec/conftest.py), its data dir under the tracked base, ``extra`` at its top."""
+    return write_raw_exec_client(track.base, track.state_dir, track.cgroup_parent, enabled=enabled, extra=extra)
 
 
 def render_in_run(tmp_path: Path, templates: dict[str, str]) -> dict[str, str]:

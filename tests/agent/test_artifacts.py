@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent.runs import ROOT, cli
+from tests.agent.runs import NO_RESTARTS, ROOT, cli, raw_exec_client
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
 
@@ -49,10 +49,6 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         server.server_close()
 
 
-# What a job whose task is meant to fail says, so the run ends at its first failure.
-NO_RESTARTS = 'restart {\n      attempts = 0\n      mode = "fail"\n    }'
-
-
 def job(track: Tracker, artifacts: str, script: str = "true", restart: str = "") -> tuple[Path, Path]:
     path = track.base / "job.hcl"
     path.write_text(
@@ -72,13 +68,7 @@ def job(track: Tracker, artifacts: str, script: str = "true", restart: str = "")
 }}
 """
     )
-    client = track.base / "client.hcl"
-    client.write_text(
-        f'data_dir = "{track.base / "data"}"\n'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{track.state_dir}"\n'
-        f'    cgroup_parent = "{track.cgroup_parent}"\n  }}\n}}\n'
-    )
-    return path, client
+    return path, raw_exec_client(track)
 
 
 def run(path: Path, client: Path, command: str = "run") -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.runs import ROOT, cli
+from tests.agent.runs import ROOT, cli, raw_exec_client, raw_exec_job
 from tests.raw_exec import conftest as raw_exec_fixtures
 from tests.raw_exec.conftest import Tracker
 
@@ -20,30 +20,8 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 def job(track: Tracker, limit: str, script: str) -> tuple[Path, Path]:
-    path = track.base / "job.hcl"
-    path.write_text(
-        f"""job "long" {{
-  group "g" {{
-    max_run_duration = {limit}
-    task "app" {{
-      driver = "raw_exec"
-      kill_timeout = "1s"
-      config {{
-        command = "/bin/sh"
-        args = ["-c", "{script}"]
-      }}
-    }}
-  }}
-}}
-"""
-    )
-    client = track.base / "client.hcl"
-    client.write_text(
-        f'data_dir = "{track.base / "data"}"\n'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{track.state_dir}"\n'
-        f'    cgroup_parent = "{track.cgroup_parent}"\n  }}\n}}\n'
-    )
-    return path, client
+    path = raw_exec_job(track.base / "job.hcl", "long", script, task="app", group=f"max_run_duration = {limit}")
+    return path, raw_exec_client(track)
 
 
 def test_max_run_duration_stops_a_long_task_with_the_event(track: Tracker) -> None:

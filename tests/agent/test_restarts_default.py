@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent.runs import ROOT, cgroup_parent, cli, leaks, start_run, wait_for
+from tests.agent.runs import ROOT, cgroup_parent, cli, leaks, raw_exec_job, start_run, wait_for, write_raw_exec_client
 
 pytestmark = pytest.mark.root
 
@@ -25,33 +25,10 @@ COUNTED = (
 
 
 def write(tmp_path: Path, job_type: str, script: str, group_extra: str = "") -> tuple[Path, Path, Path]:
-    data = tmp_path / "data"
     script = script.replace('"', '\\"')
-    job = tmp_path / "job.hcl"
-    job.write_text(
-        f"""job "dflt" {{
-  type = "{job_type}"
-  group "g" {{
-{group_extra}
-    task "work" {{
-      driver       = "raw_exec"
-      kill_timeout = "1s"
-      config {{
-        command = "/bin/sh"
-        args    = ["-c", "{script}"]
-      }}
-    }}
-  }}
-}}
-"""
-    )
-    client = tmp_path / "client.hcl"
-    client.write_text(
-        f'data_dir = "{data}"\n'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{tmp_path / "exec-state"}"\n'
-        f'    cgroup_parent = "{cgroup_parent(tmp_path)}"\n  }}\n}}\n'
-    )
-    return job, client, data
+    job = raw_exec_job(tmp_path / "job.hcl", "dflt", script, job_type=job_type, group=group_extra)
+    client = write_raw_exec_client(tmp_path, tmp_path / "exec-state", cgroup_parent(tmp_path))
+    return job, client, tmp_path / "data"
 
 
 def run(job: Path, client: Path) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ import docker
 import pytest
 
 from driversdk.agent.events import EventType, RunEvent, RunEventType
-from tests.agent.runs import ROOT, cli
+from tests.agent.runs import ROOT, cli, raw_exec_client
 from tests.raw_exec.conftest import Tracker, no_leaks, track  # noqa: F401 (fixtures)
 
 WHERE = re.compile(r' \[job "([^"]+)", alloc ([0-9a-f]{8})\]$')
@@ -64,13 +64,7 @@ def files(
 }}
 """
     )
-    client = track.base / "client.hcl"
-    client.write_text(
-        f'data_dir = "{track.base / "data"}"\n'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = true\n    state_dir = "{track.state_dir}"\n'
-        f'    cgroup_parent = "{track.cgroup_parent}"\n  }}\n}}\n'
-    )
-    return job, client
+    return job, raw_exec_client(track)
 
 
 def sh(script: str) -> str:

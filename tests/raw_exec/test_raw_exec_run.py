@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.agent.runs import NO_RESTARTS, ROOT, db_rows, wait_for
+from tests.agent.runs import (
+    NO_RESTARTS,
+    db_rows,
+    plugin_pid,
+    raw_exec_client,
+    raw_exec_job,
+    run_cli,
+    start_run,
+    wait_for,
+)
 from tests.raw_exec.conftest import Tracker
 
 pytestmark = pytest.mark.root
@@ -24,47 +30,13 @@ def _files(
     script: str = "echo hello from $NOMAD_TASK_NAME; pwd; echo oops >&2",
     restart: str = "",
 ) -> tuple[Path, Path, Path]:
-    data = track.base / "data"
-    job = track.base / "job.hcl"
-    job.write_text(
-        f"""job "raw" {{
-  type = "batch"
-  group "g" {{
-    {restart}
-    task "work" {{
-      driver = "raw_exec"
-      kill_timeout = "1s"
-      config {{
-        command = "/bin/sh"
-        args    = ["-c", "{script}"]
-      }}
-    }}
-  }}
-}}
-"""
-    )
-    client = track.base / "client.hcl"
-    client.write_text(
-        f'data_dir = "{data}"\n'
-        f'plugin "raw_exec" {{\n  config {{\n    enabled = {str(enabled).lower()}\n'
-        f'    state_dir = "{track.state_dir}"\n    cgroup_parent = "{track.cgroup_parent}"\n  }}\n}}\n'
-    )
-    return job, client, data
-
-
-def _run(job: Path, client: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=180,
-    )
+    job = raw_exec_job(track.base / "job.hcl", "raw", script, job_type="batch", group=restart)
+    return job, raw_exec_client(track, enabled=enabled), track.base / "data"
 
 
 def test_raw_exec_job_runs_through_the_runner_cli(track: Tracker, no_leaks: None) -> None:
     job, client, data = _files(track, enabled=True)
-    done = _run(job, client)
+    done = run_cli("run", str(job), "--client", str(client))
     assert done.returncode == 0, done.stdout + done.stderr
     assert '==> task "work" started (raw_exec' in done.stdout, done.stdout
     assert '==> task "work" finished with exit code 0' in done.stdout, done.stdout
@@ -80,7 +52,7 @@ def test_raw_exec_task_dirs_in_its_environment_are_host_paths(track: Tracker, no
     # Without file-system isolation /local is the host's /local: the env names the real dirs.
     script = "echo a > $NOMAD_TASK_DIR/f; echo b > $NOMAD_ALLOC_DIR/data/f; echo $NOMAD_SECRETS_DIR"
     job, client, data = _files(track, enabled=True, script=script)
-    done = _run(job, client)
+    done = run_cli("run", str(job), "--client", str(client))
     assert done.returncode == 0, done.stdout + done.stderr
     (alloc,) = (data / "allocs").iterdir()
     assert (alloc / "work" / "local" / "f").read_text() == "a\n"
@@ -90,7 +62,7 @@ def test_raw_exec_task_dirs_in_its_environment_are_host_paths(track: Tracker, no
 
 def test_raw_exec_job_on_a_client_that_did_not_enable_it_is_refused(track: Tracker, no_leaks: None) -> None:
     job, client, _ = _files(track, enabled=False)
-    done = _run(job, client)
+    done = run_cli("run", str(job), "--client", str(client))
     assert done.returncode != 0
     assert (
         "error: task 'work': the raw_exec driver is disabled on this client; an operator enables it in the "
@@ -101,18 +73,9 @@ def test_raw_exec_job_on_a_client_that_did_not_enable_it_is_refused(track: Track
 
 def test_raw_exec_plugin_killed_mid_run_is_relaunched_and_the_task_recovered(track: Tracker, no_leaks: None) -> None:
     job, client, data = _files(track, enabled=True, script="echo up; sleep 4; exit 7", restart=NO_RESTARTS)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "driversdk.cli", "run", str(job), "--client", str(client)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = start_run(job, client)
     try:
-        rows = wait_for(
-            "the raw_exec plugin", lambda: db_rows(data, "SELECT reattach FROM run_plugins WHERE driver='raw_exec'")
-        )
-        pid = int(json.loads(str(rows[0][0]))["pid"])  # type: ignore[index]
+        pid = int(str(wait_for("the raw_exec plugin", lambda: plugin_pid(data, "raw_exec"))))
         wait_for("the task to run", lambda: db_rows(data, "SELECT 1 FROM run_tasks WHERE state='running'"))
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
