@@ -15,6 +15,7 @@ sent as Nomad's CSIVolume JSON (driversdk.agent.api.csivolumejson): the CLI neve
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     Verb = Callable[[AgentClient, argparse.Namespace], int]
+    Command = Callable[[argparse.Namespace], int]
 
 
 def add_agent_flags(*parsers: argparse.ArgumentParser) -> None:
@@ -64,20 +66,34 @@ def _find(args: argparse.Namespace) -> tuple[AgentClient, bool] | None:
         return None
 
 
-def via_agent(args: argparse.Namespace) -> int | None:
-    """Run the command through the agent; None when there is no agent to go through (a local
-    socket that does not answer counts as none; a named address that does not is an error)."""
+def via_agent(args: argparse.Namespace, verb: Verb) -> int | None:
+    """Run the command through the agent with ``verb``; None when there is no agent to go through (a
+    local socket that does not answer counts as none; a named address that does not is an error)."""
     found = _find(args)
     if found is None:
         return None
     client, named = found
-    verb = _VERBS[args.func.__name__]
     try:
         return verb(client, args)
     except AgentUnreachable:
         if named:
             raise
         return None
+
+
+def _agent_first(verb: Verb) -> Callable[[Command], Command]:
+    """A command that goes through the agent's API with ``verb`` when an agent is reachable, and
+    works on the data dir (the decorated function) when none is."""
+
+    def decorate(on_data_dir: Command) -> Command:
+        @functools.wraps(on_data_dir)  # the name main() reads the command's data-dir options by
+        def command(args: argparse.Namespace) -> int:
+            through_agent = via_agent(args, verb)
+            return on_data_dir(args) if through_agent is None else through_agent
+
+        return command
+
+    return decorate
 
 
 def _vpath(volume_id: str, suffix: str = "") -> str:
@@ -328,20 +344,6 @@ def snapshot_list(client: AgentClient, args: argparse.Namespace) -> int:
     return 0
 
 
-_VERBS: dict[str, Verb] = {
-    "cmd_volume_register": register,
-    "cmd_volume_create": create,
-    "cmd_volume_deregister": deregister,
-    "cmd_volume_delete": delete,
-    "cmd_volume_detach": detach,
-    "cmd_volume_status": volume_status,
-    "cmd_volume_snapshot_create": snapshot_create,
-    "cmd_volume_snapshot_delete": snapshot_delete,
-    "cmd_volume_snapshot_list": snapshot_list,
-    "cmd_plugin_status": plugin_status,
-}
-
-
 # --- the commands, on the data dir when no agent is reachable ------------------------------------
 
 
@@ -367,17 +369,18 @@ def _watch(data_dir: str) -> None:
         print(f"volume watcher: {describe(released)}", file=sys.stderr)
 
 
-def _stores(args: argparse.Namespace) -> Any:
+def _stores(args: argparse.Namespace, *, existing: bool = True) -> Any:
+    """The data dir's volume, CSI and plugin stores (a context manager that closes them), once the
+    volume watcher had its pass."""
     from driversdk.agent.csi.volumeops import Stores
 
-    data_dir = resolve_data_dir(args, existing=True)
+    data_dir = resolve_data_dir(args, existing=existing)
     _watch(data_dir)
     return Stores.open(data_dir)
 
 
+@_agent_first(register)
 def cmd_volume_register(args: argparse.Namespace) -> int:
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.volumes import parse_volume_file
 
     volume = parse_volume_file(args.file)
@@ -386,22 +389,16 @@ def cmd_volume_register(args: argparse.Namespace) -> int:
     return 0
 
 
+@_agent_first(create)
 def cmd_volume_create(args: argparse.Namespace) -> int:
     """CreateVolume through the plugin's controller, then register the result (`nomad volume create`)."""
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
-    from driversdk.agent.csi.volumeops import Stores, create_volume
+    from driversdk.agent.csi.volumeops import create_volume
     from driversdk.agent.csi.volumes import parse_volume_file
 
     volume = parse_volume_file(args.file)
-    data_dir = resolve_data_dir(args)
-    _watch(data_dir)
-    stores = Stores.open(data_dir)
-    try:
+    with _stores(args, existing=False) as stores:
         before = stores.volumes.get(volume.id, volume.namespace)
         stored, created = create_volume(stores, volume)
-    finally:
-        stores.close()
     if not created:
         grown = (
             f"; expanded from {before.capacity} to {stored.capacity} bytes"
@@ -417,27 +414,22 @@ def cmd_volume_create(args: argparse.Namespace) -> int:
     return 0
 
 
+@_agent_first(delete)
 def cmd_volume_delete(args: argparse.Namespace) -> int:
     """DeleteVolume through the controller and deregister; refused while the volume is claimed."""
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.volumeops import delete_volume
 
-    stores = _stores(args)
-    try:
+    with _stores(args) as stores:
         volume = delete_volume(stores, args.id, args.namespace, key_values(args.secret, "--secret"))
-    finally:
-        stores.close()
     print(f'deleted CSI volume "{volume.id}" (external ID "{volume.external_id}")')
     return 0
 
 
+@_agent_first(detach)
 def cmd_volume_detach(args: argparse.Namespace) -> int:
     """Release the volume's claims whose allocations are over (`nomad volume detach`): node
     unpublish, unstage, controller unpublish, free. With the plugin gone for good a claim is freed
     once nothing of it is mounted, saying what could not be undone."""
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.volumewatcher import DetachError, VolumeWatcher, describe, describe_failure
 
     data_dir = resolve_data_dir(args, existing=True)
@@ -476,14 +468,12 @@ def cmd_volume_detach(args: argparse.Namespace) -> int:
     return 1 if live or outcome.failed else 0
 
 
+@_agent_first(volume_status)
 def cmd_volume_status(args: argparse.Namespace) -> int:
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.volumeops import plugin_health, volume_status
     from driversdk.agent.csi.volumes import VolumeError, claim_state_text, public_view
 
-    stores = _stores(args)
-    try:
+    with _stores(args) as stores:
         if args.id:
             volume = stores.volumes.get(args.id, args.namespace)
             if volume is None:
@@ -513,18 +503,14 @@ def cmd_volume_status(args: argparse.Namespace) -> int:
             )
             for c in stores.volumes.claims(v.id, v.namespace):
                 print(f"  claim  alloc {c.alloc_id[:8]}  job {c.job}  {c.mode}  {claim_state_text(c)}")
-    finally:
-        stores.close()
     return 0
 
 
+@_agent_first(snapshot_create)
 def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.volumeops import create_snapshot
 
-    stores = _stores(args)
-    try:
+    with _stores(args) as stores:
         snap = create_snapshot(
             stores,
             args.volume,
@@ -533,38 +519,28 @@ def cmd_volume_snapshot_create(args: argparse.Namespace) -> int:
             secrets=key_values(args.secret, "--secret"),
             parameters=key_values(args.parameter, "--parameter"),
         )
-    finally:
-        stores.close()
     ready = "ready" if snap.ready_to_use else "not ready yet"
     print(f'created snapshot "{snap.snapshot_id}" of volume "{args.volume}" (size {snap.size_bytes} bytes, {ready})')
     return 0
 
 
+@_agent_first(snapshot_delete)
 def cmd_volume_snapshot_delete(args: argparse.Namespace) -> int:
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.volumeops import delete_snapshot
 
-    stores = _stores(args)
-    try:
+    with _stores(args) as stores:
         existed = delete_snapshot(stores, args.plugin_id, args.snapshot_id, key_values(args.secret, "--secret"))
-    finally:
-        stores.close()
     unknown = "" if existed else " (the plugin cannot list snapshots, so whether it existed is not known)"
     print(f'deleted snapshot "{args.snapshot_id}" of CSI plugin "{args.plugin_id}"{unknown}')
     return 0
 
 
+@_agent_first(snapshot_list)
 def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.volumeops import list_snapshots
 
-    stores = _stores(args)
-    try:
+    with _stores(args) as stores:
         listing = list_snapshots(stores, args.plugin, key_values(args.secret, "--secret"))
-    finally:
-        stores.close()
     rows = listing.rows
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -581,10 +557,9 @@ def cmd_volume_snapshot_list(args: argparse.Namespace) -> int:
     return 0
 
 
+@_agent_first(plugin_status)
 def cmd_plugin_status(args: argparse.Namespace) -> int:
     """CSI plugin instances registered on this client, each probed now."""
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     from driversdk.agent.csi.registry import PLUGIN_TYPES, PluginRegistry
     from driversdk.agent.csi.state import StateStore
     from driversdk.csi.client import CSIClient
@@ -634,9 +609,8 @@ def cmd_plugin_status(args: argparse.Namespace) -> int:
     return 0 if all(str(r["health"]) == "healthy" for r in rows) else 1
 
 
+@_agent_first(deregister)
 def cmd_volume_deregister(args: argparse.Namespace) -> int:
-    if (through_agent := via_agent(args)) is not None:  # an agent is reachable: its API
-        return through_agent
     _volume_store(args, existing=True).deregister(args.id, args.namespace)
     print(f'deregistered CSI volume "{args.id}"')
     return 0

@@ -78,6 +78,12 @@ class Stores:
         self.volumes.close()
         self.csi.close()
 
+    def __enter__(self) -> Stores:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 # --- create / delete ---------------------------------------------------------------------------
 
