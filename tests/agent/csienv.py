@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +25,7 @@ from driversdk.agent.csi.registry import PluginRegistration, PluginRegistry
 from driversdk.agent.csi.state import StateStore
 from driversdk.agent.csi.volumes import VolumeStore
 from driversdk.mountinfo import read_mountinfo
+from tests.agent.agentproc import AgentProcess
 from tests.agent.runs import IMAGE, ROOT
 from tests.hostcheck import labelled_containers, processes
 
@@ -260,3 +263,45 @@ def privileged_allowed(engine: docker.DockerClient) -> bool:
     finally:
         probe.remove(force=True)
     return True
+
+
+def run_mounting_vol(env: Env, job: Path) -> None:
+    """`driversdk run` of ``job``, its plugin group and an app group mounting CSI volume "vol"
+    as "data": fails unless the run succeeds, the plugin becomes healthy, the volume is mounted, and it
+    is unmounted and released before the plugin task stops."""
+    done = env.cli("run", str(job), "--client", str(env.client))
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert '==> task "plugin": Plugin became healthy: plugin: hostpath' in out
+    assert '==> volume "data": CSI volume "vol" mounted at ' in out
+    assert '==> volume "data": CSI volume "vol" unmounted and released' in out
+    assert out.index("unmounted and released") < out.index('==> task "plugin" stopping'), "app first, plugin last"
+
+
+def purge_job(process: AgentProcess, job: str) -> None:
+    """``job`` purged through the agent's API (when it is there); fails unless it leaves the job list within 120 s."""
+    client = process.client()
+    if any(j["ID"] == job for j in client.get("/v1/jobs") or []):
+        client.request("DELETE", f"/v1/job/{job}", {"purge": "true"})
+    deadline = time.monotonic() + 120
+    while any(j["ID"] == job for j in client.get("/v1/jobs") or []):
+        assert time.monotonic() < deadline, process.log()
+        time.sleep(0.1)
+
+
+@contextmanager
+def running_csi_agent(work: Path) -> Iterator[tuple[Env, AgentProcess]]:
+    """An agent started on a CSI env made in ``work``; on the way out the "app" job is purged first
+    (its volume is unpublished through the plugin before the plugin goes), the agent is closed, and
+    nothing of the env may be left (``Env.assert_clean``)."""
+    env = make_env(docker.from_env(timeout=30), work)
+    process = AgentProcess(env.data, config=env.client).start()
+    try:
+        yield env, process
+    finally:
+        try:
+            if process.proc is not None and process.proc.poll() is None:
+                purge_job(process, "app")
+        finally:
+            process.close()
+        env.assert_clean()

@@ -12,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from driversdk.cli.apiclient import APIRequestError
 from tests.agent.agentproc import AgentProcess
-from tests.agent.csienv import Env, app_group, make_env, plugin_group
+from tests.agent.csienv import Env, app_group, plugin_group, running_csi_agent
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount and run runc: root only")
 
@@ -27,27 +26,8 @@ FLAG = "password=hunter2"
 
 @pytest.fixture
 def csi_agent(agent_dir: Path) -> Iterator[tuple[Env, AgentProcess]]:
-    env = make_env(docker.from_env(timeout=30), agent_dir)
-    process = AgentProcess(env.data, config=env.client).start()
-    try:
-        yield env, process
-    finally:
-        try:
-            # The app first: its volume is unpublished through the plugin before the plugin goes.
-            if process.proc is not None and process.proc.poll() is None:
-                client = process.client()
-                if any(j["ID"] == "app" for j in client.get("/v1/jobs") or []):
-                    client.request("DELETE", "/v1/job/app", {"purge": "true"})
-                    deadline_jobs(process, "app")
-        finally:
-            process.close()
-        env.assert_clean()
-
-
-def deadline_jobs(process: AgentProcess, job: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and any(j["ID"] == job for j in process.client().get("/v1/jobs") or []):
-        time.sleep(0.1)
+    with running_csi_agent(agent_dir) as both:
+        yield both
 
 
 def register_volume(env: Env) -> None:

@@ -24,6 +24,7 @@ from tests.agent.csienv import (
     app_group,
     make_env,
     plugin_group,
+    run_mounting_vol,
     wait_for_line,
     write_job,
 )
@@ -45,13 +46,7 @@ def test_demo_job_mounts_a_csi_volume_host_to_task_and_leaves_nothing(env: Env) 
         plugin_group(),
         app_group("grep ' /data ' /proc/self/mountinfo; echo hello > /data/greeting; cat /data/greeting"),
     )
-    done = env.cli("run", str(job), "--client", str(env.client))
-    assert done.returncode == 0, done.stdout + done.stderr
-    out = done.stdout
-    assert '==> task "plugin": Plugin became healthy: plugin: hostpath' in out
-    assert '==> volume "data": CSI volume "vol" mounted at ' in out
-    assert '==> volume "data": CSI volume "vol" unmounted and released' in out
-    assert out.index("unmounted and released") < out.index('==> task "plugin" stopping'), "app first, plugin last"
+    run_mounting_vol(env, job)
     logs = env.cli("logs", "app", "--client", str(env.client)).stdout
     mount_line, greeting = logs.splitlines()
     fields = mount_line.split(" - ")[0].split()

@@ -23,6 +23,7 @@ from tests.agent.csienv import (
     mounts,
     plugin_group,
     privileged_allowed,
+    run_mounting_vol,
     status,
     stop,
     volume_file,
@@ -316,13 +317,7 @@ def test_csi_plugin_in_a_privileged_docker_container_end_to_end(env: Env) -> Non
         docker_plugin_group(privileged),
         app_group("grep ' /data ' /proc/self/mountinfo; echo from-docker > /data/greeting"),
     )
-    done = env.cli("run", str(job), "--client", str(env.client))
-    assert done.returncode == 0, done.stdout + done.stderr
-    out = done.stdout
-    assert '==> task "plugin": Plugin became healthy: plugin: hostpath' in out
-    assert '==> volume "data": CSI volume "vol" mounted at ' in out
-    assert '==> volume "data": CSI volume "vol" unmounted and released' in out
-    assert out.index("unmounted and released") < out.index('==> task "plugin" stopping'), "app first, plugin last"
+    run_mounting_vol(env, job)
     logs = env.cli("logs", "app", "--client", str(env.client)).stdout
     assert "/data" in logs.splitlines()[0], "the app saw the volume the containerised plugin published"
     assert (env.work / "backing" / "volumes" / "vol" / "greeting").read_text() == "from-docker\n"

@@ -15,14 +15,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
 
 from driversdk.agent.api.csivolumejson import VolumeJSONError, volume_from_api, volume_to_api
 from driversdk.agent.csi.volumes import parse_volume_file
 from driversdk.cli.apiclient import APIRequestError
 from tests.agent.agentproc import ROOT, AgentProcess, free_port, http_call, write_config
-from tests.agent.csienv import Env, app_group, make_env, plugin_group
+from tests.agent.csienv import Env, app_group, plugin_group, purge_job, running_csi_agent
 
 SECRET = "s3cr3t-token-value"
 FLAG = "password=hunter2"
@@ -117,27 +116,8 @@ pytestmark_root = pytest.mark.skipif(os.geteuid() != 0, reason="CSI runs mount a
 
 @pytest.fixture
 def csi_agent(agent_dir: Path) -> Iterator[tuple[Env, AgentProcess]]:
-    env = make_env(docker.from_env(timeout=30), agent_dir)
-    process = AgentProcess(env.data, config=env.client).start()
-    try:
-        yield env, process
-    finally:
-        try:
-            if process.proc is not None and process.proc.poll() is None:
-                _stop(process, "app")
-        finally:
-            process.close()
-        env.assert_clean()
-
-
-def _stop(process: AgentProcess, job: str) -> None:
-    client = process.client()
-    if any(j["ID"] == job for j in client.get("/v1/jobs") or []):
-        client.request("DELETE", f"/v1/job/{job}", {"purge": "true"})
-    deadline = time.monotonic() + 120
-    while any(j["ID"] == job for j in client.get("/v1/jobs") or []):
-        assert time.monotonic() < deadline, process.log()
-        time.sleep(0.1)
+    with running_csi_agent(agent_dir) as both:
+        yield both
 
 
 class CLI:
@@ -290,7 +270,7 @@ def test_volume_and_plugin_commands_go_through_the_agent(csi_agent: tuple[Env, A
     assert err.value.status == 404
 
     # Once the job is stopped, the claim is released and the volume can go.
-    _stop(process, "app")
+    purge_job(process, "app")
     done = cli("volume", "detach", "vol")
     assert done.returncode == 0, done
     done = cli("volume", "deregister", "vol")
@@ -301,7 +281,7 @@ def test_volume_and_plugin_commands_go_through_the_agent(csi_agent: tuple[Env, A
     assert done.returncode == 1 and 'volume "vol" is not registered in namespace "default"' in done.stderr
     # The CLI never made a state store of its own.
     assert list(empty.iterdir()) == []
-    _stop(process, "storage")
+    purge_job(process, "storage")
 
 
 def test_write_endpoints_refuse_bad_bodies_and_never_answer_secrets(agent: AgentProcess, tmp_path: Path) -> None:
