@@ -11,10 +11,8 @@ import contextlib
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,42 +20,30 @@ import docker
 import pytest
 
 from drivers.docker.container import LABEL_TASK_ID
-from driversdk.agent.csi.volumes import VolumeStore
 from driversdk.agent.state.jobstore import JobStore
 from driversdk.cli.apiclient import AgentClient, APIRequestError
 from driversdk.mountinfo import read_mountinfo
-from tests.agent.agentproc import ROOT, AgentProcess
-from tests.agent.csienv import demo, plugin_group
+from tests.agent.agentproc import AgentProcess
+from tests.agent.csienv import Env, demo, plugin_group
 from tests.agent.runs import IMAGE
 from tests.hostcheck import labelled_containers, processes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="exec tasks, CSI mounts and tmpfs need root")
 
 
-@dataclass
-class Host:
-    """What a test sees of the host under its own directory ``work``."""
-
-    work: Path
-    engine: docker.DockerClient
-
-    @property
-    def data(self) -> Path:
-        return self.work / "data"
-
-    @property
-    def config(self) -> Path:
-        return self.work / "client.hcl"
+class Host(Env):
+    """What a test sees of the host under its own directory ``work``: the CSI env's data dir, client
+    config, claims and volume registration, and the containers, mounts and processes of an agent."""
 
     def agent(self) -> AgentProcess:
-        return AgentProcess(self.data, config=self.config)
+        return AgentProcess(self.data, config=self.client)
 
-    def containers(self) -> list[dict[str, Any]]:
+    def container_states(self) -> list[dict[str, Any]]:
         return [c for c in labelled_containers(self.engine, LABEL_TASK_ID)
                 if any(str(self.work) in b for b in c["HostConfig"].get("Binds") or [])]  # fmt: skip
 
     def running_containers(self) -> list[str]:
-        return sorted(c["Id"] for c in self.containers() if c["State"]["Running"])
+        return sorted(c["Id"] for c in self.container_states() if c["State"]["Running"])
 
     def mounts(self) -> list[str]:
         return [e.mount_point for e in read_mountinfo() if e.mount_point.startswith(str(self.work))]
@@ -73,27 +59,9 @@ class Host:
         [pid] = found
         return pid
 
-    def claims(self, volume: str = "vol") -> list[str]:
-        store = VolumeStore(str(self.data / "state.db"))
-        try:
-            return [c.alloc_id for c in store.claims(volume)]
-        finally:
-            store.close()
-
-    def register_volume(self, volume: str = "vol") -> None:
-        (self.work / "backing" / "volumes" / volume).mkdir(parents=True, exist_ok=True)
-        spec = self.work / f"{volume}.hcl"
-        spec.write_text(
-            f'id = "{volume}"\nplugin_id = "hostpath"\nexternal_id = "{volume}"\n'
-            'capability {\n  access_mode = "single-node-writer"\n  attachment_mode = "file-system"\n}\n'
-        )
-        done = subprocess.run([sys.executable, "-m", "driversdk.cli", "volume", "register", str(spec), "--client",
-                               str(self.config)], capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-
     def leftovers(self) -> list[str]:
         """Everything of the test still on the host (empty when clean)."""
-        left = [f"container {c['Name']}" for c in self.containers()]
+        left = [f"container {c['Name']}" for c in self.container_states()]
         left += [f"mount {m}" for m in self.mounts()]
         left += [f"process {p}" for p in processes(str(self.work))]
         left += [f"process {p}" for p in processes(f"sleep {SLEEP_EXEC}")]
@@ -101,7 +69,7 @@ class Host:
 
     def clean_up(self) -> None:
         """The last resort of a failed test: remove what it left (the assertions said what)."""
-        for c in self.containers():
+        for c in self.container_states():
             with contextlib.suppress(docker.errors.APIError):
                 self.engine.api.remove_container(c["Id"], force=True)
         for needle in (str(self.work), f"sleep {SLEEP_EXEC}"):
@@ -258,7 +226,7 @@ def _csi_mounts(host: Host) -> list[str]:
 
 
 def test_kill9_recovers_docker_exec_and_csi_tasks_without_duplicates(host: Host) -> None:
-    host.register_volume()
+    host.register()
     first, second = host.agent(), host.agent()
     with running(host, first, second):
         first.start()
@@ -511,7 +479,7 @@ def test_recovered_job_whose_allocations_ended_is_dead_and_not_run_again(host: H
         assert client.get("/v1/job/once")["Status"] == "dead", second.log()
         time.sleep(1)  # a second run (the thing refused here) would have been recorded by now
         assert [a["ID"] for a in client.get("/v1/job/once/allocations")] == [alloc["ID"]]
-        _until(lambda: host.containers() == [], "the ended task's container is removed")
+        _until(lambda: host.container_states() == [], "the ended task's container is removed")
     assert host.leftovers() == []
 
 
@@ -557,7 +525,7 @@ def test_a_task_whose_end_cannot_be_recorded_fails_its_job_and_not_the_agent(hos
         _register(client, DOCKER_SERVICE.replace('job "web"', 'job "other"').replace("3172", "3175"))
         [web] = agent.wait_allocs("web", "running")
         agent.wait_allocs("other", "running")
-        by_cmd = {" ".join(c["Config"]["Cmd"]): c["Id"] for c in host.containers()}
+        by_cmd = {" ".join(c["Config"]["Cmd"]): c["Id"] for c in host.container_states()}
         [web_container] = [cid for cmd, cid in by_cmd.items() if "3172" in cmd]
         [other_container] = [cid for cmd, cid in by_cmd.items() if "3175" in cmd]
         filler = _fill(host.data)
@@ -605,5 +573,5 @@ def test_task_that_ends_while_the_agent_is_down_ends_its_job_on_return(host: Hos
             time.sleep(0.1)
         assert client.get("/v1/job/once")["Status"] == "dead"
         assert [a["ID"] for a in client.get("/v1/job/once/allocations")] == [alloc["ID"]]
-        _until(lambda: host.containers() == [], "the ended task's container is removed")
+        _until(lambda: host.container_states() == [], "the ended task's container is removed")
     assert host.leftovers() == []
