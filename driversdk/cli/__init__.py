@@ -12,7 +12,7 @@ import atexit
 import os
 import sys
 
-from driversdk.cli.parsing import Parser
+from driversdk.cli.parsing import Parser, line_count
 from driversdk.errors import DriverSDKError
 
 # Not typing.TYPE_CHECKING: importing typing costs a verb ~2 ms (type checkers know this spelling).
@@ -68,16 +68,6 @@ def _where(prefix: str = "") -> argparse.ArgumentParser:
     return where
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of lines (0 or more), not {text!r}")
-    return value
-
-
 # One builder per command word, in the order `driversdk --help` lists them.
 
 
@@ -124,43 +114,25 @@ def _plugin(sub: Any, where: argparse.ArgumentParser) -> None:
 
 
 def _validate(sub: Any, where: argparse.ArgumentParser) -> None:
-    from driversdk.cli.jobfile import _JOB_HCL1, _JOB_JSON, cmd_validate
+    from driversdk.cli.jobfile import add_job_input_flags, cmd_validate
 
     validate = sub.add_parser("validate", help="check a job before any task starts")
     validate.add_argument("job", help="the job file (HCL)")
     # Not the data-dir parent: validate reads the client config, and a --data-dir would be ignored.
     validate.add_argument("--client", help="the client config file (HCL): host volumes, plugins")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
-    validate_format = validate.add_mutually_exclusive_group()  # a job file is JSON or HCL1, not both
-    validate_format.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
-    validate_format.add_argument("-hcl1", dest="job_hcl1", action="store_true", help=_JOB_HCL1)
-    # As `nomad job run`: -var NAME=VALUE and -var-file FILE, repeatable, the last value wins
-    # (after NOMAD_VAR_<name> from the environment).
-    validate.add_argument(
-        "-var", "--var", action="append", metavar="NAME=VALUE", help="a value for a variable the job declares"
-    )
-    validate.add_argument(
-        "-var-file", "--var-file", action="append", metavar="FILE", help="variable values (HCL, or JSON if .json)"
-    )
+    add_job_input_flags(validate)
     validate.set_defaults(func=cmd_validate)
 
 
 def _run(sub: Any, where: argparse.ArgumentParser) -> None:
-    from driversdk.cli.jobfile import _JOB_HCL1, _JOB_JSON, cmd_run
+    from driversdk.cli.jobfile import add_job_input_flags, cmd_run
 
     run = sub.add_parser("run", help="run jobs' tasks on this machine (exit 0 ok, 1 a task failed, 2 refused)")
     run.add_argument("job", nargs="+", help="the job file(s) (HCL); one process runs them all, one plugin per driver")
     run.add_argument("--client", help="the client config file (HCL): data_dir, host volumes, plugins")
     run.add_argument("--json", action="store_true", help="print one JSON object per event line")
-    run_format = run.add_mutually_exclusive_group()  # a job file is JSON or HCL1, not both
-    run_format.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
-    run_format.add_argument("-hcl1", dest="job_hcl1", action="store_true", help=_JOB_HCL1)
-    run.add_argument(
-        "-var", "--var", action="append", metavar="NAME=VALUE", help="a value for a variable the job declares"
-    )
-    run.add_argument(
-        "-var-file", "--var-file", action="append", metavar="FILE", help="variable values (HCL, or JSON if .json)"
-    )
+    add_job_input_flags(run)
     run.add_argument("-detach", "--detach", action="store_true", help="with an agent: submit and return at once")
     run.add_argument(
         "-address",
@@ -221,7 +193,7 @@ def _logs(sub: Any, where: argparse.ArgumentParser) -> None:
     logs.add_argument("task")
     logs.add_argument("--alloc", help="allocation id (prefix); default: the newest run of the task")
     logs.add_argument("--stderr", action="store_true")
-    logs.add_argument("-n", "--tail", type=_count, metavar="N", help="only the last N lines, across rotated files")
+    logs.add_argument("-n", "--tail", type=line_count, metavar="N", help="only the last N lines, across rotated files")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing while the task runs")
     logs.set_defaults(func=cmd_logs)
 

@@ -21,22 +21,13 @@ from driversdk.cli.apiverbs import (
     table,
     timestamp,
 )
+from driversdk.cli.parsing import line_count
 
 # Not typing.TYPE_CHECKING: importing typing costs a verb ~2 ms (type checkers know this spelling).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
-
-
-def _lines(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of lines (0 or more), not {text!r}")
-    return value
 
 
 def add_parsers(sub: Any, where: argparse.ArgumentParser) -> None:
@@ -54,7 +45,7 @@ def add_parsers(sub: Any, where: argparse.ArgumentParser) -> None:
     logs.add_argument("task", metavar="TASK", nargs="?", help="the task (needed when the group has several)")
     logs.add_argument("-stderr", "--stderr", action="store_true", help="the task's stderr instead of its stdout")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the task ends")
-    logs.add_argument("-n", "--tail", type=_lines, metavar="N", help="only the last N lines")
+    logs.add_argument("-n", "--tail", type=line_count, metavar="N", help="only the last N lines")
     logs.set_defaults(func=cmd_alloc_logs, logs_parser=logs)
 
 

@@ -17,6 +17,22 @@ _JOB_JSON = "the job file is JSON in Nomad's API format (one dash; --json is the
 _JOB_HCL1 = "the job file is HCL1, as older Nomad versions ran it with -hcl1 (no variables or functions)"
 
 
+def add_job_input_flags(parser: argparse.ArgumentParser) -> None:
+    """What `validate` and `run` both read a job file with: its format (-json / -hcl1) and its
+    variables."""
+    job_format = parser.add_mutually_exclusive_group()  # a job file is JSON or HCL1, not both
+    job_format.add_argument("-json", dest="job_json", action="store_true", help=_JOB_JSON)
+    job_format.add_argument("-hcl1", dest="job_hcl1", action="store_true", help=_JOB_HCL1)
+    # As `nomad job run`: -var NAME=VALUE and -var-file FILE, repeatable, the last value wins
+    # (after NOMAD_VAR_<name> from the environment).
+    parser.add_argument(
+        "-var", "--var", action="append", metavar="NAME=VALUE", help="a value for a variable the job declares"
+    )
+    parser.add_argument(
+        "-var-file", "--var-file", action="append", metavar="FILE", help="variable values (HCL, or JSON if .json)"
+    )
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check a job file against the client config, its drivers and this host before any start."""
     from driversdk.agent.validate import check_files

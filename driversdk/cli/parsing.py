@@ -1,5 +1,5 @@
 """The CLI's argparse parser class: argparse's own, with a help formatter that does not import
-``shutil``.
+``shutil``; and the argument types more than one command takes.
 
 argparse makes a help formatter at each ``add_argument`` (to check the metavar), and the stock
 formatter imports shutil (with zlib, bz2 and lzma) for the terminal's width: ~2 ms of a verb whose
@@ -41,3 +41,14 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def line_count(text: str) -> int:
+    """An argparse ``type`` for ``-n N`` / ``--tail N``: a number of lines, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of lines (0 or more), not {text!r}")
+    return value
