@@ -4,7 +4,6 @@ dir's shared supervisor, which outlives us."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -200,13 +199,7 @@ class ExecDriver(RecordedDriver[DriverState, TaskRecord]):
         return Start(state, build)
 
     def started(self, state: DriverState, run: Spawned) -> DriverState:
-        return dataclasses.replace(
-            state,
-            supervisor_pid=run.supervisor.pid,
-            supervisor_start_time=run.supervisor.start_time,
-            task_pid=run.task.pid,
-            task_start_time=run.task.start_time,
-        )
+        return state.running(run)
 
     def record_of(self, state: DriverState) -> TaskRecord:
         return TaskRecord(

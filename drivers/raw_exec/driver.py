@@ -4,7 +4,6 @@ a child of the plugin state dir's shared supervisor, which outlives the plugin (
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -172,13 +171,7 @@ class RawExecDriver(RecordedDriver[RawState, TaskRecord]):
         return Start(state, build)
 
     def started(self, state: RawState, run: Spawned) -> RawState:
-        return dataclasses.replace(
-            state,
-            supervisor_pid=run.supervisor.pid,
-            supervisor_start_time=run.supervisor.start_time,
-            task_pid=run.task.pid,
-            task_start_time=run.task.start_time,
-        )
+        return state.running(run)
 
     def record_of(self, state: RawState) -> TaskRecord:
         return TaskRecord(

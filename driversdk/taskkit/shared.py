@@ -23,8 +23,8 @@ import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Self
 
 from driversdk import procwatch
 from driversdk.errors import DriverError
@@ -67,6 +67,16 @@ class SharedRunState:
     task_pid: int = 0
     """The task's main process on the host, a child of the shared supervisor."""
     task_start_time: int = 0
+
+    def running(self, run: Spawned) -> Self:
+        """This state once the shared supervisor runs the task: both processes' identities set."""
+        return replace(
+            self,
+            supervisor_pid=run.supervisor.pid,
+            supervisor_start_time=run.supervisor.start_time,
+            task_pid=run.task.pid,
+            task_start_time=run.task.start_time,
+        )
 
     @property
     def shared_run(self) -> Spawned | None:
