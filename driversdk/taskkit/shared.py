@@ -20,13 +20,11 @@ import os
 import select
 import socket
 import struct
-import sys
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
-from driversdk import procwatch
 from driversdk.errors import DriverError
 from driversdk.taskkit import supervisor
 from driversdk.taskkit.owner import ProcessIdentity
@@ -210,40 +208,14 @@ def _start_server(state_dir: str, *, task: str) -> bool:
         if probe is not None:  # another thread of ours started it meanwhile
             probe.close()
             return True
-        read_end, write_end = os.pipe()
-        if write_end == supervisor.READY_FD:
-            moved = os.dup(write_end)
-            os.close(write_end)
-            write_end = moved
-        actions: list[tuple[Any, ...]] = [
+        stdio: list[tuple[Any, ...]] = [
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
             (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
             (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
-            (os.POSIX_SPAWN_DUP2, write_end, supervisor.READY_FD),
         ]
-        try:
-            try:
-                pid = os.posix_spawn(
-                    sys.executable,
-                    supervisor.launcher(SERVE, os.path.realpath(state_dir)),
-                    supervisor.launcher_env(),
-                    file_actions=actions,
-                    setsid=True,
-                    setsigmask=(),
-                    setsigdef=supervisor.default_signals(),
-                )
-            except OSError as err:
-                raise DriverError(
-                    f"task {task!r}: failed to start the task supervisor {sys.executable}: {err.strerror}",
-                    recoverable=True,
-                ) from None
-            finally:
-                os.close(write_end)
-            # Our child until we exit: the watcher reaps it, so no zombie stays when it ends.
-            procwatch.watch(pid, lambda _code: None, reap=True)
-            line = supervisor.read_ready(read_end, pid)
-        finally:
-            os.close(read_end)
+        argv = supervisor.launcher(SERVE, os.path.realpath(state_dir))
+        # Our child until we exit: the watcher reaps it, so no zombie stays when it ends.
+        _pid, line = supervisor.start_launcher(argv, stdio, task=task, reaped=True)
         if line.startswith(("ready", "busy")):
             return line.startswith("ready")
         raise DriverError(f"task {task!r}: the task supervisor did not start: {line.strip() or 'it exited'}")

@@ -111,24 +111,40 @@ def spawn(task_dir: str, launch: Launch, stdout_fd: int, stderr_fd: int, *, task
     """Write ``launch`` to ``task_dir``'s spec file and start the supervisor; returns (supervisor
     pid, task pid) once the task's exec succeeded."""
     spec_file = write_spec(task_dir, launch)
+    stdio: list[tuple[Any, ...]] = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, stdout_fd, 1),
+        (os.POSIX_SPAWN_DUP2, stderr_fd, 2),
+    ]
+    pid, line = start_launcher(launcher("supervise", spec_file), stdio, task=task)
+    kind, _, rest = line.strip().partition(" ")
+    if kind == "ok" and rest.isdigit():
+        return pid, int(rest)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    detail = rest if kind == "err" and rest else "the supervisor exited before starting the task"
+    raise DriverError(f"task {task!r} could not be started: {detail}")
+
+
+def start_launcher(
+    argv: list[str], stdio: list[tuple[Any, ...]], *, task: str, reaped: bool = False
+) -> tuple[int, str]:
+    """posix_spawn ``launch.py`` (``argv``: :func:`launcher`'s) in a session of its own, every signal at
+    its default and none blocked, fds 0-2 as ``stdio``'s file actions make them; returns its pid and
+    the line it reported on the ready pipe (empty when it exited first). ``reaped``: the process
+    watcher reaps it when it ends, from before it reports (for a child no task's watch follows)."""
     read_end, write_end = os.pipe()
     if write_end == READY_FD:  # dup2 onto itself would keep close-on-exec set
         moved = os.dup(write_end)
         os.close(write_end)
         write_end = moved
-    file_actions: list[tuple[Any, ...]] = [
-        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_DUP2, stdout_fd, 1),
-        (os.POSIX_SPAWN_DUP2, stderr_fd, 2),
-        (os.POSIX_SPAWN_DUP2, write_end, READY_FD),
-    ]
     try:
         try:
             pid = os.posix_spawn(
                 sys.executable,
-                launcher("supervise", spec_file),
+                argv,
                 launcher_env(),
-                file_actions=file_actions,
+                file_actions=[*stdio, (os.POSIX_SPAWN_DUP2, write_end, READY_FD)],
                 setsid=True,
                 setsigmask=(),
                 setsigdef=default_signals(),
@@ -140,16 +156,12 @@ def spawn(task_dir: str, launch: Launch, stdout_fd: int, stderr_fd: int, *, task
             ) from None
         finally:
             os.close(write_end)
+        if reaped:
+            procwatch.watch(pid, lambda _code: None, reap=True)
         line = read_ready(read_end, pid)
     finally:
         os.close(read_end)
-    kind, _, rest = line.strip().partition(" ")
-    if kind == "ok" and rest.isdigit():
-        return pid, int(rest)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-    detail = rest if kind == "err" and rest else "the supervisor exited before starting the task"
-    raise DriverError(f"task {task!r} could not be started: {detail}")
+    return pid, line
 
 
 def read_ready(fd: int, pid: int) -> str:
