@@ -129,6 +129,17 @@ class Controller(csi_pb2_grpc.ControllerServicer):
                 f"nodes {nodes} ({len(ours)} topologies)",
             )
 
+    def _refuse_beyond_file_system(self, rng: csi_pb2.CapacityRange, context: grpc.ServicerContext) -> None:
+        """OUT_OF_RANGE when ``rng`` requires more bytes than the file system holding the volumes has."""
+        total, _available = fs_sizes(self.state.volumes)
+        if rng.required_bytes > total:
+            fail(
+                context,
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"capacity_range.required_bytes {rng.required_bytes} is larger than the file system holding "
+                f"the plugin root ({total} bytes)",
+            )
+
     def _in_use(self, st: State, volume_id: str) -> str:
         rec = st.volumes.get(volume_id)
         if rec is not None and rec.published:
@@ -174,14 +185,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
             invalid(context, "volume_content_source.volume.volume_id is required")
         # Nomad sends an empty requirement when the job has none: that means "anywhere".
         self._reachable(request.accessibility_requirements, context)
-        total, _available = fs_sizes(self.state.volumes)
-        if rng.required_bytes > total:
-            fail(
-                context,
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"capacity_range.required_bytes {rng.required_bytes} is larger than the file system holding "
-                f"the plugin root ({total} bytes)",
-            )
+        self._refuse_beyond_file_system(rng, context)
         with self.state.store.transaction() as st:
             existing = self._by_name(st, request.name)
             if existing is not None:
@@ -401,14 +405,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
         check_range(context, rng)
         if request.HasField("volume_capability"):
             check_capability(context, request.volume_capability, "volume_capability")
-        total, _available = fs_sizes(self.state.volumes)
-        if rng.required_bytes > total:
-            fail(
-                context,
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"capacity_range.required_bytes {rng.required_bytes} is larger than the file system holding "
-                f"the plugin root ({total} bytes)",
-            )
+        self._refuse_beyond_file_system(rng, context)
         with self.state.store.transaction() as st:
             if not self.state.volume_exists(request.volume_id):
                 fail(context, grpc.StatusCode.NOT_FOUND, f"volume {request.volume_id} does not exist")
