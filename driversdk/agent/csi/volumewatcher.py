@@ -99,6 +99,16 @@ class VolumeWatcher:
         timeout = run.call_timeout() if run is not None else None
         return CSIClient(socket_path, plugin=plugin_id, cancel=cancel, call_timeout=timeout)
 
+    def _connect(self, reg: PluginRegistration, plugin_id: str, who: str) -> CSIClient | str:
+        """A client of the live instance ``reg``, or why there is none (``who`` does not answer); a
+        cancelled call is no answer to note but the end of the pass: it propagates."""
+        try:
+            return self._client(reg.socket_path, plugin_id)
+        except CallCancelled:
+            raise
+        except CSIError as err:
+            return f"{who} does not answer ({err})"
+
     def close(self) -> None:
         if self._owned:
             self.volumes.close()
@@ -267,12 +277,9 @@ class VolumeWatcher:
         host_root = detail.host_root or (reg.options.get("MountPoint", "") if reg is not None else "")
         problem = f'no instance of CSI plugin "{plugin_id}" is registered to unmount it'
         if reg is not None:
-            try:
-                node = self._client(reg.socket_path, plugin_id)
-            except CallCancelled:
-                raise
-            except CSIError as err:
-                problem = f'CSI plugin "{plugin_id}" does not answer ({err})'
+            node = self._connect(reg, plugin_id, f'CSI plugin "{plugin_id}"')
+            if isinstance(node, str):
+                problem = node
             else:
                 manager = NodeVolumeManager(
                     node,
@@ -334,12 +341,9 @@ class VolumeWatcher:
         reg = live_instance(self.registry, "csi-controller", plugin_id)
         problem = f'no controller instance of CSI plugin "{plugin_id}" is registered'
         if reg is not None:
-            try:
-                controller = self._client(reg.socket_path, plugin_id)
-            except CallCancelled:
-                raise
-            except CSIError as err:
-                problem = f'the controller of CSI plugin "{plugin_id}" does not answer ({err})'
+            controller = self._connect(reg, plugin_id, f'the controller of CSI plugin "{plugin_id}"')
+            if isinstance(controller, str):
+                problem = controller
             else:
                 try:
                     controller_unpublish(controller, volume, detail.csi_node_id)
