@@ -26,7 +26,6 @@ task planted there (a symlink) is replaced, never written through.
 from __future__ import annotations
 
 import bz2
-import errno
 import gzip
 import hashlib
 import lzma
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 from zlib import error as ZlibError
 
+from driversdk.dirwalk import DIR_FLAGS, UnsafeStep, open_parent
 from driversdk.errors import DriverSDKError
 from driversdk.paths import show
 from driversdk.pinning import PinError, open_beneath
@@ -73,7 +73,6 @@ ARCHIVES = (
     (".bz2", "bz2"),
     (".xz", "xz"),
 )
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class ArtifactError(DriverSDKError):
@@ -345,25 +344,11 @@ def _link_ok(parts: list[str], target: str) -> bool:
 
 def _open_parent(root: str, parts: list[str], where: str) -> int:
     """The directory holding ``parts[-1]`` below ``root``, made as needed, never through a link."""
-    fd = os.open(root, _DIR_FLAGS)
     try:
-        for name in parts[:-1]:
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                os.mkdir(name, 0o755, dir_fd=fd)
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError as err:
-                if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise ArtifactError(f"{where}: {show('/'.join(parts))} passes through a symbolic link or a file; "
-                                        "refusing the artifact", recoverable=False) from None  # fmt: skip
-                raise
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return open_parent(root, parts, create=True)
+    except UnsafeStep:
+        raise ArtifactError(f"{where}: {show('/'.join(parts))} passes through a symbolic link or a file; "
+                            "refusing the artifact", recoverable=False) from None  # fmt: skip
 
 
 def _write(root: str, parts: list[str], src: _Reader | IO[bytes], mode: int, budget: _Budget) -> None:
@@ -525,7 +510,7 @@ def _inspect(out: str, where: str) -> None:
 def _install_dir(root: str, parts: list[str], staged: str, where: str) -> None:
     """Move everything in ``staged`` into the destination directory, merging directories."""
     dest = _open_parent(root, [*parts, "."], where)
-    src = os.open(staged, _DIR_FLAGS)
+    src = os.open(staged, DIR_FLAGS)
     try:
         _merge(src, dest)
     finally:
@@ -542,8 +527,8 @@ def _merge(src: int, dest: int) -> None:
             os.rename(name, name, src_dir_fd=src, dst_dir_fd=dest)
             continue
         if stat.S_ISDIR(info.st_mode) and stat.S_ISDIR(there.st_mode):
-            a = os.open(name, _DIR_FLAGS, dir_fd=src)
-            b = os.open(name, _DIR_FLAGS, dir_fd=dest)
+            a = os.open(name, DIR_FLAGS, dir_fd=src)
+            b = os.open(name, DIR_FLAGS, dir_fd=dest)
             try:
                 _merge(a, b)
             finally:
@@ -559,7 +544,7 @@ def _remove(dir_fd: int, name: str, info: os.stat_result) -> None:
     if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=dir_fd)
         return
-    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     try:
         for child in os.listdir(fd):
             _remove(fd, child, os.stat(child, dir_fd=fd, follow_symlinks=False))

@@ -24,6 +24,7 @@ import stat
 
 from driversdk.agent.allocrunner.hooks import TaskHook
 from driversdk.agent.allocrunner.hooks.contract import TaskPrerunRequest, TaskPrerunResponse
+from driversdk.dirwalk import UnsafeStep, open_parent
 from driversdk.errors import ConfigError
 from driversdk.jobspec import templates
 from driversdk.jobspec.job import Template
@@ -109,32 +110,15 @@ def place(path: str, alloc_dir: str, task: str, what: str) -> tuple[str, list[st
 
 def _open_dir(task_dir: str, parts: list[str], where: str, *, create: bool) -> int:
     """A descriptor of the directory holding ``parts[-1]``, walked without following links."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(task_dir, flags)
     try:
-        for name in parts[:-1]:
-            try:
-                child = os.open(name, flags, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise TemplateRenderError(
-                        f"{where}: {show('/'.join(parts))} does not exist in the task dir"
-                    ) from None
-                os.mkdir(name, 0o755, dir_fd=fd)
-                child = os.open(name, flags, dir_fd=fd)
-            except OSError as err:
-                if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise TemplateRenderError(
-                        f"{where}: {show(name)} in {show('/'.join(parts))} is a symbolic link or not a directory; "
-                        "driversdk run never follows a link in the task dir"
-                    ) from None
-                raise
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return open_parent(task_dir, parts, create=create)
+    except UnsafeStep as step:
+        if step.missing:
+            raise TemplateRenderError(f"{where}: {show('/'.join(parts))} does not exist in the task dir") from None
+        raise TemplateRenderError(
+            f"{where}: {show(step.name)} in {show('/'.join(parts))} is a symbolic link or not a directory; "
+            "driversdk run never follows a link in the task dir"
+        ) from None
 
 
 def _read(task_dir: str, parts: list[str], where: str) -> str:
