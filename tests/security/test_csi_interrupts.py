@@ -17,6 +17,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from driversdk.agent.csi.registry import PluginRegistration, PluginRegistry
+from driversdk.agent.csi.state import StateStore
 from driversdk.agent.csi.volumes import PAST_STATES, VolumeStore
 from driversdk.csi.client import CSIClient
 from driversdk.csi.errors import CSIError
@@ -112,6 +114,15 @@ def _plugins_left(env: Env) -> list[int]:
     while (left := _plugin_pids(env)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def _node_instances(env: Env) -> list[PluginRegistration]:
+    """Every registered node instance of the hostpath plugin, newest first."""
+    store = StateStore(env.db)
+    try:
+        return PluginRegistry(store).instances("csi-node", "hostpath")
+    finally:
+        store.close()
 
 
 def _in_alloc(pid: int, alloc_id: str) -> bool:
@@ -237,6 +248,11 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
         wait_for_line(older, '==> task "plugin": Plugin became healthy')
         newer = env.start(write_job(env, "newer", plugin_group()))
         wait_for_line(newer, '==> task "plugin": Plugin became healthy')
+        # As in Nomad, the healthy event comes before the instance is registered: wait for it.
+        deadline = time.monotonic() + EXIT_WAIT
+        while len(_node_instances(env)) < 2:
+            assert time.monotonic() < deadline, "the newer instance was never registered"
+            time.sleep(0.05)
         [dead] = [r for r in env.registrations() if r.type == "csi-node"]  # the newest is the one in use
         dead_alloc = dead.alloc_id
         newer_left = _descendants(newer.pid)  # its plugins: no later run of its job takes them over
