@@ -7,6 +7,7 @@ Real runs through the CLI, a real reference plugin process with injected faults 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -114,6 +115,15 @@ def _plugins_left(env: Env) -> list[int]:
     while (left := _plugin_pids(env)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def _delete_left_containers(env: Env) -> None:
+    """The runc containers of this test's exec tasks that no run is left to destroy (the killed
+    run's plugin task: a later exec plugin's reconciler would remove it after its grace)."""
+    listing = subprocess.run(["runc", "list", "--format", "json"], capture_output=True, text=True, check=False)
+    for item in json.loads(listing.stdout or "null") or []:
+        if str(item.get("bundle", "")).startswith(f"{env.work}/"):
+            subprocess.run(["runc", "delete", "--force", str(item["id"])], capture_output=True, check=False)
 
 
 def _node_instances(env: Env) -> list[PluginRegistration]:
@@ -291,3 +301,4 @@ def test_plugin_instance_killed_with_its_run_is_not_handed_to_the_next_run(env: 
             except ProcessLookupError:
                 pass
         _unmount_left(env)
+        _delete_left_containers(env)
