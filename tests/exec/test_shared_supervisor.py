@@ -258,16 +258,21 @@ def test_exec_supervisor_refuses_a_spec_outside_the_state_dir(
     assert harness.client.wait_task(task.id, timeout=TIMEOUT).signal == signal.SIGKILL
 
 
-def test_exec_stop_signals_the_container_init_without_a_runc_process(
-    plugin_config: dict[str, Any], no_leaks: None, alloc: AllocDir, tmp_path: Path
-) -> None:
-    # runc behind a wrapper that writes down each command it is asked for.
+def _logged_runc(tmp_path: Path) -> tuple[Path, Path]:
+    """runc behind a wrapper that writes down each command it is asked for: (the list, the wrapper)."""
     calls = tmp_path / "runc-calls"
     wrapper = tmp_path / "runc-logged"
     real = shutil.which("runc")
     assert real is not None
     wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
+    return calls, wrapper
+
+
+def test_exec_stop_signals_the_container_init_without_a_runc_process(
+    plugin_config: dict[str, Any], no_leaks: None, alloc: AllocDir, tmp_path: Path
+) -> None:
+    calls, wrapper = _logged_runc(tmp_path)
     with DriverHarness(PLUGIN, plugin_config={**plugin_config, "runtime_path": str(wrapper)}) as h:
         # The container's init (pid 1 of its namespace) gets only the signals it handles.
         task = alloc.task_config("web", driver_config=sh('trap "exit 42" TERM; echo ready; while :; do sleep 1; done'))
@@ -288,12 +293,7 @@ def test_exec_kill_after_the_timeout_takes_the_whole_task_without_a_runc_process
     # A task ignoring SIGTERM (sleep as its namespace's init has no handler) is killed once its
     # kill_timeout is out: SIGKILL to its init takes every process of its pid namespace, the
     # background one it forked too, without `runc kill` (a runc per stopped task at 1000 tasks).
-    calls = tmp_path / "runc-calls"
-    wrapper = tmp_path / "runc-logged"
-    real = shutil.which("runc")
-    assert real is not None
-    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {real} "$@"\n')
-    wrapper.chmod(0o755)
+    calls, wrapper = _logged_runc(tmp_path)
     with DriverHarness(PLUGIN, plugin_config={**plugin_config, "runtime_path": str(wrapper)}) as h:
         task = alloc.task_config("web", driver_config=sh("sleep 300 & echo $! > /local/bg; echo ready; exec sleep 300"))
         h.start(task)
