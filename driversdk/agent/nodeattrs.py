@@ -107,8 +107,6 @@ def storage_attributes(data_dir: str) -> dict[str, str]:
     """unique.storage.volume (the file system's source, as df names it), .bytestotal and
     .bytesfree (what an unprivileged user may still write) of the data dir's file system; the
     nearest existing parent is read when the data dir is not made yet."""
-    from driversdk.mountinfo import MountinfoError, find_mount
-
     path = os.path.abspath(data_dir)
     while not os.path.exists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
@@ -120,11 +118,23 @@ def storage_attributes(data_dir: str) -> dict[str, str]:
         "unique.storage.bytestotal": str(fs.f_blocks * fs.f_frsize),
         "unique.storage.bytesfree": str(fs.f_bavail * fs.f_frsize),
     }
-    try:
-        out["unique.storage.volume"] = find_mount(path).source
-    except (MountinfoError, OSError):
-        pass
+    volume = _volume_of(path)
+    if volume is not None:
+        out["unique.storage.volume"] = volume
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _volume_of(path: str) -> str | None:
+    """The source of the file system ``path`` is on, found once per path (as Nomad's storage
+    fingerprint does once per client): it reads the whole mount table, which grows with every
+    running task's mounts, and each allocation's node facts asked for it."""
+    from driversdk.mountinfo import MountinfoError, find_mount
+
+    try:
+        return find_mount(path).source
+    except (MountinfoError, OSError):
+        return None
 
 
 def host_ip() -> str:
@@ -193,7 +203,7 @@ def node(client: ClientConfig, drivers: Mapping[str, Mapping[str, str]] | None =
     """The node as taskenv and constraints see it; ``drivers``: each driver's attributes
     (:func:`driver_attributes`)."""
     attrs = dict(host_attributes())
-    attrs.update(storage_attributes(client.data_dir))  # not cached: free bytes change, data dirs differ
+    attrs.update(storage_attributes(client.data_dir))  # free bytes read each time: they change
     for name in sorted(drivers or {}):
         attrs.update((drivers or {})[name])
     return Node(

@@ -10,7 +10,6 @@ hook; the answers are compared with the per-allocation ones, field by field.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,21 +186,85 @@ def test_the_allocation_rows_are_read_again_after_each_write_of_one(tmp_path: Pa
     assert [a.alloc_id for a, _ in state.allocs()] == ids[:2]
 
 
-def test_a_jobs_statuses_are_read_once_per_index_and_never_lag_past_the_sync_interval(tmp_path: Path) -> None:
+def test_after_a_write_only_the_written_allocation_rows_are_read_again(tmp_path: Path) -> None:
     agent = _Agent(tmp_path)
-    ids = _record_job(agent, "web", 3)
+    ids = _record_job(agent, "web", ALLOCS)
+    other = _record_job(agent, "other", 2)
+    state = agent.node.state
+    first = state.allocs("web")
+    everything = state.allocs()
+    seen = _count_reads(agent)
+    state.alloc_update(ids[5], state="stopped")
+    state.alloc_update(other[0], state="stopped")
+    now = state.allocs("web")
+    [read] = [q for q in seen if "run_allocs" in q]
+    assert ids[5] in read and other[0] in read and ids[6] not in read, "only the rows written since"
+    assert now[5][0].state == "stopped" and now[:5] == first[:5] and now[6:] == first[6:]
+    assert now[0][0] is first[0][0], "an unchanged row keeps its record"
+    state.alloc_collected(ids[7])
+    assert [a.alloc_id for a, _ in state.allocs("web")] == ids[:7] + ids[8:]
+    assert [a.state for a, _ in state.allocs()] == [
+        "stopped" if a.alloc_id in (ids[5], other[0]) else "running"
+        for a, _ in everything
+        if a.alloc_id != ids[7]
+    ]
+    [new] = _record_job(agent, "late", 1)
+    seen.clear()
+    listed = [a.alloc_id for a, _ in state.allocs()]
+    assert listed[-1] == new and len(listed) == ALLOCS - 1 + 2 + 1, "an inserted row listed last"
+    assert [q for q in seen if "run_allocs" in q and "alloc_id IN" not in q] == [], "only the new row read"
+    state.alloc_started(ids[2], "web", "g", 2, f"/allocs/{ids[2]}")  # replaced: a new rowid, so listed last
+    full = [a.alloc_id for a, _ in state.allocs()]
+    assert full[-1] == ids[2] and full[:-1] == [a for a in listed if a != ids[2]]
+    assert [a.alloc_id for a, _ in state.allocs("web")][-1] == ids[2]
+    fresh = RunState(str(tmp_path))  # what a store reading every row lists
+    assert [(a, t) for a, t in fresh.allocs()] == state.allocs()
+    assert fresh.allocs("web") == state.allocs("web")
+
+
+def test_a_jobs_statuses_read_only_the_allocations_written_since_and_never_lag(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    ids = _record_job(agent, "web", ALLOCS)
     agent.jobs.set_status("web", JobStatus.RUNNING)
     record = agent.jobs.get("web")
     assert record is not None
     state = agent.node.state
     assert shapes.job_status(agent, record) == "running"  # type: ignore[arg-type]
     seen = _count_reads(agent)
-    assert shapes.summary(agent, record)["Summary"]["g"]["Running"] == 3  # type: ignore[arg-type]
-    assert [q for q in seen if "run_tasks" in q] == [], "kept for the same index and no write"
+    agent.index += 5  # the index moved elsewhere: nothing of this job was written
+    assert shapes.summary(agent, record)["Summary"]["g"]["Running"] == ALLOCS  # type: ignore[arg-type]
+    assert [q for q in seen if "run_tasks" in q] == [], "kept while none of the job's allocations was written"
+    for task in ("main", "side"):
+        state.finished(ids[3], task, 0, 0, False)
+    seen.clear()
+    # Shown at once, with the index unchanged, and only the written allocation's tasks read.
+    counts = shapes.summary(agent, record)["Summary"]["g"]  # type: ignore[arg-type]
+    assert (counts["Running"], counts["Complete"]) == (ALLOCS - 1, 1)
+    [read] = [q for q in seen if "run_tasks" in q]
+    assert ids[3] in read and ids[4] not in read
+    state.alloc_update(ids[3], state="stopped")  # a write of the allocation row itself
     for alloc_id in ids:
         for task in ("main", "side"):
             state.finished(alloc_id, task, 0, 0, False)
-    # Written, and the index has not moved yet: shown within STATUSES_FRESH_WITHIN at the latest.
-    time.sleep(shapes.STATUSES_FRESH_WITHIN)
     assert shapes.job_status(agent, record) == "dead"  # type: ignore[arg-type]
-    assert shapes.summary(agent, record)["Summary"]["g"]["Complete"] == 3  # type: ignore[arg-type]
+    assert shapes.summary(agent, record)["Summary"]["g"]["Complete"] == ALLOCS  # type: ignore[arg-type]
+
+
+def test_a_few_changed_stubs_read_only_their_allocations(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    allocs = 3 * (shapes.STUBS_READ_ONE_BY_ONE + 1)  # more changed than are read one by one
+    ids = _record_job(agent, "web", allocs)
+    first = json.loads(shapes.alloc_stubs(agent, job="web"))  # type: ignore[arg-type]
+    changed = ids[1 : 1 + allocs // 3]
+    for alloc_id in changed:
+        agent.node.state.finished(alloc_id, "main", 0, 0, False)
+    seen = _count_reads(agent)
+    second = json.loads(shapes.alloc_stubs(agent, job="web"))  # type: ignore[arg-type]
+    reads = [q for q in seen if "run_tasks" in q or "run_task_events" in q]
+    assert len(reads) == 2 and all(ids[0] not in q and changed[-1] in q for q in reads), reads
+    assert [s["TaskStates"]["main"]["State"] for s in second] == [
+        "dead" if alloc_id in changed else "running" for alloc_id in ids
+    ]
+    unchanged = [i for i, alloc_id in enumerate(ids) if alloc_id not in changed]
+    assert all(second[i] == first[i] for i in unchanged)
+    assert second == [shapes.alloc_stub(agent, *agent.node.state.alloc_by_id(a)) for a in ids]  # type: ignore[arg-type, misc]

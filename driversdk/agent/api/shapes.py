@@ -50,33 +50,36 @@ def job_status(agent: Agent, record: JobRecord) -> str:
 
 def _client_statuses(agent: Agent, job: str) -> list[tuple[AllocRecord, str]]:
     """Each allocation of ``job`` with its client status. The job list and a job's summary ask for
-    it on every answer, and an API client polling the job list while 1000 allocations stopped read
-    every task of the job twice per request; it is read again when the agent's index moved, or when
-    the store wrote about one of the job's allocations and what is kept is older than
-    STATUSES_FRESH_WITHIN (what is shown lags by no more than a Nomad client's batching of updates)."""
+    it on every answer, and an API client polling the job list while 1000 allocations start or stop
+    must not have every task of the job read and converted each time: each allocation's status is
+    kept with the allocation's version (:meth:`RunState.version`) it was worked out at, and only the
+    allocations written since are read again. The version is read before the rows, so a write
+    racing the read leaves an older version beside newer rows: one more read, never a stale status."""
     assert agent.node is not None
     state = agent.node.state
-    kept = _STATUSES.setdefault(state, {})
+    kept = _STATUSES.setdefault(state, {}).setdefault(job, {})
     allocs = state.allocs(job)
-    index, written = agent.index, max((state.version(a.alloc_id) for a, _ in allocs), default=0)
-    now = time.monotonic()
-    found = kept.get(job)
-    if found is not None and found[0] == index and (found[1] == written or now - found[2] < STATUSES_FRESH_WITHIN):
-        return found[3]
-    tasks = state.tasks_by_alloc(job) if allocs else {}
-    statuses = [(alloc, client_status(alloc, tasks.get(alloc.alloc_id, []))) for alloc, _ in allocs]
-    if len(kept) > 256:
-        kept.clear()
-    kept[job] = (index, written, now, statuses)
-    return statuses
+    if len(kept) > len(allocs) + 64:
+        kept.clear()  # allocations collected since: forgotten with the rest, read again once
+    versions = [state.version(alloc.alloc_id) for alloc, _ in allocs]
+    stale = {
+        alloc.alloc_id
+        for (alloc, _), version in zip(allocs, versions, strict=True)
+        if (found := kept.get(alloc.alloc_id)) is None or found[0] != version
+    }
+    if stale:
+        many = len(stale) > len(allocs) // 2
+        tasks = state.tasks_by_alloc(job) if many else state.tasks_by_alloc(alloc_ids=sorted(stale))
+        for (alloc, _), version in zip(allocs, versions, strict=True):
+            if alloc.alloc_id in stale:
+                kept[alloc.alloc_id] = (version, client_status(alloc, tasks.get(alloc.alloc_id, [])))
+    return [(alloc, kept[alloc.alloc_id][1]) for alloc, _ in allocs]
 
 
-# How stale a job's statuses may be shown while its allocations change (Nomad's allocSyncIntv).
-STATUSES_FRESH_WITHIN = 0.2
-# A job's allocations with their client statuses, per state store, by job: the agent's index and
-# the job's last write when they were read, when, and them.
-_Statuses = tuple[int, int, float, list[tuple[AllocRecord, str]]]
-_STATUSES: weakref.WeakKeyDictionary[RunState, dict[str, _Statuses]] = weakref.WeakKeyDictionary()
+# A job's allocations' client statuses, per state store, by job, by allocation: the allocation's
+# version when its status was worked out, and the status.
+_Status = tuple[int, str]
+_STATUSES: weakref.WeakKeyDictionary[RunState, dict[str, dict[str, _Status]]] = weakref.WeakKeyDictionary()
 
 
 _TERMINAL = ("complete", "failed", "lost")
@@ -240,6 +243,11 @@ class Reads:
         return cls(state.tasks_by_alloc(job), state.events_by_task(job=job))
 
     @classmethod
+    def of_allocs(cls, state: RunState, alloc_ids: list[str]) -> Reads:
+        """The allocations ``alloc_ids`` (a few reads for many)."""
+        return cls(state.tasks_by_alloc(alloc_ids=alloc_ids), state.events_by_task(alloc_ids=alloc_ids))
+
+    @classmethod
     def of_alloc(cls, state: RunState, alloc_id: str) -> Reads:
         return cls({alloc_id: state.tasks(alloc_id)}, state.events_by_task(alloc_id=alloc_id))
 
@@ -345,7 +353,14 @@ def alloc_stubs(agent: Agent, job: str | None = None, prefix: str = "") -> bytes
             )
         )
     stale = [i for i, key in enumerate(keys) if (found := encoded.get(key[0].alloc_id)) is None or found[0] != key]
-    reads = Reads.of_job(state, None if prefix else job) if len(stale) > 16 else None
+    # Many changed: their rows in a few reads (the whole job's when most changed, which also
+    # spares binding a thousand ids), not two reads each.
+    if len(stale) > len(allocs) // 2:
+        reads: Reads | None = Reads.of_job(state, None if prefix else job)
+    elif len(stale) > STUBS_READ_ONE_BY_ONE:
+        reads = Reads.of_allocs(state, [allocs[i][0].alloc_id for i in stale])
+    else:
+        reads = None
     for i in stale:
         alloc, updated = allocs[i]
         stub = alloc_stub(agent, alloc, updated, records[alloc.job], reads)
@@ -354,6 +369,9 @@ def alloc_stubs(agent: Agent, job: str | None = None, prefix: str = "") -> bytes
     index = b',"ModifyIndex": %d}' % agent.index
     return b"[" + b", ".join(encoded[alloc.alloc_id][1] + index for alloc, _ in allocs) + b"]"
 
+
+# Changed allocations up to this many have their tasks and events read one allocation at a time.
+STUBS_READ_ONE_BY_ONE = 16
 
 # Each allocation's AllocListStub JSON without its ModifyIndex, per state store, by allocation id.
 _ENCODED: weakref.WeakKeyDictionary[RunState, dict[str, tuple[object, bytes]]] = weakref.WeakKeyDictionary()

@@ -10,7 +10,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +53,18 @@ class TaskStatus(enum.StrEnum):
     STOPPED = "stopped"  # the run ended while the task still ran
     LOST = "lost"  # ended while no run followed it, how unknown
 
+
+# Each state by its stored text: a dict lookup, where calling the enum costs a microsecond a row and
+# an answer about 1000 allocations converts thousands of rows.
+_ALLOC_STATUSES = {status.value: status for status in AllocStatus}
+_TASK_STATUSES = {status.value: status for status in TaskStatus}
+
+# Allocation row writes remembered (by allocation) for allocs() to read only what changed; past
+# this many, everything kept is read again once.
+ALLOC_ROW_WRITES_KEPT = 50_000
+
+# Allocation ids bound to one read (SQLite's limit on a statement's parameters is 999 in old builds).
+IDS_PER_READ = 500
 
 _ALLOC_COLUMNS = "alloc_id, job, grp, idx, alloc_dir, state, run_pid, network, csi"
 
@@ -118,6 +130,11 @@ class TaskRecord:
     restarts: int = 0  # times the restart policy started the task again
 
 
+# What allocs() keeps of one job's allocations: the write generation they were read at, them, and
+# each one's rowid (the order they are listed in).
+_KeptAllocs = tuple[int, list[tuple["AllocRecord", float]], dict[str, int]]
+
+
 class RunState(Table):
     """The runs tables (``run_allocs``, ``run_tasks``, ``run_task_events``, ``run_plugins``) on a
     :class:`Store`, or on the store of a data dir (a convenience for the CLI and tests)."""
@@ -128,9 +145,12 @@ class RunState(Table):
         self._versions: dict[str, int] = {}
         self._clock = itertools.count(1)
         # Moves on with every write of an allocation row (not of its tasks): allocs() is kept per job
-        # until then. Read before the rows, so a write racing a read only costs one more read.
+        # at the generation it was read at, and reads again the rows written since (by
+        # _alloc_row_written). Read before the rows, so a write racing a read only costs one more
+        # read.
         self._alloc_rows = 0
-        self._allocs_kept: dict[str | None, tuple[int, list[tuple[AllocRecord, float]]]] = {}
+        self._alloc_row_written: dict[str, int] = {}
+        self._allocs_kept: dict[str | None, _KeptAllocs] = {}
 
     # --- what a failed write was recording ------------------------------------------------------
 
@@ -179,7 +199,7 @@ class RunState(Table):
                 "INSERT OR REPLACE INTO run_allocs VALUES (?, ?, ?, ?, ?, 'running', ?, NULL, NULL, ?)",
                 (alloc_id, job, group, index, alloc_dir, os.getpid(), time.time()),
             )
-            self._alloc_rows += 1
+            self._alloc_row_writes(alloc_id)
 
     def alloc_update(self, alloc_id: str, **fields: str | int | None) -> None:
         allowed = {"state", "run_pid", "network", "csi"}
@@ -192,7 +212,7 @@ class RunState(Table):
                 f"UPDATE run_allocs SET {assignments}, updated=? WHERE alloc_id=?",
                 (*fields.values(), time.time(), alloc_id),
             )
-            self._alloc_rows += 1
+            self._alloc_row_writes(alloc_id)
 
     def running_allocs(self, job: str) -> list[AllocRecord]:
         with self._read_lock:
@@ -204,23 +224,49 @@ class RunState(Table):
 
     def allocs(self, job: str | None = None) -> list[tuple[AllocRecord, float]]:
         """Every allocation (of one job), oldest first, with when it last changed (Unix seconds).
-        Kept until this store writes an allocation row again (an API client waiting on a job's
-        allocations asks after every change of a task)."""
+        Kept, and after writes of allocation rows only the rows written since are read again: an
+        API client waiting on a job's allocations asks after every change, and while 1000
+        allocations start or stop each writes its row, so reading and converting every row each
+        time was most of what a job list cost."""
         generation = self._alloc_rows
         kept = self._allocs_kept.get(job)
         if kept is not None and kept[0] == generation:
             return list(kept[1])
-        query = f"SELECT {_ALLOC_COLUMNS}, updated FROM run_allocs"
-        with self._read_lock:
-            if job is None:
-                rows = self._reader.execute(query + " ORDER BY rowid").fetchall()
-            else:
-                rows = self._reader.execute(query + " WHERE job=? ORDER BY rowid", (job,)).fetchall()
-        found = [(_alloc_record(r), float(r[9] or 0)) for r in rows]
+        if kept is None:
+            rows = self._alloc_rows_of(job)
+            found = [(_alloc_record(r), float(r[9] or 0)) for r in rows]
+            rowids = {r[0]: int(r[10]) for r in rows}
+        else:
+            since, before, rowids = kept
+            written = [a for a, at in list(self._alloc_row_written.items()) if at > since]
+            rows = [r for r in self._alloc_rows_of(None, written) if job is None or r[1] == job]
+            now = {r[0]: (_alloc_record(r), float(r[9] or 0)) for r in rows}
+            rowids = dict(rowids)
+            was = {alloc_id: rowids.pop(alloc_id, None) for alloc_id in written}
+            moved = any(was[r[0]] != r[10] for r in rows)  # a new row, or one replaced: a new rowid
+            rowids.update((r[0], int(r[10])) for r in rows)
+            gone = set(written) - now.keys()
+            found = [now.get(pair[0].alloc_id) or pair for pair in before if pair[0].alloc_id not in gone]
+            if moved:  # in rowid order again
+                found = sorted({pair[0].alloc_id: pair for pair in found + list(now.values())}.values(),
+                               key=lambda pair: rowids[pair[0].alloc_id])  # fmt: skip
         if len(self._allocs_kept) > 64:
             self._allocs_kept.clear()
-        self._allocs_kept[job] = (generation, found)
+        self._allocs_kept[job] = (generation, found, rowids)
         return list(found)
+
+    def _alloc_rows_of(self, job: str | None, alloc_ids: Sequence[str] | None = None) -> list[tuple[Any, ...]]:
+        """The rows of run_allocs (of one job, or the allocations ``alloc_ids``), in rowid order,
+        with their ``updated`` and rowid last."""
+        return self._read_rows(f"SELECT {_ALLOC_COLUMNS}, updated, rowid FROM run_allocs", "rowid", job, alloc_ids)
+
+    def _alloc_row_writes(self, alloc_id: str) -> None:
+        """Count a write of an allocation's row (under the write lock): allocs() reads it again."""
+        self._alloc_rows += 1
+        if len(self._alloc_row_written) > ALLOC_ROW_WRITES_KEPT:
+            self._alloc_row_written.clear()
+            self._allocs_kept.clear()  # what was kept cannot tell what changed since: read all again
+        self._alloc_row_written[alloc_id] = self._alloc_rows
 
     def alloc_by_id(self, alloc_id: str) -> tuple[AllocRecord, float] | None:
         """One allocation by its whole id, with when it last changed."""
@@ -276,7 +322,7 @@ class RunState(Table):
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-            self._alloc_rows += 1
+            self._alloc_row_writes(alloc_id)
 
     # --- driver plugins: one per driver per run process (the driver manager) --------------------
 
@@ -431,38 +477,58 @@ class RunState(Table):
                 rows = self._reader.execute(_TASK_QUERY + " WHERE alloc_id=? ORDER BY updated", (alloc_id,)).fetchall()
         return [_task_record(r) for r in rows]
 
-    def tasks_by_alloc(self, job: str | None = None) -> dict[str, list[TaskRecord]]:
-        """Every task (of one job) by allocation, in one read: an answer about many allocations
-        reads their tasks once, not once per allocation."""
-        with self._read_lock:
-            if job is None:
-                rows = self._reader.execute(_TASK_QUERY + " ORDER BY updated").fetchall()
-            else:
-                rows = self._reader.execute(_TASK_QUERY + " WHERE job=? ORDER BY updated", (job,)).fetchall()
+    def tasks_by_alloc(
+        self, job: str | None = None, alloc_ids: Sequence[str] | None = None
+    ) -> dict[str, list[TaskRecord]]:
+        """Every task (of one job, or of the allocations ``alloc_ids``) by allocation, in one read
+        (a few for many ids): an answer about many allocations reads their tasks once, not once per
+        allocation."""
         found: dict[str, list[TaskRecord]] = {}
-        for r in rows:
+        for r in self._read_rows(_TASK_QUERY, "updated", job, alloc_ids):
             found.setdefault(r[0], []).append(_task_record(r))
         return found
 
     def events_by_task(
-        self, job: str | None = None, alloc_id: str | None = None
+        self, job: str | None = None, alloc_id: str | None = None, alloc_ids: Sequence[str] | None = None
     ) -> dict[tuple[str, str], list[KeptEvent]]:
-        """The kept events of every task (of one job, or of one allocation) by (allocation, task),
-        oldest first, in one read."""
+        """The kept events of every task (of one job, of one allocation, or of the allocations
+        ``alloc_ids``) by (allocation, task), oldest first, in one read (a few for many ids)."""
         query = "SELECT seq, alloc_id, task, event FROM run_task_events"
-        with self._read_lock:
-            if alloc_id is not None:
-                rows = self._reader.execute(query + " WHERE alloc_id=? ORDER BY seq", (alloc_id,)).fetchall()
-            elif job is not None:
+        if alloc_id is not None:
+            alloc_ids = [alloc_id]
+        elif job is not None and alloc_ids is None:
+            with self._read_lock:
                 rows = self._reader.execute(
                     query + " WHERE alloc_id IN (SELECT alloc_id FROM run_allocs WHERE job=?) ORDER BY seq", (job,)
                 ).fetchall()
-            else:
-                rows = self._reader.execute(query + " ORDER BY seq").fetchall()
+            return self._events_found(rows)
+        return self._events_found(self._read_rows(query, "seq", None, alloc_ids))
+
+    def _events_found(self, rows: Iterable[tuple[Any, ...]]) -> dict[tuple[str, str], list[KeptEvent]]:
         found: dict[tuple[str, str], list[KeptEvent]] = {}
         for seq, alloc, task, text in rows:
             found.setdefault((alloc, task), []).append(self._kept(seq, text))
         return found
+
+    def _read_rows(
+        self, query: str, order: str, job: str | None, alloc_ids: Sequence[str] | None
+    ) -> list[tuple[Any, ...]]:
+        """The rows of ``query`` (a table with ``job`` and ``alloc_id`` columns, or ``alloc_id``
+        only when ``job`` is None) of one job, of some allocations, or all, ordered by ``order``.
+        Ids go in as parameters, IDS_PER_READ at a time; each part is ordered, not the whole."""
+        with self._read_lock:
+            if alloc_ids is not None:
+                rows: list[tuple[Any, ...]] = []
+                for start in range(0, len(alloc_ids), IDS_PER_READ):
+                    part = alloc_ids[start : start + IDS_PER_READ]
+                    marks = ",".join("?" * len(part))
+                    rows += self._reader.execute(
+                        f"{query} WHERE alloc_id IN ({marks}) ORDER BY {order}", part
+                    ).fetchall()
+                return rows
+            if job is None:
+                return self._reader.execute(f"{query} ORDER BY {order}").fetchall()
+            return self._reader.execute(f"{query} WHERE job=? ORDER BY {order}", (job,)).fetchall()
 
     def _kept(self, seq: int, text: str) -> KeptEvent:
         """A kept event, parsed once: a row never changes under its seq (it is only deleted)."""
@@ -476,7 +542,7 @@ class RunState(Table):
 
 def _alloc_record(r: tuple[Any, ...]) -> AllocRecord:
     """A row that starts with ``_ALLOC_COLUMNS``."""
-    return AllocRecord(r[0], r[1], r[2], r[3], r[4], AllocStatus(r[5]), r[6], r[7], r[8])
+    return AllocRecord(r[0], r[1], r[2], r[3], r[4], _ALLOC_STATUSES[r[5]], r[6], r[7], r[8])
 
 
 def _task_record(r: tuple[Any, ...]) -> TaskRecord:
@@ -488,7 +554,7 @@ def _task_record(r: tuple[Any, ...]) -> TaskRecord:
         task=r[3],
         driver=r[4],
         task_id=r[5],
-        state=TaskStatus(r[6]),
+        state=_TASK_STATUSES[r[6]],
         exit_code=r[7],
         signal=r[8],
         oom=bool(r[9]),
