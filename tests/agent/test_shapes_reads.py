@@ -198,15 +198,16 @@ def test_after_a_write_only_the_written_allocation_rows_are_read_again(tmp_path:
     state.alloc_update(other[0], state="stopped")
     now = state.allocs("web")
     [read] = [q for q in seen if "run_allocs" in q]
-    assert ids[5] in read and other[0] in read and ids[6] not in read, "only the rows written since"
+    assert ids[5] in read and ids[6] not in read and other[0] not in read, "only this job's rows written since"
     assert now[5][0].state == "stopped" and now[:5] == first[:5] and now[6:] == first[6:]
     assert now[0][0] is first[0][0], "an unchanged row keeps its record"
+    seen.clear()
+    state.alloc_update(other[1], state="stopped")
+    assert state.allocs("web") == now and seen == [], "another job's write: nothing of this job read"
     state.alloc_collected(ids[7])
     assert [a.alloc_id for a, _ in state.allocs("web")] == ids[:7] + ids[8:]
     assert [a.state for a, _ in state.allocs()] == [
-        "stopped" if a.alloc_id in (ids[5], other[0]) else "running"
-        for a, _ in everything
-        if a.alloc_id != ids[7]
+        "stopped" if a.alloc_id in (ids[5], *other) else "running" for a, _ in everything if a.alloc_id != ids[7]
     ]
     [new] = _record_job(agent, "late", 1)
     seen.clear()
@@ -268,3 +269,30 @@ def test_a_few_changed_stubs_read_only_their_allocations(tmp_path: Path) -> None
     unchanged = [i for i, alloc_id in enumerate(ids) if alloc_id not in changed]
     assert all(second[i] == first[i] for i in unchanged)
     assert second == [shapes.alloc_stub(agent, *agent.node.state.alloc_by_id(a)) for a in ids]  # type: ignore[arg-type, misc]
+
+
+def test_one_allocation_is_answered_again_without_a_read_until_it_is_written(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)
+    ids = _record_job(agent, "web", 2)
+    state = agent.node.state
+
+    def answer(alloc_id: str) -> dict[str, Any]:
+        found = state.alloc_by_id(alloc_id)
+        assert found is not None
+        return shapes.alloc_stub(agent, *found, agent.jobs.get("web"))  # type: ignore[arg-type]
+
+    first = answer(ids[0])
+    seen = _count_reads(agent)
+    assert answer(ids[0]) == first and seen == [], "nothing about it or its job was written"
+    state.finished(ids[1], "main", 0, 0, False)
+    assert answer(ids[0]) == first and seen == [], "another allocation's write"
+    state.finished(ids[0], "main", 0, 0, False)
+    now = answer(ids[0])
+    assert now["TaskStates"]["main"]["State"] == "dead" and len(seen) == 3  # the allocation, its tasks, its events
+    state.task_event(ids[0], "side", RunEvent("task", "x", job="web", task="side", type="Killing").to_json())
+    assert answer(ids[0])["TaskStates"]["side"]["Events"][-1]["Type"] == "Killing"
+    seen.clear()
+    agent.jobs.mark_stopped("web")
+    assert answer(ids[0])["DesiredStatus"] == "stop" and [q for q in seen if "agent_jobs" in q]
+    state.alloc_collected(ids[0])
+    assert state.alloc_by_id(ids[0]) is None and state.tasks(ids[0]) == []

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from driversdk.agent.state.store import Table
+from driversdk.agent.state.store import Store, Table
 from driversdk.errors import StateWriteError
 
 
@@ -53,6 +53,17 @@ class JobStore(Table):
     naming a job) use the store's reader: they see the last commit without queueing behind the
     writes (and fsyncs) of a registration."""
 
+    def __init__(self, store: Store | str) -> None:
+        super().__init__(store)
+        # Moves on after every write of this table through this store; get() keeps each job's
+        # record until then (every answer about an allocation names its job, and the agent is the
+        # only writer of its data dir). Read before the row, so a racing write costs a read again.
+        self._writes = 0
+        self._kept: dict[str, tuple[int, JobRecord]] = {}
+
+    def _written(self) -> None:
+        self._writes += 1
+
     def _record(self, row: tuple[Any, ...]) -> JobRecord:
         return JobRecord(row[0], json.loads(row[1]), JobStatus(row[2]), bool(row[3]), *row[4:])
 
@@ -87,6 +98,7 @@ class JobStore(Table):
                                 (text, now, old.version + 1, index, job_id),
                             )
                     self._db.execute("COMMIT")
+                    self._written()
                 except BaseException:
                     # SQLite rolls back by itself a transaction a full disk ended (SQLITE_FULL).
                     if self._db.in_transaction:
@@ -99,9 +111,19 @@ class JobStore(Table):
         return record, changed
 
     def get(self, job_id: str) -> JobRecord | None:
+        writes = self._writes
+        kept = self._kept.get(job_id)
+        if kept is not None and kept[0] == writes:
+            return kept[1]
         with self._read_lock:
             row = self._reader.execute(f"SELECT {_COLUMNS} FROM agent_jobs WHERE id=?", (job_id,)).fetchone()
-        return self._record(row) if row is not None else None
+        if row is None:
+            return None
+        record = self._record(row)
+        if len(self._kept) > 1024:
+            self._kept.clear()
+        self._kept[job_id] = (writes, record)
+        return record
 
     def all(self) -> list[JobRecord]:
         with self._read_lock:
@@ -121,6 +143,7 @@ class JobStore(Table):
                 self._db.execute(
                     f"UPDATE agent_jobs SET {assignment}, modify_index=? WHERE id=?", (*values, index, job_id)
                 )
+                self._written()
         except StateWriteError as err:
             raise err.about(f'job "{job_id}"') from None
 
@@ -128,6 +151,7 @@ class JobStore(Table):
         try:
             with self._lock:
                 self._db.execute("DELETE FROM agent_jobs WHERE id=?", (job_id,))
+                self._written()
         except StateWriteError as err:
             raise err.about(f'job "{job_id}"') from None
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from driversdk.agent.state.store import Store, Table
 from driversdk.errors import DriverSDKError, StateWriteError
@@ -58,6 +58,11 @@ class TaskStatus(enum.StrEnum):
 # an answer about 1000 allocations converts thousands of rows.
 _ALLOC_STATUSES = {status.value: status for status in AllocStatus}
 _TASK_STATUSES = {status.value: status for status in TaskStatus}
+
+_T = TypeVar("_T")
+
+# One-allocation reads kept by the allocation's version (allocation, tasks, events: three each).
+KEPT_BY_VERSION = 30_000
 
 # Allocation row writes remembered (by allocation) for allocs() to read only what changed; past
 # this many, everything kept is read again once.
@@ -143,13 +148,16 @@ class RunState(Table):
         super().__init__(store)
         self._parsed: dict[int, KeptEvent] = {}
         self._versions: dict[str, int] = {}
+        self._kept_by_version: dict[tuple[str, str], tuple[int, object]] = {}
         self._clock = itertools.count(1)
         # Moves on with every write of an allocation row (not of its tasks): allocs() is kept per job
         # at the generation it was read at, and reads again the rows written since (by
         # _alloc_row_written). Read before the rows, so a write racing a read only costs one more
         # read.
         self._alloc_rows = 0
-        self._alloc_row_written: dict[str, int] = {}
+        # By allocation: the generation of its row's last write, and its job when this store
+        # inserted the row (an allocation's job never changes).
+        self._alloc_row_written: dict[str, tuple[int, str | None]] = {}
         self._allocs_kept: dict[str | None, _KeptAllocs] = {}
 
     # --- what a failed write was recording ------------------------------------------------------
@@ -199,7 +207,7 @@ class RunState(Table):
                 "INSERT OR REPLACE INTO run_allocs VALUES (?, ?, ?, ?, ?, 'running', ?, NULL, NULL, ?)",
                 (alloc_id, job, group, index, alloc_dir, os.getpid(), time.time()),
             )
-            self._alloc_row_writes(alloc_id)
+            self._alloc_row_writes(alloc_id, inserted_for=job)
 
     def alloc_update(self, alloc_id: str, **fields: str | int | None) -> None:
         allowed = {"state", "run_pid", "network", "csi"}
@@ -238,7 +246,15 @@ class RunState(Table):
             rowids = {r[0]: int(r[10]) for r in rows}
         else:
             since, before, rowids = kept
-            written = [a for a, at in list(self._alloc_row_written.items()) if at > since]
+            # Written since, and of this job: a row it had, or one inserted for it.
+            written = [
+                alloc_id
+                for alloc_id, (at, inserted_for) in list(self._alloc_row_written.items())
+                if at > since and (alloc_id in rowids or (inserted_for is not None and job in (None, inserted_for)))
+            ]
+            if not written:
+                self._allocs_kept[job] = (generation, before, rowids)
+                return list(before)
             rows = [r for r in self._alloc_rows_of(None, written) if job is None or r[1] == job]
             now = {r[0]: (_alloc_record(r), float(r[9] or 0)) for r in rows}
             rowids = dict(rowids)
@@ -260,22 +276,44 @@ class RunState(Table):
         with their ``updated`` and rowid last."""
         return self._read_rows(f"SELECT {_ALLOC_COLUMNS}, updated, rowid FROM run_allocs", "rowid", job, alloc_ids)
 
-    def _alloc_row_writes(self, alloc_id: str) -> None:
-        """Count a write of an allocation's row (under the write lock): allocs() reads it again."""
+    def _alloc_row_writes(self, alloc_id: str, inserted_for: str | None = None) -> None:
+        """Count a write of an allocation's row (under the write lock): allocs() reads it again.
+        ``inserted_for``: the job of a row this write inserted."""
         self._alloc_rows += 1
         if len(self._alloc_row_written) > ALLOC_ROW_WRITES_KEPT:
             self._alloc_row_written.clear()
             self._allocs_kept.clear()  # what was kept cannot tell what changed since: read all again
-        self._alloc_row_written[alloc_id] = self._alloc_rows
+        before = self._alloc_row_written.get(alloc_id)
+        job = inserted_for or (before[1] if before is not None else None)
+        self._alloc_row_written[alloc_id] = (self._alloc_rows, job)
 
     def alloc_by_id(self, alloc_id: str) -> tuple[AllocRecord, float] | None:
         """One allocation by its whole id, with when it last changed."""
-        with self._read_lock:
-            row = self._reader.execute(
-                f"SELECT {_ALLOC_COLUMNS}, updated FROM run_allocs WHERE alloc_id=?",
-                (alloc_id,),
-            ).fetchone()
-        return None if row is None else (_alloc_record(row), float(row[9] or 0))
+
+        def read() -> tuple[AllocRecord, float] | None:
+            with self._read_lock:
+                row = self._reader.execute(
+                    f"SELECT {_ALLOC_COLUMNS}, updated FROM run_allocs WHERE alloc_id=?",
+                    (alloc_id,),
+                ).fetchone()
+            return None if row is None else (_alloc_record(row), float(row[9] or 0))
+
+        return self._of_version("alloc", alloc_id, read)
+
+    def _of_version(self, what: str, alloc_id: str, read: Callable[[], _T]) -> _T:
+        """``read()`` of one allocation, kept until the allocation's version moves: an API client
+        asking about one allocation again and again (a UI, a script waiting on it) is answered
+        without a read of state.db, so while hundreds of allocations start its answer does not
+        queue behind their reads and writes. The version is taken before the read (see version)."""
+        version = self.version(alloc_id)
+        kept = self._kept_by_version.get((what, alloc_id))
+        if kept is not None and kept[0] == version:
+            return cast(_T, kept[1])
+        value = read()
+        if len(self._kept_by_version) >= KEPT_BY_VERSION:
+            self._kept_by_version.clear()
+        self._kept_by_version[(what, alloc_id)] = (version, value)
+        return value
 
     def allocs_by_prefix(self, prefix: str) -> list[tuple[AllocRecord, float]]:
         """Allocations whose id starts with ``prefix`` (Nomad's CLI takes a short id)."""
@@ -470,12 +508,17 @@ class RunState(Table):
             )
 
     def tasks(self, alloc_id: str | None = None) -> list[TaskRecord]:
-        with self._read_lock:
-            if alloc_id is None:
+        if alloc_id is None:
+            with self._read_lock:
                 rows = self._reader.execute(_TASK_QUERY + " ORDER BY updated").fetchall()
-            else:
+            return [_task_record(r) for r in rows]
+
+        def read() -> list[TaskRecord]:
+            with self._read_lock:
                 rows = self._reader.execute(_TASK_QUERY + " WHERE alloc_id=? ORDER BY updated", (alloc_id,)).fetchall()
-        return [_task_record(r) for r in rows]
+            return [_task_record(r) for r in rows]
+
+        return list(self._of_version("tasks", alloc_id, read))
 
     def tasks_by_alloc(
         self, job: str | None = None, alloc_ids: Sequence[str] | None = None
@@ -495,8 +538,12 @@ class RunState(Table):
         ``alloc_ids``) by (allocation, task), oldest first, in one read (a few for many ids)."""
         query = "SELECT seq, alloc_id, task, event FROM run_task_events"
         if alloc_id is not None:
-            alloc_ids = [alloc_id]
-        elif job is not None and alloc_ids is None:
+            one = alloc_id
+            kept = self._of_version(
+                "events", one, lambda: self._events_found(self._read_rows(query, "seq", None, [one]))
+            )
+            return {key: list(events) for key, events in kept.items()}
+        if job is not None and alloc_ids is None:
             with self._read_lock:
                 rows = self._reader.execute(
                     query + " WHERE alloc_id IN (SELECT alloc_id FROM run_allocs WHERE job=?) ORDER BY seq", (job,)
