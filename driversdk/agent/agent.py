@@ -174,7 +174,7 @@ class Agent:
             # first task that logs, or adopted from an agent before): held for the agent's life.
             logcollect.acquire(self.client.data_dir)
             self._logs_held = True
-            self.jobs = JobStore(self.store)
+            self.jobs = JobStore(self.store, writer=True)
             self.tokens = TokenStore(self.store) if self.settings.acl_enabled else None
             self.drivers = self.node.drivers = DriverManager(self.client, self.node.state, self.emit)
             self._fingerprint()

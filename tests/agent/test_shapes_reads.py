@@ -39,8 +39,8 @@ class _Agent:
     """What the shapes read of an agent: its stores, its index and its node's name."""
 
     def __init__(self, data: Path) -> None:
-        self.node = _Node(RunState(str(data)))
-        self.jobs = JobStore(str(data))
+        self.node = _Node(RunState(str(data), writer=True))
+        self.jobs = JobStore(str(data), writer=True)
         self.index = 7
 
     def node_info(self) -> _NodeInfo:
@@ -296,3 +296,18 @@ def test_one_allocation_is_answered_again_without_a_read_until_it_is_written(tmp
     assert answer(ids[0])["DesiredStatus"] == "stop" and [q for q in seen if "agent_jobs" in q]
     state.alloc_collected(ids[0])
     assert state.alloc_by_id(ids[0]) is None and state.tasks(ids[0]) == []
+
+
+def test_a_reader_of_a_data_dir_another_store_writes_sees_every_write(tmp_path: Path) -> None:
+    agent = _Agent(tmp_path)  # the writer (the agent, or a run)
+    ids = _record_job(agent, "web", 2)
+    reader, jobs = RunState(str(tmp_path)), JobStore(str(tmp_path))  # as the CLI opens a data dir
+    assert [t.state for t in reader.tasks(ids[0])] == ["running", "running"]
+    assert reader.allocs("web")[0][0].state == "running" and jobs.get("web") is not None
+    agent.node.state.finished(ids[0], "main", 0, 0, False)
+    agent.node.state.alloc_update(ids[0], state="stopped")
+    agent.jobs.mark_stopped("web")
+    assert [t.state for t in reader.tasks(ids[0])][-1] == "complete"
+    assert reader.alloc_by_id(ids[0])[0].state == "stopped"  # type: ignore[index]
+    assert reader.allocs("web")[0][0].state == "stopped"
+    assert jobs.get("web").stop  # type: ignore[union-attr]

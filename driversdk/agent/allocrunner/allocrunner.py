@@ -100,7 +100,7 @@ class NodeServices:
         store = store_of(data_dir, file=False)
         try:
             csi_state = StateStore(store)  # each table holds the store until it is closed
-            return cls(RunState(store), VolumeStore(store), csi_state, PluginRegistry(csi_state))
+            return cls(RunState(store, writer=True), VolumeStore(store), csi_state, PluginRegistry(csi_state))
         finally:
             store.close()
 

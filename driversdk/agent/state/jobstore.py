@@ -53,8 +53,11 @@ class JobStore(Table):
     naming a job) use the store's reader: they see the last commit without queueing behind the
     writes (and fsyncs) of a registration."""
 
-    def __init__(self, store: Store | str) -> None:
+    def __init__(self, store: Store | str, *, writer: bool = False) -> None:
+        """``writer``: this process is the data dir's writer, and get() keeps what it read (see
+        RunState); a reader of a data dir another process writes reads every time."""
         super().__init__(store)
+        self._writer = writer
         # Moves on after every write of this table through this store; get() keeps each job's
         # record until then (every answer about an allocation names its job, and the agent is the
         # only writer of its data dir). Read before the row, so a racing write costs a read again.
@@ -112,7 +115,7 @@ class JobStore(Table):
 
     def get(self, job_id: str) -> JobRecord | None:
         writes = self._writes
-        kept = self._kept.get(job_id)
+        kept = self._kept.get(job_id) if self._writer else None
         if kept is not None and kept[0] == writes:
             return kept[1]
         with self._read_lock:

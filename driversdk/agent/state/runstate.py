@@ -144,8 +144,12 @@ class RunState(Table):
     """The runs tables (``run_allocs``, ``run_tasks``, ``run_task_events``, ``run_plugins``) on a
     :class:`Store`, or on the store of a data dir (a convenience for the CLI and tests)."""
 
-    def __init__(self, store: Store | str) -> None:
+    def __init__(self, store: Store | str, *, writer: bool = False) -> None:
+        """``writer``: this process writes the data dir (the agent, or a run embedding one), so
+        what it read of an allocation is kept until its own write moves the version; a reader of
+        a data dir another process writes (the CLI with --data-dir) reads every time."""
         super().__init__(store)
+        self._writer = writer
         self._parsed: dict[int, KeptEvent] = {}
         self._versions: dict[str, int] = {}
         self._kept_by_version: dict[tuple[str, str], tuple[int, object]] = {}
@@ -236,6 +240,8 @@ class RunState(Table):
         API client waiting on a job's allocations asks after every change, and while 1000
         allocations start or stop each writes its row, so reading and converting every row each
         time was most of what a job list cost."""
+        if not self._writer:
+            return [(_alloc_record(r), float(r[9] or 0)) for r in self._alloc_rows_of(job)]
         generation = self._alloc_rows
         kept = self._allocs_kept.get(job)
         if kept is not None and kept[0] == generation:
@@ -305,6 +311,8 @@ class RunState(Table):
         asking about one allocation again and again (a UI, a script waiting on it) is answered
         without a read of state.db, so while hundreds of allocations start its answer does not
         queue behind their reads and writes. The version is taken before the read (see version)."""
+        if not self._writer:
+            return read()
         version = self.version(alloc_id)
         kept = self._kept_by_version.get((what, alloc_id))
         if kept is not None and kept[0] == version:
